@@ -1,0 +1,330 @@
+"""Compare one stage dump (or a metrics.jsonl) against its golden and return a verdict.
+
+The table comes from msprobe's own in-memory compare (``Comparator.compare_statistics``, the code
+behind ``msprobe compare``; MSPROBE_NOTES.md §3), without importing torch. msprobe's Result column
+only looks at Norm and lets a 5 % output change pass, so it is not the gate: every Max/Min/Mean/Norm
+is checked with :class:`~precision_harness.tolerance.TolerancePolicy`, and the checks msprobe misses
+are added: API key sets (msprobe silently drops golden-only rows), dtype/shape changes, NaN/Inf where
+the golden is finite, a rank missing on either side.
+
+A dump whose bytes equal the golden's is identical statistic for statistic; it passes without the
+table (``StageVerdict.identical``), which keeps the common, unchanged case fast.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
+from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
+
+#: msprobe compare columns per statistic: (target column, golden column).
+_COLUMNS = {"Max": ("NPU max", "Bench max"), "Min": ("NPU min", "Bench min"), "Mean": ("NPU mean", "Bench mean"), "Norm": ("NPU l2norm", "Bench l2norm")}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One statistic of one tensor beyond tolerance."""
+
+    tensor: str  #: msprobe tensor name, e.g. ``Functional.linear.7.forward.output.0``
+    statistic: str  #: Max, Min, Mean or Norm
+    golden: float
+    target: float
+    ratio: float  #: |target - golden| / allowance; > 1 fails
+    rel: float  #: |target - golden| / |golden|
+    tol: Tol
+    order: int  #: row index in execution order
+    rank: str = "rank0"
+
+
+@dataclass
+class StageVerdict:
+    """Outcome of comparing one (scenario, step, stage) across all its ranks."""
+
+    scenario: str
+    step: int
+    stage: str
+    checked: int = 0  #: statistics compared
+    drifts: list[Drift] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  #: always-failures, one line each
+    tolerance: str = ""
+    identical: bool = False  #: every rank's dump.json is byte-identical to the golden
+    ranks: list[str] = field(default_factory=list)
+    table_paths: list[Path] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifts and not self.problems
+
+    @property
+    def worst_ratio(self) -> float:
+        return max((d.ratio for d in self.drifts), default=0.0)
+
+    @property
+    def first_divergence(self) -> Drift | None:
+        return min(self.drifts, key=lambda d: (d.rank, d.order)) if self.drifts else None
+
+    @property
+    def largest(self) -> Drift | None:
+        return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
+
+
+# ------------------------------------------------------------------------------------- helpers
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_dump(path: Path) -> dict[str, Any]:
+    """Read an msprobe ``dump.json`` (bare NaN/Infinity allowed); raise GoldenCorruptError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise GoldenCorruptError(f"{path}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
+        raise GoldenCorruptError(f"{path}: no 'data' mapping; not an msprobe dump.json")
+    return data
+
+
+def count_statistics(dump: dict[str, Any]) -> int:
+    """Number of Max/Min/Mean/Norm values (non-null) in a parsed dump.json."""
+    total = 0
+
+    def walk(node: Any) -> None:
+        nonlocal total
+        if isinstance(node, dict):
+            if "Max" in node and "dtype" in node:
+                total += sum(1 for s in STATISTICS if node.get(s) is not None)
+                return
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(dump.get("data", {}))
+    return total
+
+
+def _float(value: Any) -> float | None:
+    if value is None or isinstance(value, str) and value.strip() in ("N/A", "", "None", "-"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _numel(shape: Any) -> int:
+    if isinstance(shape, str):
+        try:
+            shape = json.loads(shape.replace("(", "[").replace(")", "]"))
+        except ValueError:
+            return 1
+    return int(math.prod(shape)) if shape else 1
+
+
+def _import_msprobe_compare():
+    try:
+        from msprobe.core.common.utils import get_dump_mode
+        from msprobe.core.compare.acc_compare import Comparator, ParseData
+        from msprobe.core.compare.config import MappingConfig, ModeConfig
+        from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df
+    except ImportError as exc:
+        raise ProbeUnavailableError(f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe") from None
+    return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df
+
+
+def msprobe_table(target: Path, golden: Path):
+    """msprobe's compare table (a pandas DataFrame, one row per tensor) of two ``dump.json`` files.
+
+    Its progress bars and INFO logs are swallowed. Raises ProbeUnavailableError without msprobe.
+    """
+    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = _import_msprobe_compare()
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        mode = ModeConfig(dump_mode=get_dump_mode({"npu_path": str(target), "bench_path": str(golden)}))
+        npu_df, bench_df = ParseData(mode, "", {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
+        df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
+        calculate_excel_result_df(df, mode.dump_mode, "", False)
+    return df
+
+
+# -------------------------------------------------------------------------------------- stages
+def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: str, rank: str, verdict: StageVerdict, table_path: Path | None = None) -> None:
+    """Compare one rank's ``dump.json`` pair into ``verdict`` (drifts, problems, checked count)."""
+    t_dump, g_dump = load_dump(target), load_dump(golden)
+    t_apis, g_apis = list(t_dump["data"]), list(g_dump["data"])
+    only_golden = [a for a in g_apis if a not in t_dump["data"]]
+    only_target = [a for a in t_apis if a not in g_dump["data"]]
+    if only_golden:
+        verdict.problems.append(f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}")
+    if only_target:
+        verdict.problems.append(f"{rank}: {len(only_target)} API(s) not in the golden, first {only_target[0]}")
+    df = msprobe_table(target, golden)
+    order = 0
+    nan_reported = False
+    for row in df.to_dict("records"):
+        name = row["NPU Name"]
+        if row.get("Bench Name") in ("N/A", None):
+            continue  # counted above as an API missing from the golden
+        if row["NPU Dtype"] != row["Bench Dtype"] or row["NPU Tensor Shape"] != row["Bench Tensor Shape"]:
+            verdict.problems.append(
+                f"{rank}: {name}: dtype/shape {row['Bench Dtype']} {row['Bench Tensor Shape']} -> {row['NPU Dtype']} {row['NPU Tensor Shape']}"
+            )
+            continue
+        dtype, numel = str(row["NPU Dtype"]), _numel(row["NPU Tensor Shape"])
+        golden_norm = _float(row["Bench l2norm"])
+        for stat in STATISTICS:
+            t_col, g_col = _COLUMNS[stat]
+            t_val, g_val = _float(row[t_col]), _float(row[g_col])
+            if t_val is None and g_val is None:
+                continue
+            verdict.checked += 1
+            if t_val is None or g_val is None:
+                verdict.problems.append(f"{rank}: {name} {stat}: {g_val} -> {t_val}")
+                continue
+            if not math.isfinite(t_val) and math.isfinite(g_val) and not nan_reported:
+                verdict.problems.append(f"{rank}: {name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+                nan_reported = True
+            tol = policy.for_tensor(dtype=dtype, stage=stage, statistic=stat, api=name)
+            scale = None
+            if stat == "Mean" and golden_norm is not None and math.isfinite(golden_norm):
+                scale = golden_norm / math.sqrt(max(numel, 1))
+            ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
+            if ratio > 1.0:
+                verdict.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank))
+        order += 1
+    if table_path is not None:
+        table_path.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(table_path, index=False)
+        verdict.table_paths.append(table_path)
+
+
+def rank_dirs(stage_dir: Path) -> dict[str, Path]:
+    """``{"rank0": .../step0/rank0/dump.json, ...}`` for a verl-layout stage directory."""
+    return {p.parent.name: p for p in sorted(stage_dir.glob("step0/rank*/dump.json"))}
+
+
+def compare_stage(
+    target_dir: Path,
+    golden_dir: Path,
+    *,
+    scenario: str,
+    step: int,
+    stage: str,
+    policy: TolerancePolicy,
+    golden_sha256: dict[str, str] | None = None,
+    golden_statistics: int | None = None,
+    artifacts: Path | None = None,
+) -> StageVerdict:
+    """Compare ``target_dir`` (``RUN/step_<n>/<stage>``) against ``golden_dir`` (same layout).
+
+    Args:
+        golden_sha256: ``{"rank0": sha256}`` of the golden dump.json files (from the manifest);
+            a target file with the same digest is identical and skips the table.
+        golden_statistics: statistics count recorded for the golden (reported for identical dumps).
+        artifacts: directory for ``compare_result_<rank>.csv`` tables.
+    """
+    verdict = StageVerdict(scenario=scenario, step=step, stage=stage, tolerance=policy.describe())
+    t_ranks, g_ranks = rank_dirs(target_dir), rank_dirs(golden_dir)
+    verdict.ranks = sorted(set(t_ranks) | set(g_ranks))
+    if not t_ranks:
+        verdict.problems.append(f"no dump.json under {target_dir}: the stage did not run or was not profiled")
+        return verdict
+    for rank in sorted(set(g_ranks) - set(t_ranks)):
+        verdict.problems.append(f"{rank}: in the golden but missing from this run")
+    for rank in sorted(set(t_ranks) - set(g_ranks)):
+        verdict.problems.append(f"{rank}: in this run but not in the golden")
+    shared = sorted(set(t_ranks) & set(g_ranks))
+    identical = bool(shared) and golden_sha256 is not None and all(
+        golden_sha256.get(r) is not None and sha256_file(t_ranks[r]) == golden_sha256[r] for r in shared
+    )
+    if identical:
+        verdict.identical = not verdict.problems
+        verdict.checked = golden_statistics if golden_statistics is not None else sum(count_statistics(load_dump(g_ranks[r])) for r in shared)
+        return verdict
+    for rank in shared:
+        table = artifacts / f"compare_result_{rank}.csv" if artifacts is not None else None
+        compare_rank(t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank, verdict=verdict, table_path=table)
+    verdict.drifts.sort(key=lambda d: (d.rank, d.order))
+    return verdict
+
+
+# ------------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class MetricDrift:
+    step: int
+    name: str
+    golden: float | None
+    target: float | None
+    ratio: float
+    rel: float
+
+
+@dataclass
+class MetricsVerdict:
+    scenario: str
+    checked: int = 0
+    drifts: list[MetricDrift] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifts and not self.problems
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Parse ``metrics.jsonl`` (one JSON object per step); raise GoldenCorruptError naming the line."""
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise GoldenCorruptError(f"{path}: cannot read metrics ({exc.strerror})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise GoldenCorruptError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise GoldenCorruptError(f"{path}:{lineno}: expected a JSON object per line")
+        rows.append(row)
+    return rows
+
+
+def compare_metrics(target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], *, scenario: str, policy: TolerancePolicy) -> MetricsVerdict:
+    """Gate every metric of every step with ``policy.for_metric`` (``|t - g| <= atol + rtol |g|``)."""
+    verdict = MetricsVerdict(scenario=scenario)
+    t_rows = {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(target)}
+    g_rows = {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(golden)}
+    for step in sorted(set(g_rows) - set(t_rows)):
+        verdict.problems.append(f"step {step}: in the golden metrics but missing from this run")
+    for step in sorted(set(t_rows) - set(g_rows)):
+        verdict.problems.append(f"step {step}: not in the golden metrics")
+    for step in sorted(set(t_rows) & set(g_rows)):
+        t, g = t_rows[step], g_rows[step]
+        for name in sorted(set(g) - set(t)):
+            verdict.problems.append(f"step {step}: metric {name} missing from this run")
+        for name in sorted(set(t) - set(g)):
+            verdict.problems.append(f"step {step}: metric {name} not in the golden")
+        for name in sorted(set(t) & set(g)):
+            tv, gv = _float(t[name]), _float(g[name])
+            if tv is None or gv is None:
+                continue
+            verdict.checked += 1
+            ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
+            if ratio > 1.0:
+                verdict.drifts.append(MetricDrift(step, name, gv, tv, ratio, relative_change(tv, gv)))
+    return verdict

@@ -1,0 +1,69 @@
+"""Start one scenario run in its own worker process (``python -m precision_harness.runner``).
+
+msprobe's debugger is a process-wide singleton, so every run gets a fresh interpreter; the
+calling process (pytest, the CLI) never imports torch. The worker's stdout/stderr go to
+``RUN_DIR/worker.log``; a failure is raised as :class:`RunFailedError` with the worker's one-line
+reason and the log's path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import RunFailedError
+from precision_harness.runner.devices import determinism_env
+from precision_harness.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its directory (verl layout), ``run.json`` contents and wall time (s)."""
+
+    scenario: str
+    run_dir: Path
+    manifest: dict[str, Any]
+    wall_s: float
+
+    def stage_dir(self, step: int, stage: str) -> Path:
+        return self.run_dir / f"step_{step}" / stage
+
+
+def worker_command(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True) -> list[str]:
+    cmd = [sys.executable, "-m", "precision_harness.runner", str(scenario.path), "--out", str(out_dir), "--device", device]
+    return cmd + ([] if dump else ["--no-dump"])
+
+
+def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True, timeout: float | None = None) -> RunResult:
+    """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
+
+    Raises:
+        RunFailedError: the worker exited non-zero or timed out.
+    """
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    env = {**os.environ, **determinism_env(device, scenario.config["trainer"]["num_threads"])}
+    # the worker must import this same checkout of precision_harness
+    src = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    t0 = time.perf_counter()
+    log = out_dir / "worker.log"
+    with open(log, "wb") as fh:
+        try:
+            proc = subprocess.run(worker_command(scenario, out_dir=out_dir, device=device, dump=dump), stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise RunFailedError(f"{scenario.path}: worker timed out after {timeout:g} s (log: {log})") from None
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        error = out_dir / "error.txt"
+        reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {proc.returncode}"
+        raise RunFailedError(f"{scenario.path}: scenario run failed: {reason} (log: {log})")
+    manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
+    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)

@@ -1,0 +1,191 @@
+"""The short PPO loop: ``total_training_steps`` x (rollout -> stages -> metrics).
+
+Order within a step is verl's ``RayPPOTrainer.fit``: generate -> reward (``compute_rm_score`` or
+the rule reward) -> ``actor_compute_log_prob`` -> ``ref_compute_log_prob`` -> ``compute_values`` ->
+advantage -> ``critic_update`` -> ``actor_update``. Profiled (step, stage) pairs are dumped by
+:class:`StageProbe`; every stage is timed. Writes ``metrics.jsonl`` and ``run.json``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from precision_harness.runner import algorithms as core_algos
+from precision_harness.runner import data as data_mod
+from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+
+
+class Trainer:
+    """Runs one scenario (a resolved config dict, see ``precision_harness.scenario``) in this process."""
+
+    def __init__(self, scenario: dict[str, Any], *, out_dir: Path, device: str, profiled_steps: tuple[int, ...], profiled_stages: tuple[str, ...]) -> None:
+        self.cfg, self.out_dir, self.device_name = scenario, Path(out_dir), device
+        self.profiled_steps, self.profiled_stages = set(profiled_steps), set(profiled_stages)
+        self.timings: dict[str, float] = {}
+        #: a :class:`~precision_harness.runner.probe.StageProbe`, or None to run without dumps
+        self.probe: Any = None
+
+    # ------------------------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.device = devices.setup(self.device_name, seed=cfg["seed"], num_threads=cfg["trainer"]["num_threads"])
+        self.tok = models.ByteTokenizer()
+        actor_cfg = cfg["actor_rollout_ref"]["actor"]
+        self.actor_dtype = models.DTYPES[actor_cfg["dtype"]]
+        self.rollout_dtype = models.DTYPES[cfg["actor_rollout_ref"]["rollout"]["dtype"]]
+        self.actor = models.build_actor(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device, self.actor_dtype)
+        self.actor_optim = self._optimizer(self.actor, actor_cfg["optim"])
+        self.ref = models.frozen_copy(self.actor) if self._use_reference() else None
+        self.critic = self.critic_optim = self.reward_model = None
+        if self._use_critic():
+            self.critic = models.build_critic(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device)
+            self.critic_optim = self._optimizer(self.critic, cfg["critic"]["optim"])
+        if cfg["reward_model"]["enable"]:
+            self.reward_model = models.frozen_copy(models.build_reward_model(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device))
+        algo = cfg["algorithm"]
+        kc = algo["kl_ctrl"]
+        self.kl_ctrl = (
+            core_algos.FixedKLController(kl_coef=kc["kl_coef"]) if kc["type"] == "fixed"
+            else core_algos.AdaptiveKLController(init_kl_coef=kc["kl_coef"], target_kl=kc["target_kl"], horizon=kc["horizon"])
+        )
+        # a dedicated CPU generator: sampling is identical on every device
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg["seed"])
+
+    @staticmethod
+    def _optimizer(model: torch.nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=optim["lr"], betas=tuple(optim["betas"]), weight_decay=optim["weight_decay"], eps=optim["eps"], foreach=False)
+
+    def _use_critic(self) -> bool:
+        enable = self.cfg["critic"]["enable"]
+        return self.cfg["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
+
+    def _use_reference(self) -> bool:
+        return bool(self.cfg["algorithm"]["use_kl_in_reward"] or self.cfg["actor_rollout_ref"]["actor"]["use_kl_loss"])
+
+    # ------------------------------------------------------------------------------------ stages
+    @contextmanager
+    def stage(self, step: int, name: str, model: torch.nn.Module) -> Iterator[None]:
+        """Time the body; dump it when (step, stage) is profiled."""
+        profiled = self.probe is not None and step in self.profiled_steps and name in self.profiled_stages
+        t0 = time.perf_counter()
+        with self.probe.stage(step, name, model) if profiled else nullcontext():
+            yield
+        self.timings[f"step_{step}/{name}"] = round(time.perf_counter() - t0, 6)
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg, tok = self.cfg, self.tok
+        ar = cfg["actor_rollout_ref"]
+        actor_cfg, rollout_cfg, algo = ar["actor"], ar["rollout"], cfg["algorithm"]
+        n, temperature = rollout_cfg["n"], rollout_cfg["temperature"]
+        prompts = data_mod.arithmetic_prompts(seed=cfg["seed"], step=step, batch_size=cfg["data"]["train_batch_size"])
+        encoded = rollout.encode_prompts([p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"])
+
+        # rollout: the inference engine holds its own copy of the weights, in rollout.dtype
+        t0 = time.perf_counter()
+        engine = models.frozen_copy(self.actor, self.rollout_dtype)
+        batch = rollout.generate(
+            engine, encoded, n=n, temperature=temperature, max_response_length=cfg["data"]["max_response_length"],
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
+        )
+        del engine
+        self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        mask = batch["response_mask"]
+        uids = np.repeat(np.array([p.uid for p in prompts]), n)
+        metrics: dict[str, Any] = {"training/global_step": step}
+
+        # reward: sequence score placed on the last response token
+        if self.reward_model is not None:
+            with self.stage(step, "compute_rm_score", self.reward_model):
+                scores = stages.compute_rm_score(self.reward_model, batch, micro_batch_size=cfg["reward_model"]["micro_batch_size_per_gpu"])
+        else:
+            answers = [p.answer for p in prompts for _ in range(n)]
+            texts = [tok.decode(row.tolist()) for row in batch["responses"].cpu()]
+            scores = torch.tensor([data_mod.rule_reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32, device=self.device)
+        last = (mask.sum(-1) - 1).clamp(min=0)
+        token_level_scores = torch.zeros_like(batch["rollout_log_probs"])
+        token_level_scores[torch.arange(mask.shape[0]), last] = scores
+
+        with self.stage(step, "actor_compute_log_prob", self.actor):
+            self.actor.eval()
+            old_log_probs, entropy = stages.compute_log_prob(
+                self.actor, batch, micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"], temperature=temperature, calculate_entropy=True,
+            )
+        batch["old_log_probs"] = old_log_probs
+        metrics["actor/entropy"] = core_algos.masked_mean(entropy, mask).item()
+
+        if self.ref is not None:
+            with self.stage(step, "ref_compute_log_prob", self.ref):
+                batch["ref_log_prob"], _ = stages.compute_log_prob(
+                    self.ref, batch, micro_batch_size=ar["ref"]["log_prob_micro_batch_size_per_gpu"], temperature=temperature, calculate_entropy=False,
+                )
+
+        if self.critic is not None:
+            with self.stage(step, "compute_values", self.critic):
+                self.critic.eval()
+                batch["values"] = stages.compute_values(self.critic, batch, micro_batch_size=cfg["critic"]["ppo_micro_batch_size_per_gpu"])
+
+        # rollout importance sampling (verl PR: rollout_is_*); metrics always, weights when rollout_is
+        metrics.update(compute_mismatch_metrics(old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask))
+        if algo["rollout_is_threshold"] is not None:
+            weights, is_metrics = compute_rollout_importance_weights(
+                old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask,
+                rollout_is_level=algo["rollout_is_level"], rollout_is_mode=algo["rollout_is_mode"],
+                rollout_is_threshold=algo["rollout_is_threshold"], rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
+                rollout_is_veto_threshold=algo["rollout_is_veto_threshold"],
+            )
+            metrics.update(is_metrics)
+            if algo["rollout_is"]:
+                batch["rollout_is_weights"] = weights
+
+        if algo["use_kl_in_reward"]:
+            token_level_rewards, kl_metrics = core_algos.apply_kl_penalty(
+                token_level_scores=token_level_scores, old_log_probs=old_log_probs, ref_log_prob=batch["ref_log_prob"],
+                response_mask=mask, kl_ctrl=self.kl_ctrl, kl_penalty=algo["kl_penalty"],
+            )
+            metrics.update(kl_metrics)
+        else:
+            token_level_rewards = token_level_scores
+
+        if algo["adv_estimator"] == "gae":
+            advantages, returns = core_algos.compute_gae_advantage_return(
+                token_level_rewards=token_level_rewards, values=batch["values"], response_mask=mask, gamma=algo["gamma"], lam=algo["lam"],
+            )
+        else:
+            advantages, returns = core_algos.compute_grpo_outcome_advantage(
+                token_level_rewards=token_level_rewards, response_mask=mask, index=uids, norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
+            )
+        batch["advantages"], batch["returns"] = advantages, returns
+
+        if self.critic is not None:
+            with self.stage(step, "critic_update", self.critic):
+                metrics.update(stages.critic_update(self.critic, self.critic_optim, batch, cfg["critic"], n=n))
+
+        with self.stage(step, "actor_update", self.actor):
+            metrics.update(stages.actor_update(self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature))
+
+        metrics.update({
+            "critic/score/mean": scores.mean().item(),
+            "critic/rewards/mean": core_algos.masked_sum(token_level_rewards, mask).item() / mask.shape[0],
+            "critic/advantages/mean": core_algos.masked_mean(advantages, mask).item(),
+            "critic/returns/mean": core_algos.masked_mean(returns, mask).item(),
+            "response_length/mean": mask.sum(-1).float().mean().item(),
+        })
+        if "values" in batch:
+            metrics["critic/values/mean"] = core_algos.masked_mean(batch["values"], mask).item()
+        return metrics
+
+    def fit(self) -> None:
+        """Run every step, appending one JSON object per step to ``metrics.jsonl``."""
+        with open(self.out_dir / "metrics.jsonl", "w", encoding="utf-8") as fh:
+            for step in range(1, self.cfg["trainer"]["total_training_steps"] + 1):
+                metrics = self.train_step(step)
+                fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+                fh.flush()

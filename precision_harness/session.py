@@ -1,0 +1,260 @@
+"""PrecisionSession: owns one gate run (pytest session or CLI): runs, goldens, verdicts.
+
+One place decides check / update / missing for every golden (as pytest-regressions'
+``perform_regression_check``): :meth:`PrecisionSession.outcome` for a stage or the metrics of a
+scenario. Scenario runs are started in worker processes on a thread pool, at most ``jobs`` at a
+time, and each scenario runs once however many of its items are selected.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precision_harness import compare as compare_mod
+from precision_harness import report
+from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError
+from precision_harness.golden import Golden, GoldenStore
+from precision_harness.launch import RunResult, run_scenario
+from precision_harness.scenario import Scenario
+from precision_harness.tolerance import TolerancePolicy
+
+GOLDEN_MODES = ("check", "update", "missing")
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """Options shared by the pytest plugin and the CLI."""
+
+    golden_mode: str = "check"
+    device: str = "auto"
+    artifacts: Path = Path(".precision/artifacts")
+    golden_dir: Path = Path("golden")
+    jobs: int = max(1, os.cpu_count() or 1)
+    timeout: float | None = None
+
+
+@dataclass
+class Outcome:
+    """What an item reports: passed or not, the verdict text, and data for summaries."""
+
+    passed: bool
+    text: str
+    kind: str  # "compared", "identical", "recorded", "error"
+    verdict: Any = None
+
+
+@dataclass
+class ScenarioState:
+    scenario: Scenario
+    device: str
+    future: Future | None = None
+    golden: Golden | None = None
+    golden_error: PrecisionError | None = None
+    recorded: str | None = None  # "recorded" / "unchanged" after update
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    prepared: bool = False
+
+
+def msprobe_available() -> bool:
+    """True if ``msprobe.core`` can be found (does not import msprobe.pytorch or torch)."""
+    try:
+        return importlib.util.find_spec("msprobe.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class PrecisionSession:
+    """State of one gate run. Not thread-safe except where noted (runs complete on worker threads)."""
+
+    def __init__(self, options: PrecisionOptions, *, rootdir: Path) -> None:
+        self.options = options
+        self.rootdir = Path(rootdir)
+        self.artifacts = self._abs(options.artifacts)
+        self.store = GoldenStore(self._abs(options.golden_dir))
+        self._executor: ThreadPoolExecutor | None = None
+        self._states: dict[str, ScenarioState] = {}
+        self.outcomes: list[tuple[str, Outcome]] = []
+
+    def _abs(self, p: Path) -> Path:
+        p = Path(p)
+        return p if p.is_absolute() else self.rootdir / p
+
+    # ----------------------------------------------------------------------------------- runs
+    def device_for(self, scenario: Scenario) -> str:
+        return scenario.config["device"] if self.options.device == "auto" else self.options.device
+
+    def state(self, scenario: Scenario) -> ScenarioState:
+        st = self._states.get(scenario.name)
+        if st is None:
+            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=self.device_for(scenario))
+        return st
+
+    def run_dir(self, scenario: Scenario) -> Path:
+        return self.artifacts / scenario.name / "run"
+
+    def _needs_run(self, st: ScenarioState) -> bool:
+        mode = self.options.golden_mode
+        if mode == "update" or (mode == "missing" and not self.store.exists(st.scenario.name, st.device)):
+            return True
+        self._load_golden(st)
+        return st.golden_error is None
+
+    def _load_golden(self, st: ScenarioState) -> None:
+        if st.golden is None and st.golden_error is None:
+            try:
+                st.golden = self.store.load(st.scenario, st.device)
+            except PrecisionError as exc:
+                st.golden_error = exc
+
+    def submit(self, scenario: Scenario) -> None:
+        """Start ``scenario``'s run in the background if its items will need it (idempotent)."""
+        st = self.state(scenario)
+        with st.lock:
+            if st.future is not None or not self._needs_run(st):
+                return
+            if not msprobe_available():
+                st.golden_error = ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
+            st.future = self._executor.submit(
+                run_scenario, scenario, out_dir=self.run_dir(scenario), device=st.device, timeout=self.options.timeout
+            )
+
+    def result(self, scenario: Scenario) -> RunResult:
+        """Wait for the scenario's run. Raises RunFailedError (and the golden's error, if any)."""
+        self.submit(scenario)
+        st = self.state(scenario)
+        if st.golden_error is not None:
+            raise st.golden_error
+        assert st.future is not None
+        return st.future.result()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    # -------------------------------------------------------------------------------- goldens
+    def _prepare(self, scenario: Scenario) -> ScenarioState:
+        """Run (if needed) and, in update/missing mode, record the golden once per scenario."""
+        st = self.state(scenario)
+        run = self.result(scenario)
+        with st.lock:
+            if not st.prepared:
+                mode = self.options.golden_mode
+                if mode == "update" or (mode == "missing" and st.golden is None):
+                    changed = self.store.promote(run.run_dir, scenario, st.device)
+                    st.recorded = "recorded" if changed else "unchanged"
+                    st.golden, st.golden_error = None, None
+                    self._load_golden(st)
+                st.prepared = True
+        if st.golden_error is not None:
+            raise st.golden_error
+        return st
+
+    def rerun_command(self, scenario: Scenario, selector: str) -> str:
+        try:
+            rel = scenario.path.resolve().relative_to(self.rootdir.resolve())
+        except ValueError:
+            rel = scenario.path
+        return f'pytest {rel} -k "{selector}"'
+
+    def outcome(self, scenario: Scenario, *, step: int | None = None, stage: str | None = None) -> Outcome:
+        """Verdict for one (scenario, step, stage) item, or the metrics item when ``stage`` is None.
+
+        Never raises for user-caused problems: a PrecisionError becomes a failed Outcome whose text
+        is the error's one line.
+        """
+        try:
+            st = self._prepare(scenario)
+            if st.recorded is not None:
+                out = Outcome(True, f"golden {st.recorded}: {self.store.path(scenario.name, st.device)}", "recorded")
+            elif stage is None:
+                out = self._check_metrics(st)
+            else:
+                out = self._check_stage(st, step, stage)
+        except PrecisionError as exc:
+            out = Outcome(False, str(exc), "error")
+        self.outcomes.append((scenario.name, out))
+        return out
+
+    def _changed(self, st: ScenarioState) -> list[str]:
+        assert st.golden is not None
+        return report.settings_changed(st.golden.manifest.get("numeric_settings"), st.scenario.numeric_settings)
+
+    def _check_stage(self, st: ScenarioState, step: int, stage: str) -> Outcome:
+        golden, scenario = st.golden, st.scenario
+        assert golden is not None and step is not None
+        if not golden.has_stage(step, stage):
+            raise GoldenCorruptError(
+                f"{golden.path}: no dump for {stage} @ step_{step}; the golden predates this step/stage, re-record with: "
+                f"pytest {scenario.path} --precision-golden update"
+            )
+        sha = golden.sha256(step, stage)
+        for rank in sha:
+            golden.verify_file(f"step_{step}/{stage}/step0/{rank}/dump.json")
+        run = self.result(scenario)
+        artifacts = self.artifacts / scenario.name / f"step_{step}" / stage
+        shutil.rmtree(artifacts, ignore_errors=True)
+        verdict = compare_mod.compare_stage(
+            run.stage_dir(step, stage), golden.stage_dir(step, stage), scenario=scenario.name, step=step, stage=stage,
+            policy=TolerancePolicy.from_config(scenario.config["tolerance"]), golden_sha256=sha,
+            golden_statistics=golden.statistics(step, stage), artifacts=artifacts,
+        )
+        text = report.stage_text(
+            verdict, artifacts=None if verdict.passed else self._rel(artifacts),
+            rerun=None if verdict.passed else self.rerun_command(scenario, f"{stage} and step_{step}"),
+            changed=None if verdict.passed else self._changed(st),
+        )
+        if not verdict.passed:
+            artifacts.mkdir(parents=True, exist_ok=True)
+            (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")
+        return Outcome(verdict.passed, text, "identical" if verdict.identical else "compared", verdict)
+
+    def _check_metrics(self, st: ScenarioState) -> Outcome:
+        golden, scenario = st.golden, st.scenario
+        assert golden is not None
+        golden_metrics = golden.verify_file(golden.manifest.get("metrics", "metrics.jsonl"))
+        run = self.result(scenario)
+        verdict = compare_mod.compare_metrics(
+            compare_mod.read_metrics(run.run_dir / "metrics.jsonl"), compare_mod.read_metrics(golden_metrics),
+            scenario=scenario.name, policy=TolerancePolicy.from_config(scenario.config["tolerance"]),
+        )
+        text = report.metrics_text(
+            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"),
+            changed=None if verdict.passed else self._changed(st),
+        )
+        return Outcome(verdict.passed, text, "compared", verdict)
+
+    def _rel(self, p: Path) -> Path:
+        try:
+            return p.relative_to(self.rootdir)
+        except ValueError:
+            return p
+
+    # -------------------------------------------------------------------------------- summary
+    def summary_lines(self) -> list[str]:
+        """Terminal-summary lines: goldens recorded, stage counts, run wall times."""
+        lines = []
+        for name, st in sorted(self._states.items()):
+            if st.recorded:
+                lines.append(f"golden {st.recorded}: {self._rel(self.store.path(name, st.device))}")
+        outs = [o for _, o in self.outcomes]
+        if outs:
+            identical = sum(o.kind == "identical" for o in outs)
+            compared = sum(o.kind == "compared" for o in outs)
+            failed = sum(not o.passed for o in outs)
+            lines.append(f"{len(outs)} precision items: {identical} identical to golden, {compared} compared, {failed} failed")
+        for name, st in sorted(self._states.items()):
+            if st.future is not None and st.future.done() and st.future.exception() is None:
+                run = st.future.result()
+                lines.append(f"{name} on {st.device}: run {run.wall_s:.1f} s -> {self._rel(run.run_dir)}")
+        return lines

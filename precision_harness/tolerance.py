@@ -1,0 +1,145 @@
+"""TolerancePolicy: how far a statistic may move from its golden before a stage fails.
+
+Check, per statistic: ``|target - golden| <= atol + rtol * scale`` where ``scale = |golden|`` for
+Max, Min and Norm, and ``scale = golden Norm / sqrt(numel)`` (the RMS) for Mean, since means near
+zero have no useful relative error (MSPROBE_NOTES.md §2 saw 317 % relative Mean changes from
+summation order alone). Defaults by dtype are ``torch.testing.assert_close``'s table. Overrides
+from the scenario's ``tolerance:`` section, most specific first: API glob > statistic > stage >
+dtype > built-in default; an override may set only ``rtol`` or only ``atol``. ``mode: exact``
+demands bitwise-equal statistics (rtol = atol = 0).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+STATISTICS = ("Max", "Min", "Mean", "Norm")
+
+
+@dataclass(frozen=True)
+class Tol:
+    """Relative and absolute tolerance (dimensionless / in the tensor's units)."""
+
+    rtol: float
+    atol: float
+
+    def __str__(self) -> str:
+        return f"rtol {self.rtol:g}, atol {self.atol:g}"
+
+
+#: ``torch.testing.assert_close`` defaults; integer and bool tensors must match exactly.
+DTYPE_DEFAULTS: dict[str, Tol] = {
+    "float64": Tol(1e-7, 1e-7),
+    "float32": Tol(1.3e-6, 1e-5),
+    "bfloat16": Tol(1.6e-2, 1e-5),
+    "float16": Tol(1e-3, 1e-5),
+}
+EXACT = Tol(0.0, 0.0)
+#: metrics.jsonl values are python floats computed in fp32.
+METRIC_DEFAULT = DTYPE_DEFAULTS["float32"]
+
+
+def short_dtype(dtype: str) -> str:
+    """``"torch.float32"`` -> ``"float32"``; other strings pass through."""
+    return dtype.rsplit(".", 1)[-1]
+
+
+def _apply(base: Tol, override: Mapping[str, float] | None) -> Tol:
+    if not override:
+        return base
+    return Tol(override.get("rtol", base.rtol), override.get("atol", base.atol))
+
+
+@dataclass(frozen=True)
+class TolerancePolicy:
+    """Resolved tolerance rules of one scenario (its ``tolerance:`` section)."""
+
+    mode: str = "tolerance"
+    dtypes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    stages: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    statistics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    apis: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
+        """Build from a scenario's ``tolerance`` mapping (already schema-validated)."""
+        section = dict(section or {})
+        return cls(
+            mode=section.get("mode", "tolerance"),
+            dtypes=dict(section.get("dtypes", {})),
+            stages=dict(section.get("stages", {})),
+            statistics=dict(section.get("statistics", {})),
+            apis=dict(section.get("apis", {})),
+            metrics=dict(section.get("metrics", {})),
+        )
+
+    @property
+    def exact(self) -> bool:
+        return self.mode == "exact"
+
+    def for_tensor(self, *, dtype: str, stage: str, statistic: str, api: str) -> Tol:
+        """Tolerance for one statistic of one tensor.
+
+        Args:
+            dtype: msprobe dtype string, e.g. ``"torch.float32"``.
+            stage: verl stage name.
+            statistic: one of ``Max``, ``Min``, ``Mean``, ``Norm``.
+            api: msprobe tensor name, e.g. ``"Functional.linear.7.forward.output.0"``.
+        """
+        if self.exact:
+            return EXACT
+        d = short_dtype(dtype)
+        tol = DTYPE_DEFAULTS.get(d, EXACT)
+        tol = _apply(tol, self.dtypes.get(d))
+        tol = _apply(tol, self.stages.get(stage))
+        tol = _apply(tol, self.statistics.get(statistic))
+        for pattern, override in self.apis.items():
+            if fnmatch.fnmatchcase(api, pattern):
+                tol = _apply(tol, override)
+                break
+        return tol
+
+    def for_metric(self, name: str) -> Tol:
+        """Tolerance for one ``metrics.jsonl`` key (first matching glob in ``tolerance.metrics``)."""
+        if self.exact:
+            return EXACT
+        for pattern, override in self.metrics.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return _apply(METRIC_DEFAULT, override)
+        return METRIC_DEFAULT
+
+    def describe(self, dtype: str = "torch.float32") -> str:
+        """Headline text, e.g. ``"fp32: rtol 1.3e-06, atol 1e-05"``."""
+        if self.exact:
+            return "exact"
+        d = short_dtype(dtype)
+        tol = _apply(DTYPE_DEFAULTS.get(d, EXACT), self.dtypes.get(d))
+        return f"{d.replace('float', 'fp').replace('bfp', 'bf')}: {tol}"
+
+
+def tolerance_ratio(target: float, golden: float, tol: Tol, *, scale: float | None = None) -> float:
+    """``|target - golden| / (atol + rtol * scale)``; > 1 means beyond tolerance.
+
+    ``scale`` defaults to ``|golden|``. Returns ``0.0`` for equal values (NaN == NaN and equal
+    infinities included), ``inf`` when a non-finite value appears or disappears, or when the
+    allowance is 0 and the values differ.
+    """
+    if target == golden or (math.isnan(target) and math.isnan(golden)):
+        return 0.0
+    if not (math.isfinite(target) and math.isfinite(golden)):
+        return math.inf
+    allowed = tol.atol + tol.rtol * (abs(golden) if scale is None else abs(scale))
+    diff = abs(target - golden)
+    return diff / allowed if allowed > 0 else math.inf
+
+
+def relative_change(target: float, golden: float) -> float:
+    """``|target - golden| / |golden|`` (``inf`` when golden is 0 and target is not)."""
+    if target == golden:
+        return 0.0
+    if golden == 0 or not math.isfinite(golden) or not math.isfinite(target):
+        return math.inf
+    return abs(target - golden) / abs(golden)
