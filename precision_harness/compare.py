@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -152,7 +153,8 @@ def msprobe_table(target: Path, golden: Path):
     """
     get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = _import_msprobe_compare()
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # msprobe's own pandas deprecations are not the user's concern
         mode = ModeConfig(dump_mode=get_dump_mode({"npu_path": str(target), "bench_path": str(golden)}))
         npu_df, bench_df = ParseData(mode, "", {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
         df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)

@@ -1,6 +1,7 @@
 """Verdict text: what a failing (or passing) stage or metrics item prints."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,16 @@ def _num(x: float | None) -> str:
     return "None" if x is None else f"{x:.7g}"
 
 
+def _how_far(ratio: float, rel: float, *, exact: bool) -> str:
+    if math.isinf(ratio):
+        return f"rel {rel:.1e}, must match exactly" if exact else "non-finite"
+    return f"rel {rel:.1e}, {ratio:.3g}x tolerance"
+
+
 def _drift_line(label: str, d: Drift, multi_rank: bool) -> str:
     rank = f"{d.rank} " if multi_rank else ""
-    return f"  {label:<18}{rank}{d.tensor}  {d.statistic} {_num(d.golden)} -> {_num(d.target)} (rel {d.rel:.1e}, {d.ratio:.3g}x tolerance)"
+    how = _how_far(d.ratio, d.rel, exact=d.tol.rtol == 0 and d.tol.atol == 0)
+    return f"  {label:<18}{rank}{d.tensor}  {d.statistic} {_num(d.golden)} -> {_num(d.target)} ({how})"
 
 
 def settings_changed(golden: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
@@ -59,13 +67,13 @@ def stage_text(v: StageVerdict, *, artifacts: Path | None = None, rerun: str | N
     return "\n".join(lines)
 
 
-def metrics_text(v: MetricsVerdict, *, rerun: str | None = None, changed: list[str] | None = None) -> str:
+def metrics_text(v: MetricsVerdict, *, rerun: str | None = None, changed: list[str] | None = None, policy_exact: bool = False) -> str:
     """The verdict of a scenario's metrics.jsonl item."""
     if v.passed:
         return f"metrics.jsonl: {v.checked} values within tolerance"
     lines = [f"metrics.jsonl: {len(v.drifts)} of {v.checked} values beyond tolerance" if v.drifts else f"metrics.jsonl: {len(v.problems)} structural difference(s)"]
     for d in sorted(v.drifts, key=lambda d: -d.ratio)[:MAX_PROBLEMS]:
-        lines.append(f"  step_{d.step:<3} {d.name:<34} {_num(d.golden)} -> {_num(d.target)} (rel {d.rel:.1e}, {d.ratio:.3g}x tolerance)")
+        lines.append(f"  step_{d.step:<3} {d.name:<34} {_num(d.golden)} -> {_num(d.target)} ({_how_far(d.ratio, d.rel, exact=policy_exact)})")
     if len(v.drifts) > MAX_PROBLEMS:
         lines.append(f"  ... and {len(v.drifts) - MAX_PROBLEMS} more")
     for problem in v.problems[:MAX_PROBLEMS]:

@@ -229,7 +229,7 @@ class PrecisionSession:
             scenario=scenario.name, policy=TolerancePolicy.from_config(scenario.config["tolerance"]),
         )
         text = report.metrics_text(
-            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"),
+            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"), policy_exact=scenario.config["tolerance"]["mode"] == "exact",
             changed=None if verdict.passed else self._changed(st),
         )
         return Outcome(verdict.passed, text, "compared", verdict)
@@ -251,8 +251,10 @@ class PrecisionSession:
         if outs:
             identical = sum(o.kind == "identical" for o in outs)
             compared = sum(o.kind == "compared" for o in outs)
+            recorded = sum(o.kind == "recorded" for o in outs)
             failed = sum(not o.passed for o in outs)
-            lines.append(f"{len(outs)} precision items: {identical} identical to golden, {compared} compared, {failed} failed")
+            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not recorded else [f"{recorded} recorded"]
+            lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
         for name, st in sorted(self._states.items()):
             if st.future is not None and st.future.done() and st.future.exception() is None:
                 run = st.future.result()

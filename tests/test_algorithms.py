@@ -156,13 +156,12 @@ def test_kl_controllers_and_apply_kl_penalty():
     mask = t([[1, 1, 1], [1, 1, 0]])
     ctrl = A.AdaptiveKLController(0.5, 1.0, 10)
     rewards, metrics = A.apply_kl_penalty(scores, old, ref, mask, ctrl, kl_penalty="kl")
-    kl = [[1.0, 0.0, -0.5], [0.5, 0.0, 0.0]]  # padding token's kl zeroed
+    # kl = [[1, 0, -0.5], [0.5, 0, (padding: zeroed)]]
     close(rewards, [[-0.5, 0.0, 1.25], [-0.25, 2.0, 0.0]])
     current = ((0.5 / 3) + (0.5 / 2)) / 2
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(current, rel=1e-6)
     assert metrics["actor/reward_kl_penalty_coeff"] == 0.5
     assert ctrl.value == pytest.approx(0.5 * (1 + max(-0.2, current - 1) * 2 / 10))
-    del kl
 
 
 # ------------------------------------------------------------------ aggregation / losses

@@ -1,0 +1,161 @@
+"""Stage and metrics compare on synthetic msprobe dumps: every failure mode the gate claims."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from precision_harness.compare import compare_metrics, compare_stage, count_statistics, load_dump, sha256_file
+from precision_harness.errors import GoldenCorruptError
+from precision_harness.report import stage_text
+from precision_harness.tolerance import TolerancePolicy
+
+from conftest import base_data, tensor, write_dump
+
+POLICY = TolerancePolicy()
+
+
+def run(target: Path, golden: Path, policy: TolerancePolicy = POLICY, **kw):
+    return compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=policy, **kw)
+
+
+def out(data, api: str, i: int = 0) -> dict:
+    return data[api]["output"][i]
+
+
+def test_identical_passes(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path))
+    assert v.passed and not v.identical  # no manifest digest given: the full table was compared
+    assert v.checked == count_statistics(load_dump(tmp_path / "golden/step_1/actor_update/step0/rank0/dump.json"))
+
+
+def test_identical_bytes_fast_path(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path)
+    sha = {"rank0": sha256_file(golden / "step0/rank0/dump.json")}
+    v = run(target, golden, golden_sha256=sha, golden_statistics=41)
+    assert v.passed and v.identical and v.checked == 41
+    assert "identical to the golden (sha256)" in stage_text(v)
+
+
+def test_drift_beyond_tolerance_names_first_and_largest(dumps, tmp_path: Path) -> None:
+    def mutate(d):
+        out(d, "Functional.linear.0.forward")["Norm"] = 12.5 * (1 + 1e-4)  # 77x fp32 tolerance
+        out(d, "Functional.softmax.0.forward")["Max"] = 0.9 * (1 + 1e-2)  # much larger, later
+    v = run(*dumps(tmp_path, mutate))
+    assert not v.passed and len(v.drifts) == 2
+    assert v.first_divergence.tensor == "Functional.linear.0.forward.output.0" and v.first_divergence.statistic == "Norm"
+    assert v.largest.tensor == "Functional.softmax.0.forward.output.0" and v.largest.statistic == "Max"
+    text = stage_text(v, rerun='pytest s.yaml -k "actor_update and step_1"')
+    assert text.splitlines()[0].startswith("actor_update @ step_1, rank0: 2 of ")
+    assert "first divergence  Functional.linear.0.forward.output.0  Norm 12.5 -> 12.50125" in text
+    assert "largest" in text and "rerun" in text
+
+
+def test_drift_within_tolerance_passes(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Norm=12.5 + 1e-6)))
+    assert v.passed and not v.identical
+
+
+def test_mean_judged_against_rms_not_itself(dumps, tmp_path: Path) -> None:
+    # Mean 0.01 -> 0.0100005 is a 5e-5 relative change (38x the fp32 rtol), but only
+    # 5e-7 against RMS = Norm/sqrt(numel) = 12.5/8 = 1.56: well within tolerance.
+    v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Mean=0.0100005)))
+    assert v.passed
+    v = run(*dumps(tmp_path / "b", lambda d: out(d, "Functional.linear.0.forward").update(Mean=0.02)))
+    assert not v.passed and v.drifts[0].statistic == "Mean"
+
+
+def test_nan_where_golden_finite_fails_even_with_huge_tolerance(dumps, tmp_path: Path) -> None:
+    policy = TolerancePolicy.from_config({"dtypes": {"float32": {"rtol": 1e9, "atol": 1e9}}})
+    v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Max=math.nan)), policy)
+    assert not v.passed
+    assert any("nan where the golden is finite" in p for p in v.problems)
+
+
+def test_dtype_change_fails(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(dtype="torch.bfloat16")))
+    assert not v.passed
+    assert any("dtype/shape torch.float32" in p and "-> torch.bfloat16" in p for p in v.problems)
+
+
+def test_shape_change_fails(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(shape=[2, 5, 8])))
+    assert not v.passed and any("[2, 5, 8]" in p for p in v.problems)
+
+
+def test_api_only_in_golden_fails(dumps, tmp_path: Path) -> None:
+    """msprobe drops golden-only rows silently (MSPROBE_NOTES §3); the key-set check catches it."""
+    v = run(*dumps(tmp_path, lambda d: d.pop("Functional.softmax.0.forward")))
+    assert not v.passed
+    assert any("missing from this run, first Functional.softmax.0.forward" in p for p in v.problems)
+
+
+def test_api_only_in_target_fails(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path, lambda d: d.update({"Functional.gelu.0.forward": {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()]}})))
+    assert not v.passed
+    assert any("not in the golden, first Functional.gelu.0.forward" in p for p in v.problems)
+
+
+def test_rank_missing_fails(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path)
+    write_dump(golden, base_data(), rank="rank1")
+    v = run(target, golden)
+    assert not v.passed and "rank1: in the golden but missing from this run" in v.problems
+
+
+def test_stage_not_dumped_fails(dumps, tmp_path: Path) -> None:
+    _, golden = dumps(tmp_path)
+    v = run(tmp_path / "nowhere", golden)
+    assert not v.passed and "did not run or was not profiled" in v.problems[0]
+
+
+def test_exact_mode_fails_on_any_difference(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Norm=12.5 + 1e-6))
+    assert run(target, golden).passed
+    v = run(target, golden, TolerancePolicy(mode="exact"))
+    assert not v.passed and "must match exactly" in stage_text(v)
+
+
+def test_api_glob_override_loosens_one_api(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path, lambda d: out(d, "Functional.softmax.0.forward").update(Max=0.91))
+    assert not run(target, golden).passed
+    assert run(target, golden, TolerancePolicy.from_config({"apis": {"Functional.softmax.*": {"rtol": 0.05}}})).passed
+
+
+def test_compare_table_written(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path)
+    v = run(target, golden, artifacts=tmp_path / "art")
+    assert v.table_paths == [tmp_path / "art" / "compare_result_rank0.csv"]
+    header = v.table_paths[0].read_text().splitlines()[0]
+    assert "NPU Name" in header and "NormRelativeErr" in header
+
+
+def test_corrupt_dump_is_named(tmp_path: Path) -> None:
+    p = tmp_path / "dump.json"
+    p.write_text("{not json")
+    with pytest.raises(GoldenCorruptError, match=str(p)):
+        load_dump(p)
+
+
+# --------------------------------------------------------------------------------------- metrics
+def test_metrics_within_and_beyond() -> None:
+    golden = [{"training/global_step": 1, "actor/pg_loss": 0.5, "critic/vf_loss": 1.0}]
+    same = compare_metrics(golden, golden, scenario="s", policy=POLICY)
+    assert same.passed and same.checked == 3
+    moved = compare_metrics([{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=POLICY)
+    assert not moved.passed and [d.name for d in moved.drifts] == ["actor/pg_loss"]
+    loose = TolerancePolicy.from_config({"metrics": {"actor/*": {"rtol": 0.05}}})
+    assert compare_metrics([{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=loose).passed
+
+
+def test_metrics_missing_step_and_key() -> None:
+    golden = [{"training/global_step": 1, "a": 1.0}, {"training/global_step": 2, "a": 1.0}]
+    v = compare_metrics([{"training/global_step": 1}], golden, scenario="s", policy=POLICY)
+    assert "step 2: in the golden metrics but missing from this run" in v.problems
+    assert "step 1: metric a missing from this run" in v.problems
+
+
+def test_metrics_nan_fails() -> None:
+    v = compare_metrics([{"training/global_step": 1, "a": math.nan}], [{"training/global_step": 1, "a": 1.0}], scenario="s", policy=POLICY)
+    assert not v.passed

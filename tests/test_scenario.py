@@ -1,0 +1,136 @@
+"""Scenario loading: schema validation, defaults, verl strict semantics, hashes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from precision_harness.errors import ScenarioError
+from precision_harness.scenario import STAGES, Scenario
+
+from conftest import TINY
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
+def test_committed_scenarios_load(path: Path) -> None:
+    s = Scenario.load(path)
+    assert s.stages and s.steps
+    assert set(s.stages) <= set(STAGES)
+
+
+def test_defaults_are_resolved(tmp_path: Path) -> None:
+    s = Scenario.load(write(tmp_path, "seed: 1\n"))
+    assert s.name == "s"
+    assert s.level == "L1"
+    assert s.config["actor_rollout_ref"]["actor"]["clip_ratio"] == 0.2
+    # gae by default: critic on, no reference (no KL anywhere)
+    assert s.stages == ("actor_compute_log_prob", "compute_values", "critic_update", "actor_update")
+
+
+def test_unknown_key_names_file_and_field(tmp_path: Path) -> None:
+    p = write(tmp_path, "actor_rollout_ref:\n  actor:\n    clip_ration: 0.2\n")
+    with pytest.raises(ScenarioError) as exc:
+        Scenario.load(p)
+    msg = str(exc.value)
+    assert str(p) in msg and "actor_rollout_ref.actor" in msg and "clip_ration" in msg
+    assert "\n" not in msg
+
+
+def test_wrong_type_names_field(tmp_path: Path) -> None:
+    p = write(tmp_path, "actor_rollout_ref:\n  rollout:\n    n: two\n")
+    with pytest.raises(ScenarioError, match=r"actor_rollout_ref\.rollout\.n: 'two' is not of type 'integer'"):
+        Scenario.load(p)
+
+
+def test_malformed_yaml_gives_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "seed: 1\nmodel: [unclosed\n")
+    with pytest.raises(ScenarioError, match=r"malformed YAML: line \d+, column \d+"):
+        Scenario.load(p)
+
+
+def test_top_level_must_be_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="expected a mapping"):
+        Scenario.load(write(tmp_path, "- a\n- b\n"))
+
+
+def test_unknown_stage_strict_is_error(tmp_path: Path) -> None:
+    text = "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [actor_update, rollout_generate]\n"
+    with pytest.raises(ScenarioError, match="unknown stage 'rollout_generate' \\(strict: true\\)"):
+        Scenario.load(write(tmp_path, text))
+
+
+def test_unknown_stage_not_strict_is_ignored(tmp_path: Path) -> None:
+    text = "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: false\n      stages: [actor_update, rollout_generate]\n"
+    s = Scenario.load(write(tmp_path, text))
+    assert s.stages == ("actor_update",)
+    assert s.ignored_stages == ("rollout_generate",)
+
+
+def test_stage_that_never_runs_strict(tmp_path: Path) -> None:
+    text = ("algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  rollout:\n    n: 2\n"
+            "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [compute_values]\n")
+    with pytest.raises(ScenarioError, match="'compute_values' never runs"):
+        Scenario.load(write(tmp_path, text))
+
+
+def test_grpo_needs_group(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="rollout.n: GRPO needs n >= 2"):
+        Scenario.load(write(tmp_path, "algorithm:\n  adv_estimator: grpo\n"))
+
+
+def test_mini_batch_must_divide(tmp_path: Path) -> None:
+    text = "data:\n  train_batch_size: 4\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 3\n"
+    with pytest.raises(ScenarioError, match="ppo_mini_batch_size: 3 must divide data.train_batch_size=4"):
+        Scenario.load(write(tmp_path, text))
+
+
+def test_profiled_step_past_end(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="step 3 is past trainer.total_training_steps=2"):
+        Scenario.load(write(tmp_path, "global_profiler:\n  steps: [1, 3]\n"))
+
+
+def test_numeric_change_keeps_hash_structural_change_does_not(tmp_path: Path) -> None:
+    base = Scenario.load(TINY)
+    lr = Scenario.load(write(tmp_path, TINY.read_text().replace("lr: 1.0e-3", "lr: 2.0e-3", 1), "a.yaml"))
+    layers = Scenario.load(write(tmp_path, TINY.read_text().replace("num_hidden_layers: 1", "num_hidden_layers: 2"), "b.yaml"))
+    level = Scenario.load(write(tmp_path, TINY.read_text().replace("level: L1", "level: mix"), "c.yaml"))
+    assert lr.hash == base.hash
+    assert lr.numeric_settings["actor_rollout_ref.actor.optim.lr"] == 2e-3 != base.numeric_settings["actor_rollout_ref.actor.optim.lr"]
+    assert layers.hash != base.hash
+    assert level.hash != base.hash
+
+
+def test_tolerance_and_description_do_not_change_hash(tmp_path: Path) -> None:
+    base = Scenario.load(TINY)
+    text = TINY.read_text().replace("description: tiny", "description: other") + "tolerance:\n  mode: exact\n"
+    other = Scenario.load(write(tmp_path, text))
+    assert other.hash == base.hash
+
+
+def test_msprobe_config_path(tmp_path: Path) -> None:
+    (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "mix", "statistics": {"scope": [], "list": ["linear"], "data_mode": ["forward"], "summary_mode": "statistics"}}))
+    s = Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
+    assert s.level == "mix"
+    cfg = s.msprobe_config()
+    assert cfg["statistics"]["list"] == ["linear"] and cfg["statistics"]["data_mode"] == ["forward"]
+
+
+def test_msprobe_config_with_dump_path_rejected(tmp_path: Path) -> None:
+    (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": "/x"}))
+    with pytest.raises(ScenarioError, match="dump_path: must not be set"):
+        Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
+
+
+def test_msprobe_config_bad_level_rejected(tmp_path: Path) -> None:
+    (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "L9"}))
+    with pytest.raises(ScenarioError, match=r"cfg.json: global_profiler.global_tool_config.precision_debugger.level: 'L9'"):
+        Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
