@@ -96,7 +96,7 @@ class ScenarioFile(pytest.File):
             raise self.CollectError(str(exc)) from None
         for stage in scenario.ignored_stages:
             self.warn(pytest.PytestWarning(
-                f"{self.path}: precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
+                f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
             ))
         for step in scenario.steps:
             for stage in scenario.stages:

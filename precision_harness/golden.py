@@ -22,7 +22,7 @@ from filelock import FileLock
 
 from precision_harness.compare import count_statistics, load_dump, sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, ScenarioError
-from precision_harness.scenario import Scenario, validate
+from precision_harness.scenario import Scenario, display_path, validate
 
 #: Files of a run directory that a golden keeps (relative glob patterns).
 GOLDEN_FILES = ("step_*/*/step0/rank*/dump.json", "step_*/*/step0/rank*/construct.json", "metrics.jsonl")
@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 
 
 def update_command(scenario: Scenario, mode: str = "update") -> str:
-    return f"pytest {scenario.path} --precision-golden {mode}"
+    return f"pytest {display_path(scenario.path)} --precision-golden {mode}"
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ class Golden:
         meta = self.manifest["files"].get(rel)
         target = self.path / rel
         if meta is None:
-            raise GoldenCorruptError(f"{target}: not listed in {self.path / MANIFEST}")
+            raise GoldenCorruptError(f"{display_path(target)}: not listed in {display_path(self.path / MANIFEST)}")
         if not target.is_file():
-            raise GoldenCorruptError(f"{target}: listed in {MANIFEST} but missing; re-record the golden")
+            raise GoldenCorruptError(f"{display_path(target)}: listed in {MANIFEST} but missing; re-record the golden")
         if sha256_file(target) != meta["sha256"]:
-            raise GoldenCorruptError(f"{target}: sha256 differs from {MANIFEST} (edited or truncated); restore it from git or re-record the golden")
+            raise GoldenCorruptError(f"{display_path(target)}: sha256 differs from {MANIFEST} (edited or truncated); restore it from git or re-record the golden")
         return target
 
 
@@ -116,14 +116,14 @@ class GoldenStore:
         manifest_path = path / MANIFEST
         if not manifest_path.is_file():
             raise GoldenMissingError(
-                f"{path}/: no golden for scenario {scenario.name} on {device}; record it with: {update_command(scenario, 'missing')}"
+                f"{display_path(path)}/: no golden for scenario {scenario.name} on {device}; record it with: {update_command(scenario, 'missing')}"
             )
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise GoldenCorruptError(f"{manifest_path}: unreadable manifest ({exc}); restore it from git or re-record with: {update_command(scenario)}") from None
+            raise GoldenCorruptError(f"{display_path(manifest_path)}: unreadable manifest ({exc}); restore it from git or re-record with: {update_command(scenario)}") from None
         try:
-            validate(manifest, "golden_manifest", source=manifest_path)
+            validate(manifest, "golden_manifest", source=display_path(manifest_path))
         except ScenarioError as exc:
             raise GoldenCorruptError(f"{exc}; re-record with: {update_command(scenario)}") from None
         stale = []
@@ -132,7 +132,7 @@ class GoldenStore:
         if manifest["level"] != scenario.level:
             stale.append(f"msprobe level {manifest['level']} (now {scenario.level})")
         if stale:
-            raise GoldenStaleError(f"{manifest_path}: golden is stale, recorded under {' and '.join(stale)}; re-record with: {update_command(scenario)}")
+            raise GoldenStaleError(f"{display_path(manifest_path)}: golden is stale, recorded under {' and '.join(stale)}; re-record with: {update_command(scenario)}")
         return Golden(path=path, manifest=manifest)
 
     def list(self) -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.runner.devices import determinism_env
-from precision_harness.scenario import Scenario
+from precision_harness.scenario import Scenario, display_path
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,11 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool =
         try:
             proc = subprocess.run(worker_command(scenario, out_dir=out_dir, device=device, dump=dump), stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RunFailedError(f"{scenario.path}: worker timed out after {timeout:g} s (log: {log})") from None
+            raise RunFailedError(f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})") from None
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         error = out_dir / "error.txt"
         reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {proc.returncode}"
-        raise RunFailedError(f"{scenario.path}: scenario run failed: {reason} (log: {log})")
+        raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
     manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
     return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)

@@ -333,6 +333,15 @@ class Scenario:
             raise ScenarioError(f"{where}: data.train_batch_size: must be positive")
 
 
+def display_path(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it (for messages)."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
 def _load_msprobe_config(scenario_path: Path, config_path: str, raw: dict[str, Any]) -> dict[str, Any]:
     """Read an msprobe ``config.json``; inline keys in the scenario win over the file."""
     p = (scenario_path.parent / config_path).resolve()
@@ -386,7 +395,9 @@ NUMERIC_SETTINGS: tuple[str, ...] = (
 _NOT_NUMERICS = ("name", "description", "device", "tolerance", "global_profiler.steps",
                  "global_profiler.global_tool_config.precision_debugger.stages",
                  "global_profiler.global_tool_config.precision_debugger.strict",
-                 "global_profiler.global_tool_config.precision_debugger.config_path")
+                 "global_profiler.global_tool_config.precision_debugger.config_path",
+                 # checked on its own (GoldenStore.load names it); not part of the structural hash
+                 "global_profiler.global_tool_config.precision_debugger.level")
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

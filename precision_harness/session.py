@@ -19,9 +19,9 @@ from typing import Any
 from precision_harness import compare as compare_mod
 from precision_harness import report
 from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError
-from precision_harness.golden import Golden, GoldenStore
+from precision_harness.golden import Golden, GoldenStore, update_command
 from precision_harness.launch import RunResult, run_scenario
-from precision_harness.scenario import Scenario
+from precision_harness.scenario import Scenario, display_path
 from precision_harness.tolerance import TolerancePolicy
 
 GOLDEN_MODES = ("check", "update", "missing")
@@ -195,8 +195,8 @@ class PrecisionSession:
         assert golden is not None and step is not None
         if not golden.has_stage(step, stage):
             raise GoldenCorruptError(
-                f"{golden.path}: no dump for {stage} @ step_{step}; the golden predates this step/stage, re-record with: "
-                f"pytest {scenario.path} --precision-golden update"
+                f"{display_path(golden.path)}: no dump for {stage} @ step_{step}; the golden predates this step/stage, "
+                f"re-record with: {update_command(scenario)}"
             )
         sha = golden.sha256(step, stage)
         for rank in sha:
