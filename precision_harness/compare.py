@@ -98,23 +98,11 @@ def load_dump(path: Path) -> dict[str, Any]:
 
 
 def count_statistics(dump: dict[str, Any]) -> int:
-    """Number of Max/Min/Mean/Norm values (non-null) in a parsed dump.json."""
-    total = 0
-
-    def walk(node: Any) -> None:
-        nonlocal total
-        if isinstance(node, dict):
-            if "Max" in node and "dtype" in node:
-                total += sum(1 for s in STATISTICS if node.get(s) is not None)
-                return
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(dump.get("data", {}))
-    return total
+    """Number of values the gate checks in a parsed dump.json: the non-null statistics of every row
+    msprobe's parser yields (a scalar argument's value fills all four, as in msprobe's table)."""
+    return sum(
+        sum(v is not None for v in _row_statistics(item).values()) for item in flatten_dump(dump).values()
+    )
 
 
 def _float(value: Any) -> float | None:
@@ -163,33 +151,69 @@ def msprobe_table(target: Path, golden: Path):
 
 
 # -------------------------------------------------------------------------------------- stages
+def _read_op():
+    try:
+        from msprobe.core.compare.utils import read_op
+    except ImportError as exc:
+        raise ProbeUnavailableError(f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe") from None
+    return read_op
+
+
+def flatten_dump(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Tensor rows of a parsed dump.json, in execution order, named as msprobe compare names them.
+
+    Uses msprobe's own parser (``msprobe.core.compare.utils.read_op``), so ``full_op_name`` is the
+    ``NPU Name`` of msprobe's compare table, e.g. ``Functional.linear.7.forward.output.0``.
+    Each row carries ``api`` (the dump.json key) besides msprobe's fields.
+    """
+    read_op = _read_op()
+    rows: dict[str, dict[str, Any]] = {}
+    for api, op_data in dump["data"].items():
+        for item in read_op(op_data, api):
+            item["api"] = api
+            rows[item["full_op_name"]] = item
+    return rows
+
+
+def _row_statistics(item: dict[str, Any]) -> dict[str, float | None]:
+    """Max/Min/Mean/Norm of a tensor row, or ``{"value": v}`` for a scalar argument."""
+    if item.get("Max") is None and item.get("value") is not None and not isinstance(item.get("value"), (list, dict, str)):
+        return {"value": _float(item["value"])}
+    return {s: _float(item.get(s)) for s in STATISTICS}
+
+
 def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: str, rank: str, verdict: StageVerdict, table_path: Path | None = None) -> None:
-    """Compare one rank's ``dump.json`` pair into ``verdict`` (drifts, problems, checked count)."""
+    """Compare one rank's ``dump.json`` pair into ``verdict`` (drifts, problems, checked count).
+
+    Rows are msprobe's (``read_op``); the tolerance is ours. When the rank fails and
+    ``table_path`` is given, msprobe's full compare table (with its own Result column) is written
+    there for reading beside our verdict.
+    """
     t_dump, g_dump = load_dump(target), load_dump(golden)
-    t_apis, g_apis = list(t_dump["data"]), list(g_dump["data"])
-    only_golden = [a for a in g_apis if a not in t_dump["data"]]
-    only_target = [a for a in t_apis if a not in g_dump["data"]]
+    only_golden = [a for a in g_dump["data"] if a not in t_dump["data"]]
+    only_target = [a for a in t_dump["data"] if a not in g_dump["data"]]
     if only_golden:
         verdict.problems.append(f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}")
     if only_target:
         verdict.problems.append(f"{rank}: {len(only_target)} API(s) not in the golden, first {only_target[0]}")
-    df = msprobe_table(target, golden)
-    order = 0
+    t_rows, g_rows = flatten_dump(t_dump), flatten_dump(g_dump)
+    failed_before = len(verdict.drifts) + len(verdict.problems)
     nan_reported = False
-    for row in df.to_dict("records"):
-        name = row["NPU Name"]
-        if row.get("Bench Name") in ("N/A", None):
-            continue  # counted above as an API missing from the golden
-        if row["NPU Dtype"] != row["Bench Dtype"] or row["NPU Tensor Shape"] != row["Bench Tensor Shape"]:
-            verdict.problems.append(
-                f"{rank}: {name}: dtype/shape {row['Bench Dtype']} {row['Bench Tensor Shape']} -> {row['NPU Dtype']} {row['NPU Tensor Shape']}"
-            )
+    for order, (name, t_item) in enumerate(t_rows.items()):
+        g_item = g_rows.get(name)
+        if g_item is None:
+            if t_item["api"] in g_dump["data"]:  # same API, different tensors: a structural change
+                verdict.problems.append(f"{rank}: {name}: not in the golden")
             continue
-        dtype, numel = str(row["NPU Dtype"]), _numel(row["NPU Tensor Shape"])
-        golden_norm = _float(row["Bench l2norm"])
-        for stat in STATISTICS:
-            t_col, g_col = _COLUMNS[stat]
-            t_val, g_val = _float(row[t_col]), _float(row[g_col])
+        t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
+        if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
+            verdict.problems.append(f"{rank}: {name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
+            continue
+        t_stats, g_stats = _row_statistics(t_item), _row_statistics(g_item)
+        numel = _numel(t_item.get("shape"))
+        golden_norm = g_stats.get("Norm")
+        for stat, g_val in g_stats.items():
+            t_val = t_stats.get(stat)
             if t_val is None and g_val is None:
                 continue
             verdict.checked += 1
@@ -199,18 +223,27 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             if not math.isfinite(t_val) and math.isfinite(g_val) and not nan_reported:
                 verdict.problems.append(f"{rank}: {name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
                 nan_reported = True
-            tol = policy.for_tensor(dtype=dtype, stage=stage, statistic=stat, api=name)
+            tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=name)
             scale = None
             if stat == "Mean" and golden_norm is not None and math.isfinite(golden_norm):
                 scale = golden_norm / math.sqrt(max(numel, 1))
             ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
             if ratio > 1.0:
                 verdict.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank))
-        order += 1
-    if table_path is not None:
-        table_path.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(table_path, index=False)
+    for name, g_item in g_rows.items():
+        if name not in t_rows and g_item["api"] in t_dump["data"]:
+            verdict.problems.append(f"{rank}: {name}: in the golden but missing from this run")
+    if table_path is not None and len(verdict.drifts) + len(verdict.problems) > failed_before:
+        write_msprobe_table(target, golden, table_path)
         verdict.table_paths.append(table_path)
+
+
+def write_msprobe_table(target: Path, golden: Path, path: Path) -> Path:
+    """Write msprobe's compare table of two dump.json files (as ``msprobe compare`` would) to ``path``."""
+    df = msprobe_table(target, golden)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path
 
 
 def rank_dirs(stage_dir: Path) -> dict[str, Path]:

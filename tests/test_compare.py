@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.compare import compare_metrics, compare_stage, count_statistics, load_dump, sha256_file
+from precision_harness.compare import compare_metrics, compare_stage, count_statistics, flatten_dump, load_dump, msprobe_table, sha256_file
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.report import stage_text
 from precision_harness.tolerance import TolerancePolicy
@@ -123,12 +123,33 @@ def test_api_glob_override_loosens_one_api(dumps, tmp_path: Path) -> None:
     assert run(target, golden, TolerancePolicy.from_config({"apis": {"Functional.softmax.*": {"rtol": 0.05}}})).passed
 
 
-def test_compare_table_written(dumps, tmp_path: Path) -> None:
+def test_msprobe_table_written_only_for_failing_stage(dumps, tmp_path: Path) -> None:
     target, golden = dumps(tmp_path)
-    v = run(target, golden, artifacts=tmp_path / "art")
-    assert v.table_paths == [tmp_path / "art" / "compare_result_rank0.csv"]
+    assert run(target, golden, artifacts=tmp_path / "art").table_paths == []
+    target, golden = dumps(tmp_path / "b", lambda d: out(d, "Functional.linear.0.forward").update(Norm=13.0))
+    v = run(target, golden, artifacts=tmp_path / "art_b")
+    assert v.table_paths == [tmp_path / "art_b" / "compare_result_rank0.csv"]
     header = v.table_paths[0].read_text().splitlines()[0]
-    assert "NPU Name" in header and "NormRelativeErr" in header
+    assert "NPU Name" in header and "NormRelativeErr" in header and "Result" in header
+
+
+def test_rows_and_values_match_msprobe_table(dumps, tmp_path: Path) -> None:
+    """The gate's rows are msprobe's rows: same names, same values for each statistic."""
+    target, golden = dumps(tmp_path, lambda d: out(d, "Functional.softmax.0.forward").update(Max=0.95))
+    df = msprobe_table(target / "step0/rank0/dump.json", golden / "step0/rank0/dump.json")
+    ours = flatten_dump(load_dump(target / "step0/rank0/dump.json"))
+    assert list(df["NPU Name"]) == list(ours)  # same names, same (execution) order
+    for row in df.to_dict("records"):
+        item = ours[row["NPU Name"]]
+        for stat, col in (("Max", "NPU max"), ("Min", "NPU min"), ("Mean", "NPU mean"), ("Norm", "NPU l2norm")):
+            theirs = row[col]
+            mine = item.get(stat)
+            assert (mine is None and str(theirs) in ("None", "N/A", "nan")) or float(theirs) == float(mine), (row["NPU Name"], stat)
+    # and the drift we flag is the row msprobe shows a non-zero Max diff for
+    v = run(target, golden)
+    (drift,) = v.drifts
+    flagged = df[df["NPU Name"] == drift.tensor].iloc[0]
+    assert float(flagged["Max diff"]) == pytest.approx(0.95 - 0.9)
 
 
 def test_corrupt_dump_is_named(tmp_path: Path) -> None:
