@@ -1,0 +1,34 @@
+# pytest-precision: set up .venv and run the gate, the tests, or the benchmarks.
+# The CPU install path pins torch (CPU wheel) and transformers through constraints/cpu.txt;
+# NPU/GPU users install their own torch (+ torch_npu) first and run pip without the constraints.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints/cpu.txt
+
+.PHONY: gate test update-golden benchmarks clean
+
+$(VENV)/.gate: pyproject.toml constraints/cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.gate
+	$(PIP) -e ".[test,verl,ray]"
+	touch $@
+
+gate: $(VENV)/.gate          ## the main job: every scenario against golden/, plus the invariants
+	$(BIN)/pytest scenarios precision_tests
+
+test: $(VENV)/.test          ## everything: gate, invariants, harness tests, verl parity
+	$(BIN)/pytest -p no:cacheprovider
+
+update-golden: $(VENV)/.gate ## re-record every golden (review the churn, then commit golden/)
+	$(BIN)/pytest scenarios --precision-golden update
+
+benchmarks: $(VENV)/.test    ## overhead and speed ratios (printed, never asserted)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf .precision .pytest_cache
