@@ -58,6 +58,9 @@ class StageVerdict:
     identical: bool = False  #: every rank's dump.json is byte-identical to the golden
     ranks: list[str] = field(default_factory=list)
     table_paths: list[Path] = field(default_factory=list)
+    #: ``(rank, order, tensor, worst tolerance ratio of its statistics)`` for every compared row, in
+    #: execution order: the drift profile a report plots (empty for identical dumps).
+    profile: list[tuple[str, int, str, float]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -65,7 +68,9 @@ class StageVerdict:
 
     @property
     def worst_ratio(self) -> float:
-        return max((d.ratio for d in self.drifts), default=0.0)
+        """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
+        worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
+        return math.inf if self.problems else worst
 
     @property
     def first_divergence(self) -> Drift | None:
@@ -187,6 +192,7 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             continue
         dtype, numel = str(row["NPU Dtype"]), _numel(row["NPU Tensor Shape"])
         golden_norm = _float(row["Bench l2norm"])
+        row_worst = 0.0
         for stat in STATISTICS:
             t_col, g_col = _COLUMNS[stat]
             t_val, g_val = _float(row[t_col]), _float(row[g_col])
@@ -204,8 +210,10 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             if stat == "Mean" and golden_norm is not None and math.isfinite(golden_norm):
                 scale = golden_norm / math.sqrt(max(numel, 1))
             ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
+            row_worst = max(row_worst, ratio)
             if ratio > 1.0:
                 verdict.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank))
+        verdict.profile.append((rank, order, name, row_worst))
         order += 1
     if table_path is not None:
         table_path.parent.mkdir(parents=True, exist_ok=True)
