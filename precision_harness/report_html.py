@@ -105,14 +105,24 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     floor = 1e-6
     fig, ax = plt.subplots(figsize=(9, 3.2), dpi=96)
     ranks = sorted({p[0] for p in record["profile"]})
+    spread = ax.twinx()
     for rank in ranks:
         pts = [p for p in record["profile"] if p[0] == rank]
         xs = [p[1] for p in pts]
         ys = [max(p[3], floor) if p[3] is not None else 1e6 for p in pts]
-        ax.plot(xs, ys, lw=0.8, label=rank if len(ranks) > 1 else "worst ratio per tensor")
+        suffix = f" {rank}" if len(ranks) > 1 else ""
+        ok = [(x, y) for x, y in zip(xs, ys) if y <= 1]
         bad = [(x, y) for x, y in zip(xs, ys) if y > 1]
+        if ok:
+            ax.scatter(*zip(*ok), s=4, color="#9e9e9e", label=f"within tolerance{suffix}")
         if bad:
-            ax.scatter(*zip(*bad), s=9, color="#d32f2f", zorder=3, label=f"beyond tolerance ({len(bad)})" if rank == ranks[0] else None)
+            ax.scatter(*zip(*bad), s=6, color="#d32f2f", zorder=3, label=f"beyond tolerance{suffix} ({len(bad)})")
+        count, cum = 0, []
+        for y in ys:
+            count += y > 1
+            cum.append(count)
+        spread.step(xs, cum, where="post", color="#6a1b9a", lw=1.0, label=f"tensors beyond so far{suffix}")
+    spread.set_ylabel("tensors beyond tolerance so far", fontsize=8, color="#6a1b9a")
     ax.axhline(1.0, color="#555", ls="--", lw=0.8, label="tolerance")
     fd = record["first_divergence"]
     if fd:
@@ -127,7 +137,9 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     ax.set_xlabel("tensor in execution order")
     ax.set_ylabel("|diff| / allowance")
     ax.set_title(f"{record['scenario']}  {record['stage']} @ step_{record['step']}", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    handles = ax.get_legend_handles_labels()
+    extra = spread.get_legend_handles_labels()
+    ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper left", framealpha=0.85)
     fig.tight_layout()
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
