@@ -42,8 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _progress(config: pytest.Config, line: str) -> None:
+    """Write a progress line to the terminal while an item runs (capture suspended, as live logging does)."""
     terminal = config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is not None:
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None:
+        return
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(f"[precision] {line}")
+    else:
         terminal.write_line(f"[precision] {line}")
 
 
@@ -54,7 +61,7 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 def pytest_deselected(items: list[pytest.Item]) -> None:
     """A deselected item makes the run partial: no golden is called unused."""
     if items:
-        items[0].config.stash[_SESSION_KEY].usage.mark_partial(f"{len(items)} items deselected")
+        items[0].config.stash[_SESSION_KEY].usage.mark_partial(f"{len(items)} item{'s' if len(items) != 1 else ''} deselected")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -159,7 +159,8 @@ def build_report(records: list[dict[str, Any]], *, mode: str, unused: list[dict[
             sc["steps"].append(r["step"])
         if r["stage"] not in sc["stages"]:
             sc["stages"].append(r["stage"])
-        sc["cells"].append({"step": r["step"], "stage": r["stage"], "ratio": r["worst_ratio"], "passed": r["passed"], "kind": r["kind"]})
+        sc["cells"].append({"step": r["step"], "stage": r["stage"], "ratio": r["worst_ratio"], "passed": r["passed"], "kind": r["kind"],
+                            "structural": bool(r["problems"])})
     for sc in scenarios.values():
         sc["steps"].sort()
         order = {s: i for i, s in enumerate(_STAGE_ORDER)}
@@ -183,13 +184,13 @@ def build_report(records: list[dict[str, Any]], *, mode: str, unused: list[dict[
     }
 
 
-def _ratio_text(r: float | None, passed: bool, kind: str) -> str:
+def _ratio_text(r: float | None, passed: bool, kind: str, structural: bool = True) -> str:
     if kind == "error":
         return "error"
     if kind == "recorded":
         return "recorded"
     if r is None:
-        return "structural" if not passed else "-"
+        return ("structural" if structural else "inf") if not passed else "-"
     return "0" if r == 0 else f"{r:.2g}"
 
 
@@ -228,7 +229,7 @@ def markdown_report(doc: dict[str, Any]) -> str:
             first = f"`{fd['tensor']}` {fd['statistic']}" if fd else (r["problems"][0] if r["problems"] else "")
             ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
             lines.append(f"| {r['scenario']} | {r['step'] if r['step'] is not None else ''} | {r['stage'] or 'metrics'} | "
-                         f"{_ratio_text(r['worst_ratio'], r['passed'], r['kind'])} | {first.replace('|', '/')} | {ms} |")
+                         f"{_ratio_text(r['worst_ratio'], r['passed'], r['kind'], bool(r['problems']))} | {first.replace('|', '/')} | {ms} |")
         lines.append("")
         for r in failing:
             lines += ["<details><summary>" + (f"{r['scenario']} {r['stage']} step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics") + "</summary>", "",
@@ -243,7 +244,7 @@ def markdown_report(doc: dict[str, Any]) -> str:
             row = []
             for st in sc["steps"]:
                 c = cells.get((stage, st))
-                row.append("" if c is None else ("❌ " if not c["passed"] else "") + _ratio_text(c["ratio"], c["passed"], c["kind"]))
+                row.append("" if c is None else ("❌ " if not c["passed"] else "") + _ratio_text(c["ratio"], c["passed"], c["kind"], c["structural"]))
             lines.append(f"| {stage} | " + " | ".join(row) + " |")
         lines.append("")
     if doc["churn"]:

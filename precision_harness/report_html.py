@@ -35,7 +35,7 @@ figure.drift-plot{margin:1em 0;border:1px solid #ddd;padding:.5em}
 def ratio_colour(ratio: float | None, passed: bool, kind: str) -> str:
     """Background colour of a heatmap cell for a worst tolerance ratio."""
     if kind in ("error",) or (ratio is None and not passed):
-        return "#7f0000"
+        return "#7f0000"  # structural, non-finite or an exact-match value that moved
     if kind == "recorded" or ratio is None:
         return "#eeeeee"
     if ratio == 0:
@@ -61,7 +61,7 @@ def _cell_text(c: dict[str, Any]) -> str:
     if c["kind"] == "recorded":
         return "recorded"
     if c["ratio"] is None:
-        return "structural" if not c["passed"] else "-"
+        return ("structural" if c.get("structural") else "inf") if not c["passed"] else "-"
     return "0" if c["ratio"] == 0 else f"{c['ratio']:.2g}"
 
 
@@ -142,10 +142,10 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper left", framealpha=0.85)
     fig.tight_layout()
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    fig.savefig(buf, format="svg", metadata={"Date": None})
     plt.close(fig)
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.S)
 
 
 def html_report(doc: dict[str, Any]) -> str:
