@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,9 +295,10 @@ class PrecisionSession:
                     unused.append({"scenario": name, "device": device, "path": path})
                     self.finish_lines.append(f"golden unused: {path} (no collected scenario {name}; remove with --precision-prune)")
         if self.options.report is not None:
+            t0 = time.perf_counter()
             doc = report.build_report(self.records, mode=self.options.golden_mode, unused=unused, pruned=pruned, partial=self.usage.partial)
             paths = report.write_report(self._abs(self.options.report), doc)
-            self.finish_lines.append(f"precision report: {', '.join(str(self._rel(p)) for p in paths)}")
+            self.finish_lines.append(f"precision report: {', '.join(str(self._rel(p)) for p in paths)} ({time.perf_counter() - t0:.1f} s)")
 
 
 def churn_lines(rows: list[churn_mod.ChurnRow]) -> list[str]:

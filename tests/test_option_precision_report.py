@@ -55,7 +55,7 @@ def test_report_json_validates(lr_changed: dict) -> None:
     assert cells[("actor_update", 1)]["ratio"] == 0  # identical
     failing = next(r for r in doc["items"] if r["stage"] == "critic_update" and r["step"] == 1)
     assert failing["profile"] and failing["first_divergence"]["tensor"] and failing["artifacts"] == ".precision/artifacts/tiny_ppo/step_1/critic_update"
-    assert "precision report: rep/report.json, rep/report.md, rep/report.html" in lr_changed["check"].stdout
+    assert "precision report: rep/report.json, rep/report.md, rep/report.html (" in lr_changed["check"].stdout
 
 
 def test_gate_with_failures_and_report_imports_no_torch(lr_changed: dict) -> None:
