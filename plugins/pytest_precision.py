@@ -1,6 +1,6 @@
 """pytest-precision: gate msprobe stage statistics of short PPO scenarios against goldens.
 
-Hooks only: options, ini keys, collection of ``scenarios/*.yaml`` into items (one per
+Hooks only: options (from :mod:`precision_harness.options`), collection of ``scenarios/*.yaml`` into items (one per
 (step, stage) plus one for ``metrics.jsonl``), and the terminal summary. The work is done by
 :class:`precision_harness.session.PrecisionSession`. This module never imports torch.
 """
