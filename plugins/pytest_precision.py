@@ -1,52 +1,111 @@
 """pytest-precision: gate msprobe stage statistics of short PPO scenarios against goldens.
 
-Hooks only: options, ini keys, collection of ``scenarios/*.yaml`` into items (one per
+Hooks only: options (from :mod:`precision_harness.options`), collection of ``scenarios/*.yaml`` into items (one per
 (step, stage) plus one for ``metrics.jsonl``), and the terminal summary. The work is done by
 :class:`precision_harness.session.PrecisionSession`. This module never imports torch.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from precision_harness import options
 from precision_harness.errors import PrecisionError
 from precision_harness.scenario import Scenario
-from precision_harness.session import DEVICE_CHOICES, GOLDEN_MODES, PrecisionOptions, PrecisionSession
+from precision_harness.session import PrecisionOptions, PrecisionSession
 
 _SESSION_KEY = pytest.StashKey[PrecisionSession]()
+_RECORD_KEY = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register ``--precision-*`` options and ini keys."""
     group = parser.getgroup("precision", "pytest-precision: msprobe stage gate")
-    group.addoption("--precision-golden", choices=GOLDEN_MODES, default="check",
-                    help="check (default): compare against golden/; update: re-record every selected scenario's golden; "
-                         "missing: record only goldens that do not exist yet")
-    group.addoption("--precision-device", choices=DEVICE_CHOICES, default="auto",
-                    help="device scenarios run on; auto uses each scenario's 'device' key (default cpu)")
-    group.addoption("--precision-artifacts", metavar="DIR", default=None,
-                    help="where runs and compare tables go (default: .precision/artifacts under rootdir)")
-    group.addoption("--precision-jobs", metavar="N", type=int, default=None,
-                    help="scenario runs in parallel in this process (default: CPU count)")
-    parser.addini("precision_golden_dir", "directory holding goldens, relative to rootdir", default="golden")
+    options.add_pytest_options(group, parser)
     parser.addini("precision_scenario_dirs", "directory names whose *.yaml files are scenarios", type="args", default=["scenarios"])
-    parser.addini("precision_timeout", "seconds a scenario run may take (0: no limit)", default="0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Create the run's PrecisionSession."""
     config.addinivalue_line("markers", "precision_scenario(name): item of a pytest-precision scenario")
-    artifacts = config.getoption("precision_artifacts") or ".precision/artifacts"
-    jobs = config.getoption("precision_jobs") or max(1, os.cpu_count() or 1)
-    timeout = float(config.getini("precision_timeout") or 0) or None
-    options = PrecisionOptions(
-        golden_mode=config.getoption("precision_golden"), device=config.getoption("precision_device"),
-        artifacts=Path(artifacts), golden_dir=Path(config.getini("precision_golden_dir")), jobs=jobs, timeout=timeout,
-    )
-    config.stash[_SESSION_KEY] = PrecisionSession(options, rootdir=config.rootpath)
+    precision_options = PrecisionOptions(**options.from_pytest(config))
+    precision = config.stash[_SESSION_KEY] = PrecisionSession(precision_options, rootdir=config.rootpath)
+    for flag, why in (("keyword", "-k"), ("markexpr", "-m"), ("ignore", "--ignore"), ("ignore_glob", "--ignore-glob"), ("lf", "--lf")):
+        if getattr(config.option, flag, None):
+            precision.usage.mark_partial(f"{why} given")
+    if not _is_xdist_worker(config):
+        config.pluginmanager.register(_RecordCollector(precision), "precision-records")
+    if config.get_verbosity() >= 0 and not _is_xdist_worker(config):
+        precision.on_progress = lambda line: _progress(config, line)
+
+
+def _progress(config: pytest.Config, line: str) -> None:
+    """Write a progress line to the terminal while an item runs (capture suspended, as live logging does)."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None:
+        return
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(f"[precision] {line}")
+    else:
+        terminal.write_line(f"[precision] {line}")
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return getattr(config, "workerinput", None) is not None
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """A deselected item makes the run partial: no golden is called unused."""
+    if items:
+        items[0].config.stash[_SESSION_KEY].usage.mark_partial(f"{len(items)} item{'s' if len(items) != 1 else ''} deselected")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Carry the item's report record on its TestReport (so it reaches the xdist controller)."""
+    outcome = yield
+    record = item.stash.get(_RECORD_KEY, None)
+    if record is not None and call.when == "call":
+        outcome.get_result().precision_record = record
+
+
+class _RecordCollector:
+    """Collects report records where the report is written (this process, or the xdist controller)."""
+
+    def __init__(self, precision: PrecisionSession) -> None:
+        self.precision = precision
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "precision_record", None)
+        if record is not None and report.when == "call":
+            self.precision.records.append(record)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Unused goldens, --precision-prune and --precision-report (an xdist worker hands its collection to the controller)."""
+    config = session.config
+    precision = config.stash[_SESSION_KEY]
+    if _is_xdist_worker(config):
+        config.workeroutput["precision_usage"] = precision.usage.to_json()  # type: ignore[attr-defined]
+        return
+    if config.option.collectonly:
+        return
+    try:
+        precision.finish(scenario_dirs=config.getini("precision_scenario_dirs"))
+    except PrecisionError as exc:
+        precision.finish_lines.append(f"precision report failed: {exc}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: merge what a worker collected (each worker collects every scenario)."""
+    usage = getattr(node, "workeroutput", {}).get("precision_usage")
+    if usage is not None:
+        node.config.stash[_SESSION_KEY].usage.merge(usage)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -90,10 +149,14 @@ class ScenarioFile(pytest.File):
     """A scenario YAML file: one item per profiled (step, stage), then one for metrics.jsonl."""
 
     def collect(self) -> Iterator[pytest.Item]:
+        usage = self.config.stash[_SESSION_KEY].usage
         try:
             scenario = Scenario.load(self.path)
         except PrecisionError as exc:
+            usage.mark_partial(f"{self.path.name} failed to collect")
             raise self.CollectError(str(exc)) from None
+        usage.names.add(scenario.name)
+        usage.files.add(str(self.path.resolve()))
         for stage in scenario.ignored_stages:
             self.warn(pytest.PytestWarning(
                 f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
@@ -118,10 +181,17 @@ class PrecisionItem(pytest.Item):
 
     def _verdict(self, **where: Any) -> None:
         __tracebackhide__ = True
-        outcome = self.config.stash[_SESSION_KEY].outcome(self.scenario, **where)
+        precision = self.config.stash[_SESSION_KEY]
+        outcome = precision.outcome(self.scenario, **where)
+        record = self.stash[_RECORD_KEY] = precision.record(nodeid=self.nodeid, scenario=self.scenario, step=where.get("step"), stage=where.get("stage"), outcome=outcome)
         self.user_properties.append(("precision_verdict", outcome.kind))
         if outcome.verdict is not None and hasattr(outcome.verdict, "worst_ratio"):
             self.user_properties.append(("precision_worst_ratio", f"{outcome.verdict.worst_ratio:.6g}"))
+        first = record["first_divergence"]
+        if first is not None:
+            self.user_properties.append(("precision_first_divergence", f"{first['tensor']} {first['statistic']}"))
+        elif record["problems"] and not outcome.passed:
+            self.user_properties.append(("precision_first_divergence", record["problems"][0]))
         if not outcome.passed:
             raise PrecisionFailure(outcome.text)
 

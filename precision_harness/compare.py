@@ -25,10 +25,6 @@ from typing import Any, Iterable
 from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
 from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
 
-#: msprobe compare columns per statistic: (target column, golden column).
-_COLUMNS = {"Max": ("NPU max", "Bench max"), "Min": ("NPU min", "Bench min"), "Mean": ("NPU mean", "Bench mean"), "Norm": ("NPU l2norm", "Bench l2norm")}
-
-
 @dataclass(frozen=True)
 class Drift:
     """One statistic of one tensor beyond tolerance."""
@@ -58,6 +54,9 @@ class StageVerdict:
     identical: bool = False  #: every rank's dump.json is byte-identical to the golden
     ranks: list[str] = field(default_factory=list)
     table_paths: list[Path] = field(default_factory=list)
+    #: ``(rank, order, tensor, worst tolerance ratio of its statistics)`` for every compared row, in
+    #: execution order: the drift profile a report plots (empty for identical dumps).
+    profile: list[tuple[str, int, str, float]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -65,7 +64,9 @@ class StageVerdict:
 
     @property
     def worst_ratio(self) -> float:
-        return max((d.ratio for d in self.drifts), default=0.0)
+        """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
+        worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
+        return math.inf if self.problems else worst
 
     @property
     def first_divergence(self) -> Drift | None:
@@ -212,6 +213,7 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
         t_stats, g_stats = _row_statistics(t_item), _row_statistics(g_item)
         numel = _numel(t_item.get("shape"))
         golden_norm = g_stats.get("Norm")
+        row_worst = 0.0
         for stat, g_val in g_stats.items():
             t_val = t_stats.get(stat)
             if t_val is None and g_val is None:
@@ -228,8 +230,10 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             if stat == "Mean" and golden_norm is not None and math.isfinite(golden_norm):
                 scale = golden_norm / math.sqrt(max(numel, 1))
             ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
+            row_worst = max(row_worst, ratio)
             if ratio > 1.0:
                 verdict.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank))
+        verdict.profile.append((rank, order, name, row_worst))
     for name, g_item in g_rows.items():
         if name not in t_rows and g_item["api"] in t_dump["data"]:
             verdict.problems.append(f"{rank}: {name}: in the golden but missing from this run")

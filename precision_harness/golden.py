@@ -25,6 +25,10 @@ from precision_harness.errors import GoldenCorruptError, GoldenMissingError, Gol
 from precision_harness.scenario import Scenario, display_path, validate
 
 #: Files of a run directory that a golden keeps (relative glob patterns).
+#: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
+#: overflow of an attention-mask constant (``finfo.min``), not a bad number.
+_FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+
 GOLDEN_FILES = ("step_*/*/step0/rank*/dump.json", "step_*/*/step0/rank*/construct.json", "metrics.jsonl")
 MANIFEST = "manifest.json"
 
@@ -135,6 +139,43 @@ class GoldenStore:
             raise GoldenStaleError(f"{display_path(manifest_path)}: golden is stale, recorded under {' and '.join(stale)}; re-record with: {update_command(scenario)}")
         return Golden(path=path, manifest=manifest)
 
+    def previous(self, scenario: str, device: str) -> Golden | None:
+        """The golden on disk as it is, unvalidated (for churn against a re-record); None if absent."""
+        self._recover(scenario, device)
+        path = self.path(scenario, device)
+        try:
+            return Golden(path=path, manifest=json.loads((path / MANIFEST).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+
+    def unused(self, scenarios: set[str]) -> list[tuple[str, str]]:
+        """Every ``(scenario, device)`` golden whose scenario is not in ``scenarios``."""
+        return [(name, device) for name, device in self.list() if name not in scenarios]
+
+    def remove(self, scenario: str, device: str) -> Path:
+        """Delete one golden (and its scenario folder once empty); return the removed path."""
+        path = self.path(scenario, device)
+        with self._lock(scenario, device):
+            shutil.rmtree(path)
+        (path.parent / f".{device}.lock").unlink(missing_ok=True)
+        if path.parent.is_dir() and not any(path.parent.iterdir()):
+            path.parent.rmdir()
+        return path
+
+    def set_noise(self, scenario: str, device: str, noise: dict[str, Any]) -> bool:
+        """Record calibrated ``noise`` in a golden's manifest (atomic rewrite); False if unchanged."""
+        path = self.path(scenario, device) / MANIFEST
+        with self._lock(scenario, device):
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+            if manifest.get("noise") == noise:
+                return False
+            manifest["noise"] = noise
+            validate(manifest, "golden_manifest", source=display_path(path))
+            tmp = path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+        return True
+
     def list(self) -> list[tuple[str, str]]:
         """Every ``(scenario, device)`` with a manifest under ``root``."""
         return sorted((p.parent.parent.name, p.parent.name) for p in self.root.glob(f"*/*/{MANIFEST}"))
@@ -187,9 +228,13 @@ class GoldenStore:
             old_manifest = final / MANIFEST
             if old_manifest.is_file():
                 try:
-                    if json.loads(old_manifest.read_text(encoding="utf-8")) == manifest:
+                    old = json.loads(old_manifest.read_text(encoding="utf-8"))
+                    # calibrated noise stays valid while the scenario structure and level do
+                    if isinstance(old.get("noise"), dict) and (old.get("scenario_hash"), old.get("level")) == (manifest["scenario_hash"], manifest["level"]):
+                        manifest["noise"] = old["noise"]
+                    if old == manifest:
                         return False
-                except ValueError:
+                except (ValueError, AttributeError):
                     pass  # corrupt: replace it
             tmp = final.parent / f".{device}.tmp-{os.getpid()}"
             backup = final.parent / f".{device}.old-{os.getpid()}"
@@ -214,3 +259,70 @@ class GoldenStore:
                 shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(backup, ignore_errors=True)
         return True
+
+
+def lint_dump(path: Path) -> list[str]:
+    """NaN/Inf lint of one ``dump.json``: one line per offending tensor statistic.
+
+    NaN anywhere, and +-Inf in Max or Min, are errors (a golden must be made of numbers). An
+    infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
+    dtype's largest finite value), whose sum overflows in msprobe's own statistics.
+    """
+    import math
+
+    problems = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "Max" in node and "dtype" in node:
+                dtype = str(node["dtype"]).rsplit(".", 1)[-1]
+                extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
+                masked = any(isinstance(node.get(k), (int, float)) and abs(node[k]) >= extreme for k in ("Max", "Min"))
+                for stat in ("Max", "Min", "Mean", "Norm"):
+                    v = node.get(stat)
+                    if not isinstance(v, (int, float)) or math.isfinite(v):
+                        continue
+                    if math.isnan(v) or stat in ("Max", "Min") or not masked:
+                        problems.append(f"{display_path(path)}: {where} {stat} is {v}")
+                return
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else key)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}.{i}")
+
+    walk(load_dump(path)["data"], "")
+    return problems
+
+
+def verify_golden(path: Path) -> list[str]:
+    """Every problem of the golden at ``path``: manifest schema, sha256 of each file, unlisted files, NaN/Inf lint.
+
+    Returns one line per problem (empty: the golden is sound); never raises for a bad golden.
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        validate(manifest, "golden_manifest", source=display_path(manifest_path))
+    except (OSError, ValueError) as exc:
+        return [f"{display_path(manifest_path)}: unreadable manifest ({exc})"]
+    except ScenarioError as exc:
+        return [str(exc)]
+    golden = Golden(path=path, manifest=manifest)
+    problems = []
+    for rel in sorted(manifest["files"]):
+        try:
+            golden.verify_file(rel)
+        except GoldenCorruptError as exc:
+            problems.append(str(exc))
+            continue
+        if rel.endswith("/dump.json"):
+            try:
+                problems += lint_dump(path / rel)
+            except GoldenCorruptError as exc:
+                problems.append(str(exc))
+    listed = set(manifest["files"]) | {MANIFEST}
+    for extra in sorted(p for p in path.rglob("*") if p.is_file() and str(p.relative_to(path)) not in listed):
+        problems.append(f"{display_path(extra)}: not listed in {MANIFEST}; remove it or re-record the golden")
+    return problems

@@ -11,21 +11,23 @@ import importlib.util
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from precision_harness import compare as compare_mod
+from precision_harness import churn as churn_mod
+from precision_harness import progress
 from precision_harness import report
+from precision_harness.check import Outcome, check_metrics, check_stage
 from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError
 from precision_harness.golden import Golden, GoldenStore, update_command
 from precision_harness.launch import RunResult, run_scenario
+from precision_harness.options import DEVICE_CHOICES, GOLDEN_MODES  # noqa: F401  (re-exported)
 from precision_harness.scenario import Scenario, display_path
 from precision_harness.tolerance import TolerancePolicy
-
-GOLDEN_MODES = ("check", "update", "missing")
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+from precision_harness.usage import GoldenUsage
 
 
 @dataclass(frozen=True)
@@ -38,16 +40,8 @@ class PrecisionOptions:
     golden_dir: Path = Path("golden")
     jobs: int = max(1, os.cpu_count() or 1)
     timeout: float | None = None
-
-
-@dataclass
-class Outcome:
-    """What an item reports: passed or not, the verdict text, and data for summaries."""
-
-    passed: bool
-    text: str
-    kind: str  # "compared", "identical", "recorded", "error"
-    verdict: Any = None
+    report: Path | None = None  #: directory for report.json/.md/.html (``--precision-report``)
+    prune: bool = False  #: remove unused goldens on a full run (``--precision-prune``)
 
 
 @dataclass
@@ -58,6 +52,8 @@ class ScenarioState:
     golden: Golden | None = None
     golden_error: PrecisionError | None = None
     recorded: str | None = None  # "recorded" / "unchanged" after update
+    churn: list[churn_mod.ChurnRow] | None = None  # update mode: against the previous golden
+    compare_s: float = 0.0  # compare (and msprobe analysis) time of this scenario's items
     lock: threading.Lock = field(default_factory=threading.Lock)
     prepared: bool = False
 
@@ -81,6 +77,10 @@ class PrecisionSession:
         self._executor: ThreadPoolExecutor | None = None
         self._states: dict[str, ScenarioState] = {}
         self.outcomes: list[tuple[str, Outcome]] = []
+        self.records: list[dict[str, Any]] = []  #: report records of every item (see report.item_record)
+        self.usage = GoldenUsage()  #: which scenarios were collected; why the run is partial
+        self.on_progress: Callable[[str], None] | None = None  #: called with a line as each stage starts
+        self.finish_lines: list[str] = []  #: unused goldens, pruning, report paths
 
     def _abs(self, p: Path) -> Path:
         p = Path(p)
@@ -135,6 +135,9 @@ class PrecisionSession:
         if st.golden_error is not None:
             raise st.golden_error
         assert st.future is not None
+        if self.on_progress is not None and not st.future.done():
+            progress.follow(self.run_dir(scenario), st.future, scenario=scenario.name, report=self.on_progress,
+                            total_steps=scenario.config["trainer"]["total_training_steps"])
         return st.future.result()
 
     def close(self) -> None:
@@ -151,6 +154,8 @@ class PrecisionSession:
             if not st.prepared:
                 mode = self.options.golden_mode
                 if mode == "update" or (mode == "missing" and st.golden is None):
+                    previous = self.store.previous(scenario.name, st.device)
+                    st.churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
                     changed = self.store.promote(run.run_dir, scenario, st.device)
                     st.recorded = "recorded" if changed else "unchanged"
                     st.golden, st.golden_error = None, None
@@ -177,12 +182,14 @@ class PrecisionSession:
             st = self._prepare(scenario)
             if st.recorded is not None:
                 out = Outcome(True, f"golden {st.recorded}: {self.store.path(scenario.name, st.device)}", "recorded")
+                out.extra["churn"] = [r for r in st.churn or [] if (r.step, r.stage) == (step, stage)]
             elif stage is None:
                 out = self._check_metrics(st)
             else:
                 out = self._check_stage(st, step, stage)
         except PrecisionError as exc:
             out = Outcome(False, str(exc), "error")
+        self.state(scenario).compare_s += out.seconds
         self.outcomes.append((scenario.name, out))
         return out
 
@@ -204,35 +211,27 @@ class PrecisionSession:
         run = self.result(scenario)
         artifacts = self.artifacts / scenario.name / f"step_{step}" / stage
         shutil.rmtree(artifacts, ignore_errors=True)
-        verdict = compare_mod.compare_stage(
+        return check_stage(
             run.stage_dir(step, stage), golden.stage_dir(step, stage), scenario=scenario.name, step=step, stage=stage,
-            policy=TolerancePolicy.from_config(scenario.config["tolerance"]), golden_sha256=sha,
-            golden_statistics=golden.statistics(step, stage), artifacts=artifacts,
+            policy=self._policy(st), golden_sha256=sha, golden_statistics=golden.statistics(step, stage),
+            artifacts=artifacts, shown_artifacts=self._rel(artifacts), rerun=self.rerun_command(scenario, f"{stage} and step_{step}"),
+            changed=self._changed(st), level=golden.manifest.get("level"),
         )
-        text = report.stage_text(
-            verdict, artifacts=None if verdict.passed else self._rel(artifacts),
-            rerun=None if verdict.passed else self.rerun_command(scenario, f"{stage} and step_{step}"),
-            changed=None if verdict.passed else self._changed(st),
-        )
-        if not verdict.passed:
-            artifacts.mkdir(parents=True, exist_ok=True)
-            (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")
-        return Outcome(verdict.passed, text, "identical" if verdict.identical else "compared", verdict)
+
+    def _policy(self, st: ScenarioState) -> TolerancePolicy:
+        """The scenario's tolerance, widened by the golden's calibrated noise (if any)."""
+        assert st.golden is not None
+        return TolerancePolicy.from_config(st.scenario.config["tolerance"]).with_noise(st.golden.manifest.get("noise"))
 
     def _check_metrics(self, st: ScenarioState) -> Outcome:
         golden, scenario = st.golden, st.scenario
         assert golden is not None
         golden_metrics = golden.verify_file(golden.manifest.get("metrics", "metrics.jsonl"))
         run = self.result(scenario)
-        verdict = compare_mod.compare_metrics(
-            compare_mod.read_metrics(run.run_dir / "metrics.jsonl"), compare_mod.read_metrics(golden_metrics),
-            scenario=scenario.name, policy=TolerancePolicy.from_config(scenario.config["tolerance"]),
+        return check_metrics(
+            run.run_dir / "metrics.jsonl", golden_metrics, scenario=scenario.name, policy=self._policy(st),
+            rerun=self.rerun_command(scenario, "metrics"), changed=self._changed(st),
         )
-        text = report.metrics_text(
-            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"), policy_exact=scenario.config["tolerance"]["mode"] == "exact",
-            changed=None if verdict.passed else self._changed(st),
-        )
-        return Outcome(verdict.passed, text, "compared", verdict)
 
     def _rel(self, p: Path) -> Path:
         try:
@@ -247,6 +246,7 @@ class PrecisionSession:
         for name, st in sorted(self._states.items()):
             if st.recorded:
                 lines.append(f"golden {st.recorded}: {self._rel(self.store.path(name, st.device))}")
+                lines += churn_lines(st.churn or [])
         outs = [o for _, o in self.outcomes]
         if outs:
             identical = sum(o.kind == "identical" for o in outs)
@@ -258,5 +258,55 @@ class PrecisionSession:
         for name, st in sorted(self._states.items()):
             if st.future is not None and st.future.done() and st.future.exception() is None:
                 run = st.future.result()
-                lines.append(f"{name} on {st.device}: run {run.wall_s:.1f} s -> {self._rel(run.run_dir)}")
-        return lines
+                profiled = {f"step_{a}/{b}" for a in st.scenario.steps for b in st.scenario.stages}
+                timing = progress.timing_line(run.manifest, profiled=profiled)
+                lines.append(f"{name} on {st.device}: run {run.wall_s:.1f} s ({timing}), compare {st.compare_s:.1f} s -> {self._rel(run.run_dir)}")
+        return lines + self.finish_lines
+
+    # ----------------------------------------------------------------------- reports, unused goldens
+    def record(self, *, nodeid: str, scenario: Scenario, step: int | None, stage: str | None, outcome: Outcome) -> dict[str, Any]:
+        """The report record of one item (plain JSON: it travels to the xdist controller on the TestReport)."""
+        run = None
+        st = self.state(scenario)
+        if stage is None and st.future is not None and st.future.done() and st.future.exception() is None:
+            res = st.future.result()
+            run = {"wall_s": round(res.wall_s, 3), "timings": res.manifest.get("timings", {}), "run_dir": str(self._rel(res.run_dir))}
+        return report.item_record(nodeid=nodeid, scenario=scenario.name, step=step, stage=stage, outcome=outcome, run=run)
+
+    def finish(self, *, scenario_dirs: list[str]) -> None:
+        """End of the run (the xdist controller's, or the only process's): unused goldens, prune, report."""
+        from precision_harness.usage import discover_scenarios
+
+        if not self.usage.partial:
+            self.usage.check_complete(discover_scenarios(self.rootdir, scenario_dirs), rootdir=self.rootdir)
+        unused: list[dict[str, Any]] = []
+        pruned: list[str] = []
+        if self.usage.partial:
+            if self.options.prune:
+                self.finish_lines.append(f"precision-prune: nothing removed, not a full run ({'; '.join(self.usage.partial)})")
+        else:
+            for name, device in self.store.unused(self.usage.names):
+                path = str(self._rel(self.store.path(name, device)))
+                if self.options.prune:
+                    self.store.remove(name, device)
+                    pruned.append(path)
+                    self.finish_lines.append(f"golden pruned: {path}")
+                else:
+                    unused.append({"scenario": name, "device": device, "path": path})
+                    self.finish_lines.append(f"golden unused: {path} (no collected scenario {name}; remove with --precision-prune)")
+        if self.options.report is not None:
+            t0 = time.perf_counter()
+            doc = report.build_report(self.records, mode=self.options.golden_mode, unused=unused, pruned=pruned, partial=self.usage.partial)
+            paths = report.write_report(self._abs(self.options.report), doc)
+            self.finish_lines.append(f"precision report: {', '.join(str(self._rel(p)) for p in paths)} ({time.perf_counter() - t0:.1f} s)")
+
+
+def churn_lines(rows: list[churn_mod.ChurnRow]) -> list[str]:
+    """Terminal lines of a scenario's churn table (only changed stages; a count of unchanged ones)."""
+    if not rows:
+        return []
+    if all(r.status == "new" for r in rows):
+        return [f"  new golden: {len(rows)} stage dumps"]
+    changed = [r for r in rows if r.status != "unchanged"]
+    lines = [f"  churn against the previous golden: {len(changed)} of {len(rows)} stage dumps changed"]
+    return lines + ["    " + line for line in churn_mod.churn_table(changed)] if changed else lines

@@ -7,12 +7,16 @@ summation order alone). Defaults by dtype are ``torch.testing.assert_close``'s t
 from the scenario's ``tolerance:`` section, most specific first: API glob > statistic > stage >
 dtype > built-in default; an override may set only ``rtol`` or only ``atol``. ``mode: exact``
 demands bitwise-equal statistics (rtol = atol = 0).
+
+Calibrated noise (``precision-harness calibrate``, stored in the golden manifest's ``noise``) can
+only widen a tolerance: ``rtol = max(k x observed, floor)`` where the floor is the rtol resolved
+above, see :meth:`TolerancePolicy.with_noise`.
 """
 from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 STATISTICS = ("Max", "Min", "Mean", "Norm")
@@ -62,6 +66,9 @@ class TolerancePolicy:
     statistics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     apis: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: calibrated noise: stage -> statistic -> largest relative change observed between reruns
+    noise: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    noise_k: float = 0.0
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
@@ -75,6 +82,21 @@ class TolerancePolicy:
             apis=dict(section.get("apis", {})),
             metrics=dict(section.get("metrics", {})),
         )
+
+    def with_noise(self, noise: Mapping[str, Any] | None) -> TolerancePolicy:
+        """This policy widened by a golden manifest's calibrated ``noise`` section (None: unchanged).
+
+        Per stage and statistic, ``rtol = max(k x observed, floor)``: ``observed`` is the largest
+        relative change between reruns that should not matter (thread counts, process restarts),
+        ``floor`` is the rtol this policy gives without calibration (``assert_close``'s dtype
+        default or the scenario's override). Megatron uses k = 1.5 and a fixed floor of 1e-3; we
+        use k = 3 (``calibrate.DEFAULT_K``, see its docstring) and a dtype floor, because on CPU
+        reruns are usually bit-identical (observed = 0) and a fixed 1e-3 would loosen an fp32 gate
+        by three orders of magnitude. ``mode: exact`` ignores calibration.
+        """
+        if not noise or self.exact:
+            return self
+        return replace(self, noise=dict(noise.get("stages", {})), noise_k=float(noise.get("k", 0.0)))
 
     @property
     def exact(self) -> bool:
@@ -100,6 +122,9 @@ class TolerancePolicy:
             if fnmatch.fnmatchcase(api, pattern):
                 tol = _apply(tol, override)
                 break
+        observed = self.noise.get(stage, {}).get(statistic)
+        if observed:
+            tol = Tol(max(tol.rtol, self.noise_k * observed), tol.atol)
         return tol
 
     def for_metric(self, name: str) -> Tol:
@@ -117,7 +142,8 @@ class TolerancePolicy:
             return "exact"
         d = short_dtype(dtype)
         tol = _apply(DTYPE_DEFAULTS.get(d, EXACT), self.dtypes.get(d))
-        return f"{d.replace('float', 'fp').replace('bfp', 'bf')}: {tol}"
+        calibrated = f", calibrated k={self.noise_k:g}" if self.noise else ""
+        return f"{d.replace('float', 'fp').replace('bfp', 'bf')}: {tol}{calibrated}"
 
 
 def tolerance_ratio(target: float, golden: float, tol: Tol, *, scale: float | None = None) -> float:

@@ -56,6 +56,9 @@ def run(scenario_path: Path, *, out: Path, device: str | None, dump: bool, rank:
         from precision_harness.runner.probe import StageProbe
 
         trainer.probe = StageProbe(msprobe_config=scenario.msprobe_config(), root=out, rank=rank)
+    from precision_harness.progress import PROGRESS_FILE, ProgressLog
+
+    trainer.stage = ProgressLog(out / PROGRESS_FILE).wrap(trainer.stage)  # type: ignore[method-assign]
     import_s = t_setup - _T0
     setup_s = time.perf_counter() - t_setup
     trainer.fit()

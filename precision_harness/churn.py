@@ -1,0 +1,143 @@
+"""Golden churn: what a re-record changes, per scenario x step x stage, for review in a pull request.
+
+For every stage dump of a new run against the golden it replaces: the largest relative change of
+each statistic over all tensors, how many APIs changed at all, and which APIs are new or removed.
+Relative change is ``|new - old| / |old|`` for Max, Min and Norm and ``|new - old| / RMS`` for
+Mean (RMS = Norm / sqrt(numel), as the tolerance judges Mean; means near 0 have no useful relative
+change). A dump whose sha256 equals the golden's is "unchanged" without being parsed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from precision_harness.compare import load_dump, rank_dirs, sha256_file
+from precision_harness.tolerance import STATISTICS, relative_change
+
+
+@dataclass
+class ChurnRow:
+    """Churn of one (step, stage) across its ranks."""
+
+    scenario: str
+    step: int
+    stage: str
+    status: str  #: "unchanged", "changed", "new" (no previous golden dump)
+    max_rel: dict[str, float] = field(default_factory=dict)  #: statistic -> largest relative change
+    changed_apis: int = 0
+    apis: int = 0
+    new_apis: list[str] = field(default_factory=list)
+    removed_apis: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["max_rel"] = {k: (v if math.isfinite(v) else None) for k, v in self.max_rel.items()}
+        return d
+
+
+def _tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(path, tensor-stats dict)`` for every tensor entry below an API's dump.json node."""
+    if isinstance(node, dict):
+        if "Max" in node and "dtype" in node:
+            yield path, node
+            return
+        for key, value in node.items():
+            yield from _tensors(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _tensors(value, f"{path}.{i}")
+
+
+def _numel(shape: Any) -> int:
+    return int(math.prod(shape)) if isinstance(shape, list) and shape else 1
+
+
+def _change(stat: str, new: Any, old: Any, old_tensor: dict[str, Any]) -> float:
+    if new is None or old is None:
+        return 0.0 if new is old else math.inf
+    new, old = float(new), float(old)
+    if new == old or (math.isnan(new) and math.isnan(old)):
+        return 0.0
+    if stat == "Mean":
+        norm = old_tensor.get("Norm")
+        if isinstance(norm, (int, float)) and math.isfinite(norm) and norm > 0 and math.isfinite(new) and math.isfinite(old):
+            return abs(new - old) / (norm / math.sqrt(_numel(old_tensor.get("shape"))))
+    return relative_change(new, old)
+
+
+def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> None:
+    new_data, old_data = new.get("data", {}), old.get("data", {})
+    row.apis += len(new_data)
+    row.new_apis += [a for a in new_data if a not in old_data]
+    row.removed_apis += [a for a in old_data if a not in new_data]
+    for api, node in new_data.items():
+        if api not in old_data:
+            continue
+        old_tensors = dict(_tensors(old_data[api]))
+        changed = False
+        for path, tensor in _tensors(node):
+            old_tensor = old_tensors.get(path)
+            if old_tensor is None or tensor.get("dtype") != old_tensor.get("dtype") or tensor.get("shape") != old_tensor.get("shape"):
+                changed = True
+                continue
+            for stat in STATISTICS:
+                c = _change(stat, tensor.get(stat), old_tensor.get(stat), old_tensor)
+                if c > 0:
+                    changed = True
+                    row.max_rel[stat] = max(row.max_rel.get(stat, 0.0), c)
+        row.changed_apis += changed
+
+
+def stage_churn(scenario: str, step: int, stage: str, new_stage: Path, old_stage: Path | None, old_sha256: dict[str, str] | None = None) -> ChurnRow:
+    """Churn of one stage directory (``.../step_<n>/<stage>``) against the previous golden's."""
+    new_ranks = rank_dirs(new_stage)
+    old_ranks = rank_dirs(old_stage) if old_stage is not None else {}
+    if not old_ranks:
+        apis = sum(len(load_dump(p).get("data", {})) for p in new_ranks.values())
+        return ChurnRow(scenario, step, stage, "new", apis=apis)
+    if old_sha256 and set(old_sha256) == set(new_ranks) and all(sha256_file(p) == old_sha256[r] for r, p in new_ranks.items()):
+        return ChurnRow(scenario, step, stage, "unchanged", {s: 0.0 for s in STATISTICS})
+    row = ChurnRow(scenario, step, stage, "changed", {s: 0.0 for s in STATISTICS})
+    for rank in sorted(set(new_ranks) | set(old_ranks)):
+        new = load_dump(new_ranks[rank]) if rank in new_ranks else {"data": {}}
+        old = load_dump(old_ranks[rank]) if rank in old_ranks else {"data": {}}
+        _compare_dumps(new, old, row)
+    if not row.changed_apis and not row.new_apis and not row.removed_apis:
+        row.status = "unchanged"
+    return row
+
+
+def run_churn(scenario: str, run_dir: Path, golden: Any | None, steps: tuple[int, ...], stages: tuple[str, ...]) -> list[ChurnRow]:
+    """Churn of every profiled (step, stage) of ``run_dir`` against ``golden`` (a :class:`~precision_harness.golden.Golden` or None)."""
+    rows = []
+    for step in steps:
+        for stage in stages:
+            old = golden.stage_dir(step, stage) if golden is not None else None
+            sha = golden.sha256(step, stage) if golden is not None else None
+            rows.append(stage_churn(scenario, step, stage, Path(run_dir) / f"step_{step}" / stage, old, sha))
+    return rows
+
+
+def _rel(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "inf"
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def churn_table(rows: list[ChurnRow], *, markdown: bool = False) -> list[str]:
+    """The churn table's lines (plain text for the terminal, or a Markdown table)."""
+    header = ["step", "stage", *STATISTICS, "changed APIs", "new", "removed"]
+    body = []
+    for r in rows:
+        if r.status == "new":
+            body.append([f"step_{r.step}", r.stage, "new", "", "", "", f"{r.apis} new", "", ""])
+            continue
+        body.append([f"step_{r.step}", r.stage, *(_rel(r.max_rel.get(s, 0.0)) for s in STATISTICS),
+                     f"{r.changed_apis}/{r.apis}", str(len(r.new_apis)), str(len(r.removed_apis))])
+    if markdown:
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(b) + " |" for b in body]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(header)] + [fmt(b) for b in body]

@@ -1,0 +1,96 @@
+"""Progress of a running scenario: the worker appends one JSON line per stage, the caller follows it.
+
+Worker side, :class:`ProgressLog`: ``RUN_DIR/progress.jsonl`` gets ``{"event": "start"|"end",
+"step": n, "stage": name, "t": seconds since start[, "seconds": stage time]}`` lines. Caller side,
+:func:`follow`: while waiting for the run, report each stage as it starts, so a long gate shows
+which scenario, step and stage is running. Imports neither torch nor pytest.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+PROGRESS_FILE = "progress.jsonl"
+
+
+class ProgressLog:
+    """Appends progress lines to ``path`` (line-buffered, so a reader sees each stage at once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.t0 = time.perf_counter()
+
+    def write(self, **event: Any) -> None:
+        event["t"] = round(time.perf_counter() - self.t0, 3)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(event, sort_keys=True) + "\n")
+
+    def wrap(self, stage_cm: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap ``Trainer.stage(step, name, model)`` so every stage logs its start and end."""
+
+        @contextmanager
+        def stage(step: int, name: str, model: Any) -> Iterator[None]:
+            self.write(event="start", step=step, stage=name)
+            t0 = time.perf_counter()
+            with stage_cm(step, name, model):
+                yield
+            self.write(event="end", step=step, stage=name, seconds=round(time.perf_counter() - t0, 4))
+
+        return stage
+
+
+def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Complete lines of ``path`` from byte ``offset``; returns (events, new offset)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events, offset + end
+
+
+def follow(run_dir: Path, future: Future, *, scenario: str, report: Callable[[str], None], poll: float = 0.5, total_steps: int | None = None) -> None:
+    """Until ``future`` is done, call ``report("grpo_tiny: step 1/2 actor_update (4.1 s)")`` as stages start."""
+    offset = 0
+    path = Path(run_dir) / PROGRESS_FILE
+    while True:
+        try:
+            future.result(timeout=poll)
+            return
+        except FutureTimeout:
+            pass
+        except BaseException:  # noqa: BLE001 - the caller gets the run's error from the future itself
+            return
+        events, offset = read_events(path, offset)
+        for e in events:
+            if e.get("event") == "start":
+                of = f"/{total_steps}" if total_steps else ""
+                report(f"{scenario}: step {e.get('step')}{of} {e.get('stage')} ({e.get('t', 0):.1f} s)")
+
+
+def timing_line(run: dict[str, Any], *, profiled: set[str] | None = None) -> str:
+    """``import 3.1 s, setup 0.2 s, 10 dumped stages 4.0 s (slowest step_1/actor_update 1.2 s)`` from run.json."""
+    t = run.get("timings", {})
+    stages = {k: v for k, v in t.get("stages", {}).items() if not k.endswith("/generate_sequences")}
+    dumped = {k: v for k, v in stages.items() if profiled is None or k in profiled}
+    parts = []
+    if "import_s" in t:
+        parts.append(f"import {t['import_s']:.1f} s")
+    if "setup_s" in t:
+        parts.append(f"setup {t['setup_s']:.1f} s")
+    if dumped:
+        slow = max(dumped, key=dumped.get)
+        parts.append(f"{len(dumped)} dumped stages {sum(dumped.values()):.1f} s (slowest {slow} {dumped[slow]:.1f} s)")
+    return ", ".join(parts)

@@ -1,0 +1,52 @@
+"""Calibrated noise: rtol = max(k x observed, dtype floor), kept across re-records, schema-valid."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from precision_harness.calibrate import DEFAULT_K, variant_file, variations
+from precision_harness.errors import ScenarioError
+from precision_harness.golden import GoldenStore
+from precision_harness.scenario import Scenario
+from precision_harness.tolerance import TolerancePolicy
+
+from conftest import TINY
+from test_golden import fake_run
+
+NOISE = {"runs": 4, "k": 3.0, "variations": ["num_threads=1"], "stages": {"actor_update": {"Max": 1e-5, "Min": 0.0, "Mean": 0.0, "Norm": 2e-7}}}
+
+
+def test_noise_only_widens() -> None:
+    policy = TolerancePolicy().with_noise(NOISE)
+    tol = lambda stat, stage="actor_update": policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol  # noqa: E731
+    assert tol("Max") == pytest.approx(3e-5)  # 3 x 1e-5 above the fp32 floor
+    assert tol("Norm") == 1.3e-6  # 3 x 2e-7 = 6e-7 is below the floor: the floor stays
+    assert tol("Min") == 1.3e-6 and tol("Max", stage="critic_update") == 1.3e-6
+    assert "calibrated k=3" in policy.describe()
+    assert TolerancePolicy(mode="exact").with_noise(NOISE).for_tensor(dtype="torch.float32", stage="actor_update", statistic="Max", api="x").rtol == 0
+
+
+def test_set_noise_validates_and_survives_rerecord(tmp_path: Path) -> None:
+    scenario = Scenario.load(TINY)
+    store = GoldenStore(tmp_path / "golden")
+    run = fake_run(tmp_path / "run", scenario)
+    store.promote(run, scenario, "cpu")
+    assert store.set_noise("tiny_ppo", "cpu", NOISE) is True
+    assert store.set_noise("tiny_ppo", "cpu", NOISE) is False
+    manifest = store.path("tiny_ppo", "cpu") / "manifest.json"
+    before = manifest.read_bytes()
+    assert store.promote(run, scenario, "cpu") is False  # same run: noise carried over, nothing rewritten
+    assert manifest.read_bytes() == before
+    assert store.load(scenario, "cpu").manifest["noise"] == NOISE
+    with pytest.raises(ScenarioError, match=r"manifest.json: noise.runs: 1 is less than the minimum of 2"):
+        store.set_noise("tiny_ppo", "cpu", {**NOISE, "runs": 1})
+
+
+def test_variations_cycle_thread_counts(tmp_path: Path) -> None:
+    scenario = Scenario.load(TINY)
+    assert [v.num_threads for v in variations(scenario, 5)] == [1, 2, 4, 3, 1]
+    variant = Scenario.load(variant_file(scenario, variations(scenario, 2)[1], tmp_path))
+    assert variant.name == "tiny_ppo" and variant.config["trainer"]["num_threads"] == 2
+    assert DEFAULT_K == 3.0

@@ -1,0 +1,159 @@
+"""``precision-harness``: every command and exit code (0 pass, 1 drift, 2 usage)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precision_harness.cli import main
+from precision_harness.compare import sha256_file
+from precision_harness.options import OPTIONS
+
+from conftest import write_dump
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precision_harness.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.fixture
+def golden_copy(recorded_project: Path, tmp_path: Path) -> Path:
+    shutil.copytree(recorded_project / "golden", tmp_path / "golden")
+    return tmp_path / "golden" / "tiny_ppo" / "cpu"
+
+
+def test_compare_golden_with_itself_passes_without_torch(golden_copy: Path, tmp_path: Path) -> None:
+    code = ("import sys; from precision_harness.cli import main; rc = main(['compare', sys.argv[1], sys.argv[1]]); "
+            "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch') if m in sys.modules)); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, str(golden_copy)], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS critic_update @ step_1, rank0: " in proc.stdout and "identical to the golden (sha256)" in proc.stdout
+    assert "PASS metrics.jsonl" in proc.stdout and "11 compared, 11 passed, 0 failed" in proc.stdout
+    assert "HEAVY []" in proc.stdout
+
+
+def test_compare_drift_exit_1_with_report(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5))
+    proc = cli("compare", str(target.parents[1]), str(golden.parents[1]), "--report", "rep", "--artifacts", "art", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL actor_update @ step_1, rank0: 2 of " in proc.stdout
+    assert "  first divergence  Functional.linear.0.forward.output.0  Max 3 -> 9" in proc.stdout
+    assert "  msprobe 1st diff  Functional.linear.0.forward (DiffAnalyzer)" in proc.stdout
+    doc = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert doc["mode"] == "compare" and doc["summary"]["failed"] == 1
+    assert doc["items"][0]["first_divergence"]["tensor"] == "Functional.linear.0.forward.output.0"
+    assert (tmp_path / "art" / "step_1" / "actor_update" / "verdict.txt").is_file()
+
+
+def test_compare_verl_multi_rank_layout(tmp_path: Path) -> None:
+    """verl's outputs/profile: several ranks per stage, no manifest, no metrics.jsonl."""
+    from conftest import base_data
+
+    for root in ("profile", "golden"):
+        for rank in ("rank0", "rank1"):
+            write_dump(tmp_path / root / "step_3" / "actor_update", base_data(), rank)
+    missing = tmp_path / "profile" / "step_3" / "actor_update" / "step0" / "rank1"
+    shutil.rmtree(missing)
+    proc = cli("compare", "profile", "golden", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "FAIL actor_update @ step_3, rank0, rank1: 1 structural difference(s) from the golden" in proc.stdout
+    assert "rank1: in the golden but missing from this run" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("compare", "nope", "."), "nope: TARGET is not a directory"),
+    (("compare", ".", "."), "no step_<n>/<stage>/step0/rank<r>/dump.json on either side"),
+    (("golden", "list", "--golden-dir", "nope"), "nope: no golden directory here (--golden-dir)"),
+    (("calibrate", "x.yaml", "--runs", "1"), "--runs 1: calibration needs at least 2 reruns"),
+])
+def test_usage_errors_exit_2(args: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.chdir(tmp_path)
+    assert main(list(args)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_argparse_usage_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "only-one"])
+    assert exc.value.code == 2
+
+
+def test_compare_bad_artifacts_path(dumps, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target, golden = dumps(tmp_path)
+    assert main(["compare", str(target.parents[1]), str(golden.parents[1]), "--artifacts", str(tmp_path / "a b")]) == 2
+    assert "--artifacts: msprobe rejects dump path" in capsys.readouterr().err
+
+
+def test_golden_verify_and_list(golden_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(golden_copy.parents[1])
+    assert main(["golden", "verify", "--golden-dir", root]) == 0
+    assert "1 goldens verified, 0 with problems" in capsys.readouterr().out
+    assert main(["golden", "list", "--golden-dir", root]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["scenario", "device", "level", "steps", "stages", "files", "MiB", "calibrated"]
+    assert lines[1].split()[:6] == ["tiny_ppo", "cpu", "L1", "1,2", "5", "21"] and lines[1].endswith("no")
+
+
+def test_golden_verify_finds_corruption_and_nan(golden_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest_path = golden_copy / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    rel = "step_1/actor_update/step0/rank0/dump.json"
+    dump = golden_copy / rel
+    data = json.loads(dump.read_text())
+    first = next(iter(data["data"].values()))["output"][0]
+    first["Max"] = float("nan")
+    dump.write_text(json.dumps(data))
+    manifest["files"][rel] = {"sha256": sha256_file(dump), "bytes": dump.stat().st_size}  # a sound digest of a bad golden
+    manifest_path.write_text(json.dumps(manifest))
+    (golden_copy / "step_2" / "critic_update" / "step0" / "rank0" / "dump.json").write_text("{}")
+    (golden_copy / "stray.txt").write_text("x")
+    assert main(["golden", "verify", "--golden-dir", str(golden_copy.parents[1])]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL " in out and ".output.0 Max is nan" in out
+    assert "step_2/critic_update/step0/rank0/dump.json: sha256 differs from manifest.json" in out
+    assert "stray.txt: not listed in manifest.json" in out
+    assert "1 goldens verified, 1 with problems" in out
+
+
+def test_calibrate_without_golden_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import TINY
+
+    os.chdir(tmp_path)
+    assert main(["calibrate", str(TINY), "--runs", "2", "--golden-dir", "golden"]) == 2
+    assert "no golden for scenario tiny_ppo on cpu; record it with" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
+    """`run` shows progress and timings; `calibrate` reruns under other thread counts and records noise."""
+    shutil.copytree(recorded_project, tmp_path / "p", ignore=shutil.ignore_patterns(".precision"))
+    p = tmp_path / "p"
+    proc = cli("run", "scenarios/tiny_ppo.yaml", "--out", "out", cwd=p)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[precision] tiny_ppo: step 1/2 actor_compute_log_prob (" in proc.stdout
+    assert "tiny_ppo on cpu: run " in proc.stdout and "10 dumped stages" in proc.stdout
+    assert sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json") == sha256_file(p / "golden/tiny_ppo/cpu/step_2/actor_update/step0/rank0/dump.json")
+    proc = cli("calibrate", "scenarios/tiny_ppo.yaml", "--runs", "2", cwd=p)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rerun 2/2 (num_threads=2)" in proc.stdout and "golden updated: " in proc.stdout
+    noise = json.loads((p / "golden/tiny_ppo/cpu/manifest.json").read_text())["noise"]
+    assert noise["runs"] == 2 and noise["k"] == 3.0 and set(noise["stages"]) == {"actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+    assert main(["golden", "verify", "--golden-dir", str(p / "golden")]) == 0
+
+
+def test_options_defined_once() -> None:
+    """Every shared option reaches pytest (--precision-<name> or ini) and each CLI command that lists it."""
+    from precision_harness.cli import build_parser
+
+    parser = build_parser()
+    subs = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    for opt in OPTIONS:
+        for command in opt.cli:
+            sub = subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]  # noqa: SLF001
+            assert f"--{opt.name}" in sub.format_help(), (opt.name, command)

@@ -1,0 +1,52 @@
+"""msprobe's own first-diff (DiffAnalyzer) and graph database, beside our verdict, without torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from precision_harness.msprobe_tools import analyze_failure
+
+from conftest import base_data, write_dump
+
+
+def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> None:
+    def triple(data):
+        data["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5)
+
+    target, golden = dumps(tmp_path, triple)
+    code = (f"import sys, json; from pathlib import Path; from precision_harness.msprobe_tools import analyze_failure; "
+            f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), Path({str(tmp_path / 'art')!r}), graph=False); "
+            f"print(json.dumps([a.first_diff, a.errors, sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    first, errors, heavy = json.loads(out)
+    assert first == {"rank0": "Functional.linear.0.forward"} and errors == [] and heavy == []
+
+
+def test_no_diff_above_msprobe_threshold(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=12.5001))
+    answer = analyze_failure(target, golden, tmp_path / "art", graph=False)
+    assert answer.first_diff == {} and answer.errors == []
+    assert answer.lines() == [("msprobe 1st diff", "none: no output moved more than DiffAnalyzer's 50 % threshold")]
+
+
+def test_graph_database_for_module_level_dump(tmp_path: Path) -> None:
+    """An L0/mix dump has a module tree in construct.json: GraphBuilder writes rank0.vis.db."""
+    data = base_data()
+    data["Module.mlp.Linear.forward.0"] = data.pop("Functional.linear.0.forward")
+    stage = tmp_path / "run" / "step_1" / "actor_update"
+    dump = write_dump(stage, data)
+    (dump.parent / "construct.json").write_text(json.dumps({"Module.mlp.Linear.forward.0": None, "Functional.embedding.0.forward": None,
+                                                             "Functional.softmax.0.forward": None}))
+    write_dump(tmp_path / "golden" / "step_1" / "actor_update", base_data())
+    answer = analyze_failure(stage, tmp_path / "golden" / "step_1" / "actor_update", tmp_path / "art", graph=True)
+    assert answer.graphs == [tmp_path / "art" / "graph" / "rank0.vis.db"] and answer.graphs[0].stat().st_size > 0, answer.errors
+    assert ("graph", f"tensorboard --logdir {tmp_path / 'art' / 'graph'}") in answer.lines(graph_dir=tmp_path / "art" / "graph")
+
+
+def test_msprobe_failure_is_a_line_not_an_error(tmp_path: Path) -> None:
+    stage = tmp_path / "t" / "step_1" / "s"
+    write_dump(stage, base_data())  # construct.json is {} (L1): GraphBuilder refuses
+    answer = analyze_failure(stage, stage, tmp_path / "art", graph=True)
+    assert answer.graphs == [] and answer.errors and answer.errors[0].startswith("GraphBuilder: RuntimeError")
