@@ -29,10 +29,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from precision_harness.compare import load_dump, read_metrics
+from precision_harness.scenario import Scenario
 from precision_harness.tolerance import DTYPE_DEFAULTS, STATISTICS, Tol
 
 __all__ = [
     "HEALTH_RANGES",
+    "applies_mismatch_health",
+    "applies_same_weights",
+    "load_suite",
     "InvariantViolation",
     "check_micro_batch_invariance",
     "check_mismatch_health",
@@ -59,6 +63,30 @@ _API_RE = re.compile(r"^(?P<api>.+)\.(?P<n>\d+)\.(?P<dir>forward|backward)$")
 
 class InvariantViolation(AssertionError):
     """A run breaks an invariant; ``str()`` is the one-line explanation."""
+
+
+# ------------------------------------------------------------------------- which scenarios
+def load_suite(directory: Path) -> list[Scenario]:
+    """Every ``*.yaml`` scenario of ``directory``, loaded and validated (YAML + schema, no torch)."""
+    return [Scenario.load(p) for p in sorted(Path(directory).glob("*.yaml"))]
+
+
+def applies_same_weights(scenario: Scenario) -> bool:
+    """:func:`check_same_weights` applies: a reference runs, both log-prob stages are dumped at step 1
+    with the same micro-batch size (the reference is a frozen copy of the initial actor)."""
+    ar = scenario.config["actor_rollout_ref"]
+    return (
+        scenario.use_reference and 1 in scenario.steps
+        and {"actor_compute_log_prob", "ref_compute_log_prob"} <= set(scenario.stages)
+        and ar["rollout"]["log_prob_micro_batch_size_per_gpu"] == ar["ref"]["log_prob_micro_batch_size_per_gpu"]
+    )
+
+
+def applies_mismatch_health(scenario: Scenario) -> bool:
+    """:func:`check_mismatch_health` applies: rollout IS is on (``rollout_is_threshold`` set) and the
+    rollout engine runs another dtype than training (e.g. bf16 rollout, fp32 actor): a real mismatch."""
+    ar = scenario.config["actor_rollout_ref"]
+    return scenario.config["algorithm"]["rollout_is_threshold"] is not None and ar["rollout"]["dtype"] != ar["actor"]["dtype"]
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -213,7 +241,7 @@ def check_micro_batch_invariance(a: Mapping[str, Any], b: Mapping[str, Any], *, 
         InvariantViolation: the response masks differ (the runs sampled different tokens) or a token
             is beyond tolerance.
     """
-    if a["response_mask"] != b["response_mask"]:
+    if a.get("responses") != b.get("responses") or a["response_mask"] != b["response_mask"]:
         raise InvariantViolation(f"{where}: the two runs sampled different responses; compare runs that differ only in micro-batch size")
     mbs_a, mbs_b = a.get("micro_batch_sizes", {}), b.get("micro_batch_sizes", {})
     count, bad, worst, (i, j) = _max_diff(a[key], b[key], a["response_mask"], tol)

@@ -6,18 +6,22 @@ scenario per session) and calls one check of :mod:`precision_harness.invariants`
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from precision_harness import invariants as inv
 
-from conftest import has_identical_reference, has_precision_mismatch, ids, suite  # noqa: I001  (precision_tests/conftest.py)
-
-SUITE = suite()
-WITH_REFERENCE = [s for s in SUITE if has_identical_reference(s)]
-MISMATCHED = [s for s in SUITE if has_precision_mismatch(s)]
+SUITE = inv.load_suite(Path(__file__).resolve().parent.parent / "scenarios")
+WITH_REFERENCE = [s for s in SUITE if inv.applies_same_weights(s)]
+MISMATCHED = [s for s in SUITE if inv.applies_mismatch_health(s)]
 #: the scenario whose actor_compute_log_prob is rerun at another micro-batch size
 MICRO_BATCH_SCENARIO = "grpo_is_token_truncate"
 MICRO_BATCH_OVERRIDE = {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1}
+
+
+def ids(scenarios: list) -> list[str]:
+    return [s.name for s in scenarios]
 
 
 def test_suite_covers_every_invariant() -> None:

@@ -189,7 +189,8 @@ class Trainer:
         """Write ``step_<n>/log_probs.json``: the per-token log-probs the invariant checks read.
 
         Plain JSON (``precision_tests/`` never imports torch), every tensor ``(B, R)`` as nested
-        lists of floats (fp32 values are exact in JSON's float64), 0 outside ``response_mask``:
+        lists of floats (fp32 values are exact in JSON's float64), 0 outside ``response_mask``, with
+        the sampled token ids ``responses`` and ``response_mask``:
         ``rollout_log_probs`` (rollout engine, ``rollout.dtype``), ``old_log_probs``
         (``actor_compute_log_prob``), ``ref_log_prob`` (when a reference runs) and
         ``actor_update_first_mini_batch`` (the first ``ppo_mini_batch_size x n`` rows, recomputed by
@@ -208,6 +209,7 @@ class Trainer:
                 "ref_compute_log_prob": ar["ref"]["log_prob_micro_batch_size_per_gpu"],
                 "actor_update": ar["actor"]["ppo_micro_batch_size_per_gpu"],
             },
+            "responses": batch["responses"].cpu().tolist(),
             "response_mask": mask.cpu().tolist(),
             "rollout_log_probs": rows(batch["rollout_log_probs"]),
             "old_log_probs": rows(batch["old_log_probs"]),
