@@ -15,10 +15,15 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _start_suite_runs(precision_run) -> None:
-    """Queue every scenario's run at once, so runs overlap when the gate has not started them."""
+def _start_runs(request: pytest.FixtureRequest, precision_run) -> None:
+    """Queue every scenario's run and every variant a selected module lists in ``PRECISION_VARIANTS``
+    (``[(scenario, overrides), ...]``) at once, so runs overlap (up to ``--precision-jobs``)."""
     for scenario in load_suite(SCENARIOS):
         precision_run.start(scenario.name)
+    modules = {id(m): m for m in (getattr(item, "module", None) for item in request.session.items) if m is not None}
+    for module in modules.values():
+        for name, overrides in getattr(module, "PRECISION_VARIANTS", ()):
+            precision_run.start(name, overrides)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ setting changes the weights applied to the loss; step 2 follows from the changed
 ``metrics.jsonl`` always fails (the ``mismatch/`` metrics move), naming the changed setting.
 
 One pytest run checks every edit: each edited copy of the scenario gets a copy of the committed
-golden under its own name (the name is not part of the scenario hash).
+golden under its own name (the name is not part of the scenario hash). The frozen reference at
+step 2 moves only when the changed actor samples other tokens; that is read from the runs'
+``step_2/log_probs.json`` against the control edit, whose training is unchanged.
 """
 from __future__ import annotations
 
@@ -45,23 +47,23 @@ EDITS = {
     "metrics_only_threshold": (METRICS_ONLY, "rollout_is_threshold: 2.0", "rollout_is_threshold: 1.0005", {"metrics"},
                                "algorithm.rollout_is_threshold: 2.0 -> 1.0005"),
 }
+#: an edit whose actor trains exactly as the golden's: its step-2 samples are the golden's samples
+CONTROL = "mode"
 ITEM_RE = re.compile(r"^(PASSED|FAILED) scenarios/(?P<scenario>[a-z_]+)\.yaml::(?P<item>\S+)")
 
 
 @pytest.fixture(scope="module")
 def gate_outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, str]], str, Path]:
-    """Run the gate once over every edited scenario and an unchanged copy: ``({name: {item: PASSED|FAILED}}, stdout, project)``."""
+    """Run the gate once over every edited scenario: ``({edit: {item: PASSED|FAILED}}, stdout, project)``."""
     root = make_project(tmp_path_factory.mktemp("is_gate"), "", name="unused")
     (root / "scenarios" / "unused.yaml").unlink()
-    shutil.copy(REPO / "scenarios" / f"{APPLIED}.yaml", root / "scenarios" / "unchanged.yaml")
-    shutil.copytree(REPO / "golden" / APPLIED, root / "golden" / "unchanged")
     for edit, (base, old, new, _, _) in EDITS.items():
         text = (REPO / "scenarios" / f"{base}.yaml").read_text()
         assert text.count(old) == 1, f"{old!r} not once in {base}.yaml"
         (root / "scenarios" / f"{edit}.yaml").write_text(text.replace(old, new))
         shutil.copytree(REPO / "golden" / base, root / "golden" / edit)
     proc = run_pytest(root, "-rA", "--precision-jobs", "2")
-    outcomes: dict[str, dict[str, str]] = {edit: {} for edit in (*EDITS, "unchanged")}
+    outcomes: dict[str, dict[str, str]] = {edit: {} for edit in EDITS}
     for line in proc.stdout.splitlines():
         m = ITEM_RE.match(line)
         if m:
@@ -73,9 +75,10 @@ def step2_responses(root: Path, scenario: str) -> list[list[int]]:
     return json.loads((root / ".precision/artifacts" / scenario / "run/step_2/log_probs.json").read_text())["responses"]
 
 
-def test_unchanged_copy_passes(gate_outcomes) -> None:
+def test_control_edit_trains_like_the_golden(gate_outcomes) -> None:
+    """The "mode" edit (truncate -> clip, no weight outside [0.5, 2]) keeps training unchanged: the control."""
     outcomes, stdout, _ = gate_outcomes
-    assert outcomes["unchanged"] == dict.fromkeys(ALL, "PASSED"), stdout[-3000:]
+    assert outcomes[CONTROL] == {**dict.fromkeys(ALL, "PASSED"), "metrics": "FAILED"}, stdout[-3000:]
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
@@ -83,7 +86,7 @@ def test_one_is_setting_fails_exactly_its_items(gate_outcomes, edit: str) -> Non
     outcomes, stdout, root = gate_outcomes
     base, _, _, must_fail, setting = EDITS[edit]
     assert set(outcomes[edit]) == ALL, stdout[-3000:]
-    if base == APPLIED and step2_responses(root, edit) != step2_responses(root, "unchanged"):
+    if base == APPLIED and step2_responses(root, edit) != step2_responses(root, CONTROL):
         must_fail = must_fail | {"ref_compute_log_prob[step_2]"}
     failed = {item for item, result in outcomes[edit].items() if result == "FAILED"}
     assert failed == must_fail, f"{edit}: failed {sorted(failed)}, expected {sorted(must_fail)}"
