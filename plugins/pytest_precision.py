@@ -1,7 +1,8 @@
 """pytest-precision: gate msprobe stage statistics of short PPO scenarios against goldens.
 
-Hooks only: options (from :mod:`precision_harness.options`), collection of ``scenarios/*.yaml`` into items (one per
-(step, stage) plus one for ``metrics.jsonl``), and the terminal summary. The work is done by
+Hooks only: options (from :mod:`precision_harness.options`), collection of ``scenarios/*.yaml``
+into items (one per (step, stage) plus one for ``metrics.jsonl``), the public ``precision_run``
+fixture, and the terminal summary. The work is done by
 :class:`precision_harness.session.PrecisionSession`. This module never imports torch.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from precision_harness import options
 from precision_harness.errors import PrecisionError
+from precision_harness.launch import RunResult
 from precision_harness.scenario import Scenario
 from precision_harness.session import PrecisionOptions, PrecisionSession
 
@@ -143,6 +145,44 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", "precision")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+class PrecisionRuns:
+    """What the ``precision_run`` fixture returns: scenario runs shared with the gate, one per session.
+
+    ``precision_run("grpo_tiny")`` waits for and returns the :class:`~precision_harness.launch.RunResult`
+    of ``scenarios/grpo_tiny.yaml`` (the run the gate's items use, started if the gate did not);
+    ``precision_run("grpo_tiny", {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1})``
+    runs that variant once. ``start(...)`` takes the same arguments and returns at once, so several
+    runs can overlap (up to ``--precision-jobs``). A scenario that cannot run fails the test in one line.
+    """
+
+    def __init__(self, session: PrecisionSession, dirs: list[str]) -> None:
+        self._session, self._dirs = session, dirs
+
+    def _scenario(self, name: str, overrides: dict[str, Any] | None) -> Scenario:
+        scenario = self._session.scenario_named(name, self._dirs)
+        return self._session.variant(scenario, overrides) if overrides else scenario
+
+    def start(self, name: str, overrides: dict[str, Any] | None = None) -> None:
+        """Start the run of scenario ``name`` (or of its variant) without waiting."""
+        try:
+            self._session.start(self._scenario(name, overrides))
+        except PrecisionError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    def __call__(self, name: str, overrides: dict[str, Any] | None = None) -> RunResult:
+        __tracebackhide__ = True
+        try:
+            return self._session.run(self._scenario(name, overrides))
+        except PrecisionError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def precision_run(request: pytest.FixtureRequest) -> PrecisionRuns:
+    """Scenario runs (dumps, metrics.jsonl, log_probs.json) by scenario name, shared with the gate."""
+    return PrecisionRuns(request.config.stash[_SESSION_KEY], list(request.config.getini("precision_scenario_dirs")))
 
 
 class ScenarioFile(pytest.File):

@@ -7,6 +7,7 @@ time, and each scenario runs once however many of its items are selected.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -15,17 +16,19 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
 
 from precision_harness import churn as churn_mod
 from precision_harness import progress
 from precision_harness import report
 from precision_harness.check import Outcome, check_metrics, check_stage
-from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError
+from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError, ScenarioError
 from precision_harness.golden import Golden, GoldenStore, update_command
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.options import DEVICE_CHOICES, GOLDEN_MODES  # noqa: F401  (re-exported)
-from precision_harness.scenario import Scenario, display_path
+from precision_harness.scenario import Scenario, canonical_json, display_path
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.usage import GoldenUsage
 
@@ -122,11 +125,89 @@ class PrecisionSession:
             if not msprobe_available():
                 st.golden_error = ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
                 return
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
-            st.future = self._executor.submit(
-                run_scenario, scenario, out_dir=self.run_dir(scenario), device=st.device, timeout=self.options.timeout
-            )
+            self._start(st)
+
+    def _start(self, st: ScenarioState) -> None:
+        """Submit ``st``'s worker run to the thread pool (caller holds ``st.lock``)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
+        st.future = self._executor.submit(
+            run_scenario, st.scenario, out_dir=self.run_dir(st.scenario), device=st.device, timeout=self.options.timeout
+        )
+
+    def start(self, scenario: Scenario) -> Future:
+        """Start ``scenario``'s run whatever the golden mode (invariant checks need no golden); idempotent.
+
+        The gate's items and :meth:`run` share this one run: a scenario runs once per session.
+
+        Raises:
+            ProbeUnavailableError: msprobe is not installed.
+        """
+        st = self.state(scenario)
+        with st.lock:
+            if st.future is None:
+                if not msprobe_available():
+                    raise ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
+                self._start(st)
+            assert st.future is not None
+            return st.future
+
+    def run(self, scenario: Scenario) -> RunResult:
+        """Wait for :meth:`start`'s run. Raises RunFailedError or ProbeUnavailableError."""
+        return self.start(scenario).result()
+
+    def scenario_named(self, name: str, dirs: Sequence[str]) -> Scenario:
+        """The scenario ``name``: the one this session already knows, else ``<rootdir>/<dir>/<name>.yaml``.
+
+        Raises:
+            ScenarioError: no such file under any of ``dirs``, or the file is invalid.
+        """
+        st = self._states.get(name)
+        if st is not None:
+            return st.scenario
+        for d in dirs:
+            for suffix in (".yaml", ".yml"):
+                path = self.rootdir / d / f"{name}{suffix}"
+                if path.is_file():
+                    return Scenario.load(path)
+        raise ScenarioError(f"{name}: no scenario file {name}.yaml under {', '.join(f'{d}/' for d in dirs)} in {self.rootdir}")
+
+    def variant(self, scenario: Scenario, overrides: Mapping[str, Any], *, tag: str | None = None) -> Scenario:
+        """``scenario`` with ``overrides`` (``{"dotted.key": value}``, verl key names) applied, as a new scenario.
+
+        The variant is written to ``<artifacts>/variants/<name>.<tag>.yaml`` (``tag`` defaults to a
+        digest of the overrides) and loaded, so it is validated like any scenario file; it has no golden.
+
+        Raises:
+            ScenarioError: an override names an unknown key or a bad value (the message names the
+                variant file and the field).
+        """
+        tag = tag or hashlib.sha256(canonical_json(dict(overrides)).encode()).hexdigest()[:10]
+        name = f"{scenario.name}.{tag}"
+        st = self._states.get(name)
+        if st is not None:
+            return st.scenario
+        raw = yaml.safe_load(scenario.path.read_text(encoding="utf-8")) or {}
+        for dotted, value in overrides.items():
+            node = raw
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise ScenarioError(f"{display_path(scenario.path)}: {dotted}: {key} is not a mapping; cannot override")
+            node[leaf] = value
+        raw["name"] = name
+        pd = raw.get("global_profiler", {}).get("global_tool_config", {}).get("precision_debugger", {})
+        if pd.get("config_path"):  # keep it relative to the original scenario file
+            pd["config_path"] = str((scenario.path.parent / pd["config_path"]).resolve())
+        path = self.artifacts / "variants" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = f"# variant of {display_path(scenario.path)}: {canonical_json(dict(overrides))}\n" + yaml.safe_dump(raw, sort_keys=False)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        variant = Scenario.load(path)
+        self.state(variant)
+        return variant
 
     def result(self, scenario: Scenario) -> RunResult:
         """Wait for the scenario's run. Raises RunFailedError (and the golden's error, if any)."""

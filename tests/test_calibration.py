@@ -1,7 +1,6 @@
 """Calibrated noise: rtol = max(k x observed, dtype floor), kept across re-records, schema-valid."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -7,7 +7,8 @@ where the function allows it) go to our function and to verl's; results must agr
 Needs verl in the environment (a separate venv; see the README / report):
     python3 -m venv /tmp/verl-venv && . /tmp/verl-venv/bin/activate
     pip install -c constraints/cpu.txt torch==2.13.0 verl==0.9.1 pytest cachetools uvicorn fastapi
-    PYTHONPATH=. python -m pytest tests/test_verl_parity.py
+    PYTHONPATH=. PRECISION_REQUIRE_VERL=1 python -m pytest tests/test_verl_parity.py
+(``PRECISION_REQUIRE_VERL=1`` turns the skip for a missing verl into an import error.)
 
 Rollout IS: the spec of ``rollout_is.py`` is the PR that introduced
 ``verl/trainer/ppo/mismatch_helper.py``; verl 0.9.1 ships its successor
@@ -23,11 +24,18 @@ are compared only in a regime where no bound is active, where both definitions c
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
+
+if os.environ.get("PRECISION_REQUIRE_VERL"):
+    # CI's parity job: a broken verl install must fail, not skip
+    for _module in ("verl", "verl.trainer.ppo.core_algos", "verl.utils.torch_functional", "verl.trainer.ppo.rollout_corr_helper"):
+        importlib.import_module(_module)
 
 verl = pytest.importorskip(
     "verl",

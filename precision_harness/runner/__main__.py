@@ -1,7 +1,8 @@
 """Worker entry point: ``python -m precision_harness.runner SCENARIO --out DIR [--device D] [--no-dump]``.
 
 Runs one scenario in this process and writes, under ``--out``:
-``step_<n>/<stage>/step0/rank0/dump.json`` (profiled stages), ``metrics.jsonl``, ``run.json``.
+``step_<n>/<stage>/step0/rank0/dump.json`` (profiled stages), ``step_<n>/log_probs.json``,
+``metrics.jsonl``, ``run.json``.
 On failure it writes ``error.txt`` (one line, for the caller) and exits 1; the traceback goes to stderr.
 """
 from __future__ import annotations

@@ -53,7 +53,7 @@ def qwen2_config(model_cfg: dict[str, Any], tok: ByteTokenizer, **extra: Any) ->
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
-        attention_dropout=0.0,
+        attention_dropout=model_cfg.get("attention_dropout", 0.0),
         **extra,
     )
     cfg._attn_implementation = model_cfg["attn_implementation"]

@@ -125,13 +125,20 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
     return _mean_metrics(metrics)
 
 
-def actor_update(actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int, temperature: float) -> dict[str, float]:
+def actor_update(
+    actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int, temperature: float,
+    trace: dict[str, torch.Tensor] | None = None,
+) -> dict[str, float]:
     """PPO policy update with dual-clip loss, entropy bonus and optional KL loss (verl ``DataParallelPPOActor.update_policy``).
 
     Reads ``old_log_probs``, ``advantages``, ``response_mask`` and, when used, ``ref_log_prob`` and
     ``rollout_is_weights``, all ``(B, R)``. Returns metrics ``actor/pg_loss``, ``actor/pg_clipfrac``,
     ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy_loss`` (when ``entropy_coeff != 0``),
     ``actor/kl_loss`` (when ``use_kl_loss``), ``actor/grad_norm``.
+
+    If ``trace`` is a dict, it receives ``first_mini_batch_log_prob`` ``(ppo_mini_batch_size x n, R)``:
+    the log-probs the first mini-batch of the first epoch recomputes before any optimizer step. On
+    policy they must equal ``old_log_probs`` of the same rows (verl issue #2996).
     """
     actor.train()
     mini_seqs, micro = cfg["ppo_mini_batch_size"] * n, cfg["ppo_micro_batch_size_per_gpu"]
@@ -139,10 +146,13 @@ def actor_update(actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     entropy_coeff, use_kl_loss = cfg["entropy_coeff"], cfg["use_kl_loss"]
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
-    for mini in _mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"]):
+    first: list[torch.Tensor] = []
+    for index, mini in enumerate(_mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"])):
         for mb in split(mini, micro):
             mask = mb["response_mask"]
             log_prob, entropy = forward_log_prob(actor, mb, temperature=temperature, calculate_entropy=entropy_coeff != 0)
+            if index == 0:
+                first.append(log_prob.detach())
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss_vanilla(
                 old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
                 loss_agg_mode=cfg["loss_agg_mode"], clip_ratio=cfg["clip_ratio"], clip_ratio_low=cfg["clip_ratio_low"],
@@ -165,4 +175,6 @@ def actor_update(actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             metrics["actor/ppo_kl"].append(_scalar(ppo_kl))
             metrics["actor/pg_clipfrac_lower"].append(_scalar(pg_clipfrac_lower))
         metrics["actor/grad_norm"].append(_step(params, optimizer, cfg["grad_clip"]))
+    if trace is not None:
+        trace["first_mini_batch_log_prob"] = torch.cat(first)
     return _mean_metrics(metrics)

@@ -3,7 +3,8 @@
 Order within a step is verl's ``RayPPOTrainer.fit``: generate -> reward (``compute_rm_score`` or
 the rule reward) -> ``actor_compute_log_prob`` -> ``ref_compute_log_prob`` -> ``compute_values`` ->
 advantage -> ``critic_update`` -> ``actor_update``. Profiled (step, stage) pairs are dumped by
-:class:`StageProbe`; every stage is timed. Writes ``metrics.jsonl`` and ``run.json``.
+:class:`StageProbe`; every stage is timed. Writes ``metrics.jsonl``, ``step_<n>/log_probs.json``
+(per-token log-probs for the invariant checks of ``precision_tests/``) and ``run.json``.
 """
 from __future__ import annotations
 
@@ -168,8 +169,10 @@ class Trainer:
             with self.stage(step, "critic_update", self.critic):
                 metrics.update(stages.critic_update(self.critic, self.critic_optim, batch, cfg["critic"], n=n))
 
+        trace: dict[str, torch.Tensor] = {}
         with self.stage(step, "actor_update", self.actor):
-            metrics.update(stages.actor_update(self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature))
+            metrics.update(stages.actor_update(self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature, trace=trace))
+        self._write_log_probs(step, batch, trace["first_mini_batch_log_prob"])
 
         metrics.update({
             "critic/score/mean": scores.mean().item(),
@@ -181,6 +184,42 @@ class Trainer:
         if "values" in batch:
             metrics["critic/values/mean"] = core_algos.masked_mean(batch["values"], mask).item()
         return metrics
+
+    def _write_log_probs(self, step: int, batch: dict[str, torch.Tensor], first_mini_batch: torch.Tensor) -> None:
+        """Write ``step_<n>/log_probs.json``: the per-token log-probs the invariant checks read.
+
+        Plain JSON (``precision_tests/`` never imports torch), every tensor ``(B, R)`` as nested
+        lists of floats (fp32 values are exact in JSON's float64), 0 outside ``response_mask``, with
+        the sampled token ids ``responses`` and ``response_mask``:
+        ``rollout_log_probs`` (rollout engine, ``rollout.dtype``), ``old_log_probs``
+        (``actor_compute_log_prob``), ``ref_log_prob`` (when a reference runs) and
+        ``actor_update_first_mini_batch`` (the first ``ppo_mini_batch_size x n`` rows, recomputed by
+        ``actor_update`` before its first optimizer step), plus the micro-batch sizes that produced them.
+        """
+        ar = self.cfg["actor_rollout_ref"]
+        mask = batch["response_mask"]
+
+        def rows(t: torch.Tensor) -> list[list[float]]:
+            return (t.detach().float() * mask[: t.shape[0]]).cpu().tolist()
+
+        out: dict[str, Any] = {
+            "step": step,
+            "micro_batch_sizes": {
+                "actor_compute_log_prob": ar["rollout"]["log_prob_micro_batch_size_per_gpu"],
+                "ref_compute_log_prob": ar["ref"]["log_prob_micro_batch_size_per_gpu"],
+                "actor_update": ar["actor"]["ppo_micro_batch_size_per_gpu"],
+            },
+            "responses": batch["responses"].cpu().tolist(),
+            "response_mask": mask.cpu().tolist(),
+            "rollout_log_probs": rows(batch["rollout_log_probs"]),
+            "old_log_probs": rows(batch["old_log_probs"]),
+            "actor_update_first_mini_batch": rows(first_mini_batch),
+        }
+        if "ref_log_prob" in batch:
+            out["ref_log_prob"] = rows(batch["ref_log_prob"])
+        step_dir = self.out_dir / f"step_{step}"
+        step_dir.mkdir(parents=True, exist_ok=True)
+        (step_dir / "log_probs.json").write_text(json.dumps(out, separators=(",", ":")) + "\n", encoding="utf-8")
 
     def fit(self) -> None:
         """Run every step, appending one JSON object per step to ``metrics.jsonl``."""

@@ -1,0 +1,64 @@
+"""Invariants every committed scenario run must hold (no golden involved).
+
+Each test reads a run's JSON files through ``precision_run`` (shared with the gate, one run per
+scenario per session) and calls one check of :mod:`precision_harness.invariants`;
+``test_invariant_violations.py`` shows every check failing on a run built to break it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from precision_harness import invariants as inv
+
+SUITE = inv.load_suite(Path(__file__).resolve().parent.parent / "scenarios")
+WITH_REFERENCE = [s for s in SUITE if inv.applies_same_weights(s)]
+MISMATCHED = [s for s in SUITE if inv.applies_mismatch_health(s)]
+#: the scenario whose actor_compute_log_prob is rerun at another micro-batch size
+MICRO_BATCH_SCENARIO = "grpo_is_token_truncate"
+MICRO_BATCH_OVERRIDE = {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1}
+#: started at session start by conftest.py, so it overlaps with the other runs
+PRECISION_VARIANTS = [(MICRO_BATCH_SCENARIO, MICRO_BATCH_OVERRIDE)]
+
+
+def ids(scenarios: list) -> list[str]:
+    return [s.name for s in scenarios]
+
+
+def test_suite_covers_every_invariant() -> None:
+    """The selections below are not empty: each invariant really runs on committed scenarios."""
+    assert len(WITH_REFERENCE) >= 3 and len(MISMATCHED) >= 4
+    assert MICRO_BATCH_SCENARIO in ids(SUITE)
+
+
+@pytest.mark.parametrize("scenario", WITH_REFERENCE, ids=ids(WITH_REFERENCE))
+def test_step1_actor_and_ref_see_identical_weights(scenario, run_dir) -> None:
+    run = run_dir(scenario.name)
+    checked = inv.check_same_weights(
+        inv.dump_of(run, 1, "actor_compute_log_prob"), inv.dump_of(run, 1, "ref_compute_log_prob"), where=f"{scenario.name} step_1"
+    )
+    assert checked > 100
+
+
+@pytest.mark.parametrize("scenario", SUITE, ids=ids(SUITE))
+def test_first_mini_batch_is_on_policy(scenario, run_dir) -> None:
+    run = run_dir(scenario.name)
+    for step in range(1, scenario.config["trainer"]["total_training_steps"] + 1):
+        inv.check_on_policy(inv.log_probs_of(run, step), where=f"{scenario.name} step_{step}")
+
+
+def test_actor_log_prob_is_micro_batch_invariant(run_dir) -> None:
+    base, other = run_dir(MICRO_BATCH_SCENARIO), run_dir(MICRO_BATCH_SCENARIO, MICRO_BATCH_OVERRIDE)
+    for step in (1, 2):
+        a, b = inv.log_probs_of(base, step), inv.log_probs_of(other, step)
+        assert a["micro_batch_sizes"]["actor_compute_log_prob"] != b["micro_batch_sizes"]["actor_compute_log_prob"]
+        inv.check_micro_batch_invariance(a, b, where=f"{MICRO_BATCH_SCENARIO} step_{step}")
+
+
+@pytest.mark.parametrize("scenario", MISMATCHED, ids=ids(MISMATCHED))
+def test_rollout_training_mismatch_is_healthy(scenario, run_dir) -> None:
+    rows = inv.metrics_of(run_dir(scenario.name))
+    assert inv.check_mismatch_health(rows, where=scenario.name) == 3 * len(rows)
+    # the mismatch is real: bf16 vs fp32 log-probs are not identical
+    assert all(row["mismatch/mismatch_log_ppl_abs_diff"] > 0 for row in rows)
