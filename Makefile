@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints/cpu.txt
 
-.PHONY: gate test update-golden benchmarks clean
+.PHONY: gate test update-golden benchmarks lock clean
 
 $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ update-golden: $(VENV)/.gate ## re-record every golden (review the churn, then c
 
 benchmarks: $(VENV)/.test    ## overhead and speed ratios (printed, never asserted)
 	$(BIN)/python benchmarks/overhead.py
+
+lock: $(VENV)/.test          ## re-pin the resolved test environment in constraints/cpu.txt
+	sed -i '/^# --- lock (make lock) ---$$/q' constraints/cpu.txt
+	$(BIN)/python -m pip freeze --exclude-editable | grep -viE '^(torch|transformers)==' >> constraints/cpu.txt
 
 clean:
 	rm -rf .precision .pytest_cache
