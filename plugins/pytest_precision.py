@@ -6,12 +6,14 @@ Hooks only: options, ini keys, collection of ``scenarios/*.yaml`` into items (on
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from precision_harness import device_check
 from precision_harness.errors import PrecisionError
 from precision_harness.scenario import Scenario
 from precision_harness.session import DEVICE_CHOICES, GOLDEN_MODES, PrecisionOptions, PrecisionSession
@@ -31,6 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where runs and compare tables go (default: .precision/artifacts under rootdir)")
     group.addoption("--precision-jobs", metavar="N", type=int, default=None,
                     help="scenario runs in parallel in this process (default: CPU count)")
+    group.addoption("--precision-ray-address", metavar="ADDRESS", default=None,
+                    help="submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
+                         "with the resources each scenario asks for; dumps are fetched back and compared here. "
+                         "Default: single-rank scenarios run as local subprocesses, multi-rank ones on a local Ray instance")
+    group.addoption("--precision-golden-device", choices=("cpu", "cuda", "npu"), default=None, metavar="DEVICE",
+                    help="compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden) "
+                         "with the scenario's tolerance.cross_device rules")
     parser.addini("precision_golden_dir", "directory holding goldens, relative to rootdir", default="golden")
     parser.addini("precision_scenario_dirs", "directory names whose *.yaml files are scenarios", type="args", default=["scenarios"])
     parser.addini("precision_timeout", "seconds a scenario run may take (0: no limit)", default="0")
@@ -45,8 +54,45 @@ def pytest_configure(config: pytest.Config) -> None:
     options = PrecisionOptions(
         golden_mode=config.getoption("precision_golden"), device=config.getoption("precision_device"),
         artifacts=Path(artifacts), golden_dir=Path(config.getini("precision_golden_dir")), jobs=jobs, timeout=timeout,
+        ray_address=config.getoption("precision_ray_address"), golden_device=config.getoption("precision_golden_device"),
     )
+    _check_device_options(options, is_worker=hasattr(config, "workerinput"))
     config.stash[_SESSION_KEY] = PrecisionSession(options, rootdir=config.rootpath)
+
+
+def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None:
+    """One-line usage errors for device flags that cannot work (checked once, on the controller)."""
+    if options.golden_device and options.golden_mode != "check":
+        raise pytest.UsageError(
+            f"--precision-golden-device {options.golden_device} compares against another device's golden; "
+            f"it cannot be combined with --precision-golden {options.golden_mode} (drop one of the two)"
+        )
+    if options.device != "auto" and not options.ray_address and not is_worker:
+        reason = device_check.unavailable_reason(options.device)
+        if reason:
+            raise pytest.UsageError(f"--precision-device {options.device}: {reason}")
+
+
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-n N`` without ``--dist`` means ``--dist loadgroup``: a scenario's items stay on one worker, so it runs once."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "loadgroup"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand this worker's summary to the controller (``workeroutput``)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    precision = session.config.stash.get(_SESSION_KEY, None)
+    if workeroutput is not None and precision is not None:
+        workeroutput["precision_summary"] = json.dumps(precision.summary_data())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: merge a finished worker's summary (as syrupy merges its snapshot reports)."""
+    data = getattr(node, "workeroutput", {}).get("precision_summary")
+    if data:
+        node.config.stash[_SESSION_KEY].merge_summary(json.loads(data))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -118,6 +164,9 @@ class PrecisionItem(pytest.Item):
 
     def _verdict(self, **where: Any) -> None:
         __tracebackhide__ = True
+        reason = self.config.stash[_SESSION_KEY].device_unavailable(self.scenario)
+        if reason:
+            pytest.skip(f"{self.scenario.name}: {reason}")
         outcome = self.config.stash[_SESSION_KEY].outcome(self.scenario, **where)
         self.user_properties.append(("precision_verdict", outcome.kind))
         if outcome.verdict is not None and hasattr(outcome.verdict, "worst_ratio"):

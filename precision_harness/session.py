@@ -38,6 +38,10 @@ class PrecisionOptions:
     golden_dir: Path = Path("golden")
     jobs: int = max(1, os.cpu_count() or 1)
     timeout: float | None = None
+    #: existing Ray cluster to submit runs to (``--precision-ray-address``); None: local subprocess / local Ray
+    ray_address: str | None = None
+    #: compare against the golden recorded on this device, with ``tolerance.cross_device`` (``--precision-golden-device``)
+    golden_device: str | None = None
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Outcome:
 class ScenarioState:
     scenario: Scenario
     device: str
+    golden_device: str = ""  #: the device whose golden is checked (== device unless --precision-golden-device)
     future: Future | None = None
     golden: Golden | None = None
     golden_error: PrecisionError | None = None
@@ -81,6 +86,7 @@ class PrecisionSession:
         self._executor: ThreadPoolExecutor | None = None
         self._states: dict[str, ScenarioState] = {}
         self.outcomes: list[tuple[str, Outcome]] = []
+        self._merged: list[dict[str, Any]] = []  #: summary_data() of xdist workers (controller only)
 
     def _abs(self, p: Path) -> Path:
         p = Path(p)
@@ -90,10 +96,23 @@ class PrecisionSession:
     def device_for(self, scenario: Scenario) -> str:
         return scenario.config["device"] if self.options.device == "auto" else self.options.device
 
+    def device_unavailable(self, scenario: Scenario) -> str | None:
+        """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None.
+
+        An explicit ``--precision-device`` is checked once at start-up instead (a usage error), and a
+        Ray cluster (``--precision-ray-address``) is trusted to have the device the scenario asks for.
+        """
+        if self.options.device != "auto" or self.options.ray_address:
+            return None
+        from precision_harness import device_check
+
+        return device_check.unavailable_reason(self.device_for(scenario))
+
     def state(self, scenario: Scenario) -> ScenarioState:
         st = self._states.get(scenario.name)
         if st is None:
-            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=self.device_for(scenario))
+            device = self.device_for(scenario)
+            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=device, golden_device=self.options.golden_device or device)
         return st
 
     def run_dir(self, scenario: Scenario) -> Path:
@@ -109,13 +128,15 @@ class PrecisionSession:
     def _load_golden(self, st: ScenarioState) -> None:
         if st.golden is None and st.golden_error is None:
             try:
-                st.golden = self.store.load(st.scenario, st.device)
+                st.golden = self.store.load(st.scenario, st.golden_device)
             except PrecisionError as exc:
                 st.golden_error = exc
 
     def submit(self, scenario: Scenario) -> None:
         """Start ``scenario``'s run in the background if its items will need it (idempotent)."""
         st = self.state(scenario)
+        if self.device_unavailable(scenario):
+            return  # its items skip with the reason
         with st.lock:
             if st.future is not None or not self._needs_run(st):
                 return
@@ -125,7 +146,8 @@ class PrecisionSession:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
             st.future = self._executor.submit(
-                run_scenario, scenario, out_dir=self.run_dir(scenario), device=st.device, timeout=self.options.timeout
+                run_scenario, scenario, out_dir=self.run_dir(scenario), device=st.device, timeout=self.options.timeout,
+                ray_address=self.options.ray_address,
             )
 
     def result(self, scenario: Scenario) -> RunResult:
@@ -206,7 +228,7 @@ class PrecisionSession:
         shutil.rmtree(artifacts, ignore_errors=True)
         verdict = compare_mod.compare_stage(
             run.stage_dir(step, stage), golden.stage_dir(step, stage), scenario=scenario.name, step=step, stage=stage,
-            policy=TolerancePolicy.from_config(scenario.config["tolerance"]), golden_sha256=sha,
+            policy=self._policy(st), golden_sha256=sha,
             golden_statistics=golden.statistics(step, stage), artifacts=artifacts,
         )
         text = report.stage_text(
@@ -226,13 +248,21 @@ class PrecisionSession:
         run = self.result(scenario)
         verdict = compare_mod.compare_metrics(
             compare_mod.read_metrics(run.run_dir / "metrics.jsonl"), compare_mod.read_metrics(golden_metrics),
-            scenario=scenario.name, policy=TolerancePolicy.from_config(scenario.config["tolerance"]),
+            scenario=scenario.name, policy=self._policy(st),
         )
         text = report.metrics_text(
-            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"), policy_exact=scenario.config["tolerance"]["mode"] == "exact",
+            verdict, rerun=None if verdict.passed else self.rerun_command(scenario, "metrics"), policy_exact=self._policy(st).exact,
             changed=None if verdict.passed else self._changed(st),
         )
         return Outcome(verdict.passed, text, "compared", verdict)
+
+    @staticmethod
+    def _policy(st: ScenarioState) -> TolerancePolicy:
+        """The scenario's tolerance; its ``cross_device`` rules when the golden comes from another device."""
+        tolerance = st.scenario.config["tolerance"]
+        if st.golden_device != st.device:
+            return TolerancePolicy.cross_device_from_config(tolerance)
+        return TolerancePolicy.from_config(tolerance)
 
     def _rel(self, p: Path) -> Path:
         try:
@@ -241,22 +271,41 @@ class PrecisionSession:
             return p
 
     # -------------------------------------------------------------------------------- summary
-    def summary_lines(self) -> list[str]:
-        """Terminal-summary lines: goldens recorded, stage counts, run wall times."""
-        lines = []
+    def summary_data(self) -> dict[str, Any]:
+        """This process's share of the summary as plain JSON (what an xdist worker sends to the controller).
+
+        Keys: ``recorded`` ``[[scenario, golden path, "recorded"|"unchanged"]]``, ``outcomes``
+        ``[[scenario, passed, kind, text]]``, ``runs`` ``[[scenario, device, wall_s, run dir]]``. A summary
+        that must add up over workers takes its inputs from here, never from ``_states``.
+        """
+        recorded, runs = [], []
         for name, st in sorted(self._states.items()):
             if st.recorded:
-                lines.append(f"golden {st.recorded}: {self._rel(self.store.path(name, st.device))}")
-        outs = [o for _, o in self.outcomes]
-        if outs:
-            identical = sum(o.kind == "identical" for o in outs)
-            compared = sum(o.kind == "compared" for o in outs)
-            recorded = sum(o.kind == "recorded" for o in outs)
-            failed = sum(not o.passed for o in outs)
-            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not recorded else [f"{recorded} recorded"]
-            lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
-        for name, st in sorted(self._states.items()):
+                recorded.append([name, str(self._rel(self.store.path(name, st.device))), st.recorded])
             if st.future is not None and st.future.done() and st.future.exception() is None:
                 run = st.future.result()
-                lines.append(f"{name} on {st.device}: run {run.wall_s:.1f} s -> {self._rel(run.run_dir)}")
+                runs.append([name, st.device, run.wall_s, str(self._rel(run.run_dir))])
+        outcomes = [[name, o.passed, o.kind, o.text] for name, o in self.outcomes]
+        return {"recorded": recorded, "outcomes": outcomes, "runs": runs}
+
+    def merge_summary(self, data: dict[str, Any]) -> None:
+        """Add a worker's :meth:`summary_data` (pytest-xdist ``workeroutput``) to this controller's summary."""
+        self._merged.append(data)
+
+    def summary_lines(self) -> list[str]:
+        """Terminal-summary lines: goldens recorded, stage counts, run wall times (merged over xdist workers)."""
+        parts = [self.summary_data(), *self._merged]
+        recorded = sorted(r for d in parts for r in d["recorded"])
+        outs = [o for d in parts for o in d["outcomes"]]
+        runs = sorted(r for d in parts for r in d["runs"])
+        lines = [f"golden {state}: {path}" for _, path, state in recorded]
+        if outs:
+            identical = sum(kind == "identical" for _, _, kind, _ in outs)
+            compared = sum(kind == "compared" for _, _, kind, _ in outs)
+            n_recorded = sum(kind == "recorded" for _, _, kind, _ in outs)
+            failed = sum(not passed for _, passed, _, _ in outs)
+            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not n_recorded else [f"{n_recorded} recorded"]
+            lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
+        for name, device, wall_s, run_dir in runs:
+            lines.append(f"{name} on {device}: run {wall_s:.1f} s -> {run_dir}")
         return lines
