@@ -55,8 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
         golden_mode=config.getoption("precision_golden"), device=config.getoption("precision_device"),
         artifacts=Path(artifacts), golden_dir=Path(config.getini("precision_golden_dir")), jobs=jobs, timeout=timeout,
         ray_address=config.getoption("precision_ray_address"), golden_device=config.getoption("precision_golden_device"),
+        worker_id=getattr(config, "workerinput", {}).get("workerid"),
     )
     _check_device_options(options, is_worker=hasattr(config, "workerinput"))
+    if getattr(config, "workerinput", {}).get("precision_dist") == "loadgroup":
+        config.option.loadgroup = True  # read by xdist's worker when it collects
     config.stash[_SESSION_KEY] = PrecisionSession(options, rootdir=config.rootpath)
 
 
@@ -73,10 +76,41 @@ def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None
             raise pytest.UsageError(f"--precision-device {options.device}: {reason}")
 
 
-def pytest_cmdline_main(config: pytest.Config) -> None:
-    """``-n N`` without ``--dist`` means ``--dist loadgroup``: a scenario's items stay on one worker, so it runs once."""
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """``-n N`` without ``--dist`` means ``--dist loadgroup``: a scenario's items stay on one worker, so it runs once.
+
+    A wrapper, so it runs before xdist's own (tryfirst) hook turns ``-n`` into ``--dist load``.
+    """
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no" and not getattr(config.option, "distload", False):
         config.option.dist = "loadgroup"
+    return (yield)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under loadgroup: make sure each scenario item's node id ends in ``@<scenario>``.
+
+    xdist 3.8 groups by that suffix but writes it to ``item._nodeid``, which pytest >= 9.2 no longer reads
+    (structured node ids; pytest-dev/pytest-xdist#1386): without this a scenario's items spread over workers.
+    """
+    if not (hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False)):
+        return
+    for item in items:
+        if isinstance(item, PrecisionItem) and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            grouped = f"{item.nodeid}@{item.scenario.name}"
+            node_id = getattr(item, "_id", None)
+            if node_id is not None and hasattr(type(node_id), "parse"):
+                item._id = type(node_id).parse(grouped)
+            else:  # pragma: no cover - pytest < 9.2 reads _nodeid (and xdist already set it)
+                item._nodeid = grouped
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker the controller's ``--dist``: a worker re-parses the command line, where a
+    defaulted loadgroup is absent, and xdist only groups items by ``xdist_group`` when it knows."""
+    node.workerinput["precision_dist"] = node.config.option.dist
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

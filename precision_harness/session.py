@@ -42,6 +42,9 @@ class PrecisionOptions:
     ray_address: str | None = None
     #: compare against the golden recorded on this device, with ``tolerance.cross_device`` (``--precision-golden-device``)
     golden_device: str | None = None
+    #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
+    #: by an explicit ``--dist load`` cannot race on one run directory
+    worker_id: str | None = None
 
 
 @dataclass
@@ -116,7 +119,7 @@ class PrecisionSession:
         return st
 
     def run_dir(self, scenario: Scenario) -> Path:
-        return self.artifacts / scenario.name / "run"
+        return self.artifacts / scenario.name / ("run" if not self.options.worker_id else f"run-{self.options.worker_id}")
 
     def _needs_run(self, st: ScenarioState) -> bool:
         mode = self.options.golden_mode
