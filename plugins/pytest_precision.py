@@ -73,7 +73,7 @@ def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None
     if options.device != "auto" and not options.ray_address and not is_worker:
         reason = device_check.unavailable_reason(options.device)
         if reason:
-            raise pytest.UsageError(f"--precision-device {options.device}: {reason}")
+            raise pytest.UsageError(f"--precision-device {options.device}: {reason.removeprefix(f'device {options.device}: ')}")
 
 
 @pytest.hookimpl(wrapper=True)

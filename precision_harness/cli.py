@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
         reason = device_check.unavailable_reason(options.device)
         if reason:
-            print(f"precision-harness run: --device {options.device}: {reason}", file=sys.stderr)
+            print(f"precision-harness run: --device {options.device}: {reason.removeprefix(f'device {options.device}: ')}", file=sys.stderr)
             return 2
     session = PrecisionSession(options, rootdir=Path.cwd())
     failed = 0
