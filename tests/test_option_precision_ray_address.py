@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,25 +30,27 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """A local one-node cluster (`ray start --head --block` on 127.0.0.1), stopped in teardown; yields its address."""
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local one-node cluster (`ray start --head --block` on 127.0.0.1), stopped in teardown; yields its address.
+
+    Only this cluster's processes are stopped (its own process group), never `ray stop`, which would
+    end every Ray instance on the machine.
+    """
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="/tmp/rt")  # Ray's socket paths must stay short
+    log = tmp_path_factory.mktemp("ray") / "ray_start.log"
     ray_bin = Path(sys.executable).with_name("ray")
     cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
            "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"127.0.0.1:{port}"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            probe = subprocess.run([str(ray_bin), "status", f"--address={address}"], capture_output=True, text=True, timeout=60)
-            if probe.returncode == 0:
-                break
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"ray start --head did not come up: {proc.stdout.read().decode() if proc.stdout else ''}")
-            time.sleep(1)
-        yield address
+                pytest.fail(f"ray start --head did not come up in 120 s: {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -55,6 +58,7 @@ def ray_cluster() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_remote_run_is_compared_locally_and_matches_the_local_golden(project: pytest.Pytester, ray_cluster: str) -> None:

@@ -165,7 +165,7 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
         os.environ[dp.PERTURB_ENV] = "1"
         dp.init_process_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=int(sys.argv[2]), device="cpu")
         batch = {"x": torch.arange(8.0).reshape(4, 2), "advantages": torch.ones(4, 1)}
-        part = dp.shard(batch)
+        part = dp.shard(dp.perturb_for_test(batch))
         gathered = dp.dp_compute(lambda model, b: (b["x"] * 2, None))(None, batch)
         p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.full((2,), float(rank + 1))
         dp.average_gradients([p])

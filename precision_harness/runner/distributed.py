@@ -16,9 +16,9 @@ With one rank (no process group) every function here is a no-op, so single-rank 
 byte for byte. The collectives run inside the profiled stages, so msprobe L1 dumps them
 (``Distributed.all_reduce.N.forward``), as it does in a real verl run.
 
-``PRECISION_TEST_PERTURB_RANK=<r>`` (test-only): rank ``r`` scales the ``advantages`` of its shard by
-``1 + 1e-3``, a change that only touches that rank's data; the harness's tests use it to check that a
-verdict names the rank that diverged first.
+``PRECISION_TEST_PERTURB_RANK=<r>`` (test-only, :func:`perturb_for_test`): rank ``r`` scales the
+``advantages`` of its shard by ``1 + 1e-3``, a change that only touches that rank's data; the
+harness's tests use it to check that a verdict names the rank that diverged first.
 """
 from __future__ import annotations
 
@@ -74,9 +74,22 @@ def shard(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             raise ValueError(f"batch key {key!r}: {value.shape[0]} rows cannot be split over world_size {w}")
         size = value.shape[0] // w
         out[key] = value[r * size : (r + 1) * size]
-    if "advantages" in out and os.environ.get(PERTURB_ENV) == str(r):
-        out["advantages"] = out["advantages"] * PERTURB_SCALE
     return out
+
+
+def perturb_for_test(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Test hook (``PRECISION_TEST_PERTURB_RANK=<r>``): on rank ``r``, scale the ``advantages`` rows of its own shard.
+
+    Called by the trainer outside the profiled stages (an op inside a stage would itself be dumped
+    and shift msprobe's API counters); no-op unless the variable names this rank of a multi-rank run.
+    """
+    w, r = world_size(), rank()
+    if w == 1 or os.environ.get(PERTURB_ENV) != str(r) or "advantages" not in batch:
+        return batch
+    size = batch["advantages"].shape[0] // w
+    adv = batch["advantages"].clone()
+    adv[r * size : (r + 1) * size] *= PERTURB_SCALE
+    return {**batch, "advantages": adv}
 
 
 def all_gather_rows(local: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
 from precision_harness.runner import devices, models, rollout, stages
-from precision_harness.runner.distributed import reduce_metrics
+from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 
 
@@ -164,6 +164,7 @@ class Trainer:
                 token_level_rewards=token_level_rewards, response_mask=mask, index=uids, norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
         batch["advantages"], batch["returns"] = advantages, returns
+        batch = perturb_for_test(batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
 
         if self.critic is not None:
             with self.stage(step, "critic_update", self.critic):
