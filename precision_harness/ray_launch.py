@@ -142,6 +142,7 @@ def run_driver(scenario_path: Path, *, out: Path, device: str, address: str | No
                  _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
     startup_s = time.perf_counter() - t0
     try:
+        _check_feasible(actor_options, world_size, ray.cluster_resources(), where=address or "local instance", scenario=scenario)
         remote_cls = ray.remote(RankWorker)
         actors = [remote_cls.options(**actor_options).remote(rank) for rank in range(world_size)]
         master_addr, master_port = ray.get(actors[0].master_address.remote())
@@ -179,6 +180,26 @@ def run_driver(scenario_path: Path, *, out: Path, device: str, address: str | No
         ray.shutdown()
 
 
+def _check_feasible(actor_options: dict[str, Any], world_size: int, cluster: dict[str, float], *, where: str, scenario: Any) -> None:
+    """Fail at once, naming the resource, when the cluster cannot hold every rank (Ray would wait forever).
+
+    An autoscaling cluster that would add such nodes on demand is not supported by this check.
+    """
+    needed = {"CPU": actor_options["num_cpus"] * world_size}
+    if actor_options.get("num_gpus"):
+        needed["GPU"] = actor_options["num_gpus"] * world_size
+    for key, value in actor_options["resources"].items():
+        needed[key] = value * world_size
+    short = {k: v for k, v in needed.items() if cluster.get(k, 0) < v}
+    if short:
+        have = ", ".join(f"{k}={cluster.get(k, 0):g}" for k in short)
+        want = ", ".join(f"{k}={v:g}" for k, v in short.items())
+        raise RuntimeError(
+            f"{scenario.path.name}: trainer.ray: {world_size} rank(s) need {want} but the Ray cluster ({where}) has {have}; "
+            "connect to a cluster with those resources or change trainer.ray / trainer.world_size"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m precision_harness.ray_launch", description="run one scenario's ranks as Ray actors")
     parser.add_argument("scenario", type=Path)
@@ -192,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         run_driver(args.scenario, out=args.out, device=args.device, address=args.address, dump=not args.no_dump)
     except BaseException as exc:  # noqa: BLE001
         message = str(exc).splitlines()[0] if str(exc) else ""
-        reason = message if message.startswith("rank") else f"{type(exc).__name__}: {message}"
+        reason = message if message.startswith("rank") or isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {message}"
         (args.out / "error.txt").write_text(reason + "\n", encoding="utf-8")
         traceback.print_exc()
         return 1
