@@ -40,16 +40,32 @@ PERTURB_SCALE = 1.0 + 1e-3
 
 def init_process_group(*, rank: int, world_size: int, master_addr: str, master_port: int, device: str, timeout_s: float = 120.0) -> None:
     """Join the scenario's process group over a TCP store at ``master_addr:master_port``."""
+    global _CPU_GROUP
     backend = BACKENDS[device]
+    # under Ray each rank's actor sees only its own accelerator (CUDA_/ASCEND_RT_VISIBLE_DEVICES): index 0
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    elif device == "npu":
+        import torch_npu  # noqa: F401
+
+        torch.npu.set_device(0)  # type: ignore[attr-defined]
     dist.init_process_group(
         backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    # metrics are reduced in float64 on CPU (nccl/hccl float64 support varies): a gloo group beside the device group
+    _CPU_GROUP = None if backend == "gloo" else dist.new_group(backend="gloo")
+
+
+#: gloo group for CPU-side collectives when the device group is nccl/hccl (None: use the default group)
+_CPU_GROUP: Any = None
 
 
 def destroy_process_group() -> None:
+    global _CPU_GROUP
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _CPU_GROUP = None
 
 
 def world_size() -> int:
@@ -158,14 +174,7 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     if not keys:
         return metrics
     vec = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-    if BACKENDS.get(_device_type()) != "gloo":
-        vec = vec.to(_device_type())
-    dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+    dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=_CPU_GROUP)
     out = dict(metrics)
-    out.update({k: float(v) / w for k, v in zip(keys, vec.cpu().tolist())})
+    out.update({k: float(v) / w for k, v in zip(keys, vec.tolist())})
     return out
-
-
-def _device_type() -> str:
-    backend = dist.get_backend()
-    return {v: k for k, v in BACKENDS.items()}.get(backend, "cpu")
