@@ -7,12 +7,13 @@ fixture, and the terminal summary. The work is done by
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from precision_harness import options
+from precision_harness import device_check, options
 from precision_harness.errors import PrecisionError
 from precision_harness.launch import RunResult
 from precision_harness.scenario import Scenario
@@ -33,6 +34,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Create the run's PrecisionSession."""
     config.addinivalue_line("markers", "precision_scenario(name): item of a pytest-precision scenario")
     precision_options = PrecisionOptions(**options.from_pytest(config))
+    _check_device_options(precision_options, is_worker=_is_xdist_worker(config))
+    if getattr(config, "workerinput", {}).get("precision_dist") == "loadgroup":
+        config.option.loadgroup = True  # read by xdist's worker when it collects
     precision = config.stash[_SESSION_KEY] = PrecisionSession(precision_options, rootdir=config.rootpath)
     for flag, why in (("keyword", "-k"), ("markexpr", "-m"), ("ignore", "--ignore"), ("ignore_glob", "--ignore-glob"), ("lf", "--lf")):
         if getattr(config.option, flag, None):
@@ -93,6 +97,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     precision = config.stash[_SESSION_KEY]
     if _is_xdist_worker(config):
         config.workeroutput["precision_usage"] = precision.usage.to_json()  # type: ignore[attr-defined]
+        config.workeroutput["precision_summary"] = json.dumps(precision.summary_data())  # type: ignore[attr-defined]
         return
     if config.option.collectonly:
         return
@@ -104,10 +109,64 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: merge what a worker collected (each worker collects every scenario)."""
-    usage = getattr(node, "workeroutput", {}).get("precision_usage")
-    if usage is not None:
-        node.config.stash[_SESSION_KEY].usage.merge(usage)
+    """xdist controller: merge what a worker collected (each worker collects every scenario) and its
+    summary (as syrupy merges its snapshot reports)."""
+    output = getattr(node, "workeroutput", {})
+    precision = node.config.stash[_SESSION_KEY]
+    if output.get("precision_usage") is not None:
+        precision.usage.merge(output["precision_usage"])
+    if output.get("precision_summary"):
+        precision.merge_summary(json.loads(output["precision_summary"]))
+
+
+def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None:
+    """One-line usage errors for device flags that cannot work (checked once, on the controller)."""
+    if options.golden_device and options.golden_mode != "check":
+        raise pytest.UsageError(
+            f"--precision-golden-device {options.golden_device} compares against another device's golden; "
+            f"it cannot be combined with --precision-golden {options.golden_mode} (drop one of the two)"
+        )
+    if options.device != "auto" and not options.ray_address and not is_worker:
+        reason = device_check.unavailable_reason(options.device)
+        if reason:
+            raise pytest.UsageError(f"--precision-device {options.device}: {reason.removeprefix(f'device {options.device}: ')}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """``-n N`` without ``--dist`` means ``--dist loadgroup``: a scenario's items stay on one worker, so it runs once.
+
+    A wrapper, so it runs before xdist's own (tryfirst) hook turns ``-n`` into ``--dist load``.
+    """
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no" and not getattr(config.option, "distload", False):
+        config.option.dist = "loadgroup"
+    return (yield)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under loadgroup: make sure each scenario item's node id ends in ``@<scenario>``.
+
+    xdist 3.8 groups by that suffix but writes it to ``item._nodeid``, which pytest >= 9.2 no longer reads
+    (structured node ids; pytest-dev/pytest-xdist#1386): without this a scenario's items spread over workers.
+    """
+    if not (hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False)):
+        return
+    for item in items:
+        if isinstance(item, PrecisionItem) and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            grouped = f"{item.nodeid}@{item.scenario.name}"
+            node_id = getattr(item, "_id", None)
+            if node_id is not None and hasattr(type(node_id), "parse"):
+                item._id = type(node_id).parse(grouped)
+            else:  # pragma: no cover - pytest < 9.2 reads _nodeid (and xdist already set it)
+                item._nodeid = grouped
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker the controller's ``--dist``: a worker re-parses the command line, where a
+    defaulted loadgroup is absent, and xdist only groups items by ``xdist_group`` when it knows."""
+    node.workerinput["precision_dist"] = node.config.option.dist
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -222,6 +281,9 @@ class PrecisionItem(pytest.Item):
     def _verdict(self, **where: Any) -> None:
         __tracebackhide__ = True
         precision = self.config.stash[_SESSION_KEY]
+        reason = precision.device_unavailable(self.scenario)
+        if reason:
+            pytest.skip(f"{self.scenario.name}: {reason}")
         outcome = precision.outcome(self.scenario, **where)
         record = self.stash[_RECORD_KEY] = precision.record(nodeid=self.nodeid, scenario=self.scenario, step=where.get("step"), stage=where.get("stage"), outcome=outcome)
         self.user_properties.append(("precision_verdict", outcome.kind))

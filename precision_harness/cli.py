@@ -43,7 +43,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = option_table.from_cli(args)
     device = scenario.config["device"] if opts.get("device", "auto") == "auto" else opts["device"]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(run_scenario, scenario, out_dir=args.out, device=device, timeout=opts.get("timeout"))
+        future = pool.submit(run_scenario, scenario, out_dir=args.out, device=device, timeout=opts.get("timeout"),
+                             ray_address=opts.get("ray_address"))
         progress.follow(args.out, future, scenario=scenario.name, report=lambda line: _print(f"[precision] {line}"),
                         total_steps=scenario.config["trainer"]["total_training_steps"])
         run = future.result()

@@ -70,7 +70,19 @@ class StageVerdict:
 
     @property
     def first_divergence(self) -> Drift | None:
-        return min(self.drifts, key=lambda d: (d.rank, d.order)) if self.drifts else None
+        """The drift earliest in execution order; across ranks, the one whose rank diverged first.
+
+        Ranks run the same program in lock step (collectives synchronise them), so a row index is
+        comparable across ranks: a change to rank 1's data shows in rank 1's forward before rank 0
+        sees it through the gradient all-reduce.
+        """
+        return min(self.drifts, key=lambda d: (d.order, d.rank)) if self.drifts else None
+
+    @property
+    def failing_ranks(self) -> list[str]:
+        """Ranks with a drift or an always-failure (problems start with ``rank<r>:``), sorted."""
+        ranks = {d.rank for d in self.drifts} | {p.split(":", 1)[0] for p in self.problems if p.startswith("rank")}
+        return sorted(ranks, key=lambda r: (len(r), r))
 
     @property
     def largest(self) -> Drift | None:

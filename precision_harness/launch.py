@@ -2,7 +2,8 @@
 
 msprobe's debugger is a process-wide singleton, so every run gets a fresh interpreter; the
 calling process (pytest, the CLI) never imports torch. The worker's stdout/stderr go to
-``RUN_DIR/worker.log``; a failure is raised as :class:`RunFailedError` with the worker's one-line
+``RUN_DIR/worker.log``; multi-rank and cluster runs go through a Ray driver process
+(``ray_launch``) instead, with the same contract. A failure is raised as :class:`RunFailedError` with the worker's one-line
 reason and the log's path.
 """
 from __future__ import annotations
@@ -40,13 +41,33 @@ def worker_command(scenario: Scenario, *, out_dir: Path, device: str, dump: bool
     return cmd + ([] if dump else ["--no-dump"])
 
 
-def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True, timeout: float | None = None) -> RunResult:
+def uses_ray(scenario: Scenario, ray_address: str | None) -> bool:
+    """Multi-rank scenarios always run on Ray (a local instance without an address); others only with an address."""
+    return bool(ray_address) or scenario.world_size > 1
+
+
+def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True, timeout: float | None = None,
+                 ray_address: str | None = None) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
+    Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
+    scenario when ``ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
+    whose rank actors' dumps are fetched back into ``out_dir``.
+
     Raises:
-        RunFailedError: the worker exited non-zero or timed out.
+        RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
     """
     out_dir = Path(out_dir)
+    on_ray = uses_ray(scenario, ray_address)
+    if on_ray:
+        from precision_harness import ray_launch
+
+        if not ray_launch.ray_available():
+            why = f"trainer.world_size: {scenario.world_size} runs ranks as Ray actors" if not ray_address else f"--precision-ray-address {ray_address}"
+            raise RunFailedError(f"{display_path(scenario.path)}: {why}, but ray is not installed; {ray_launch.RAY_INSTALL_HINT}")
+        command = ray_launch.driver_command(scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump)
+    else:
+        command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     env = {**os.environ, **determinism_env(device, scenario.config["trainer"]["num_threads"])}
@@ -57,7 +78,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool =
     log = out_dir / "worker.log"
     with open(log, "wb") as fh:
         try:
-            proc = subprocess.run(worker_command(scenario, out_dir=out_dir, device=device, dump=dump), stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
+            proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise RunFailedError(f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})") from None
     wall = time.perf_counter() - t0

@@ -58,6 +58,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("report", "write report.json, report.md and report.html (drift heatmap, drift plots) into DIR",
            metavar="DIR", cli=("compare",)),
     Option("prune", "remove goldens whose scenario was not collected (only on a full, unfiltered run)", flag=True),
+    Option("ray-address", "submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
+           "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
+           "scenarios run as local subprocesses, multi-rank ones on a local Ray instance", metavar="ADDRESS", cli=("run",)),
+    Option("golden-device", "compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden) "
+           "with the scenario's tolerance.cross_device rules", choices=("cpu", "cuda", "npu"), metavar="DEVICE"),
     Option("golden-dir", "directory holding goldens, relative to rootdir (or the working directory)",
            default="golden", pytest="ini", cli=("golden", "calibrate")),
     Option("timeout", "seconds a scenario run may take (0: no limit)", default="0", pytest="ini", cli=("run", "calibrate")),
@@ -95,6 +100,9 @@ def from_pytest(config: Any) -> dict[str, Any]:
         "timeout": _timeout(config.getini("precision_timeout")),
         "report": Path(report) if report else None,
         "prune": bool(get_opt("prune")),
+        "ray_address": get_opt("ray_address"),
+        "golden_device": get_opt("golden_device"),
+        "worker_id": getattr(config, "workerinput", {}).get("workerid"),
     }
 
 
@@ -119,4 +127,6 @@ def from_cli(args: argparse.Namespace) -> dict[str, Any]:
         out["golden_dir"] = Path(args.golden_dir)
     if getattr(args, "timeout", None) is not None:
         out["timeout"] = _timeout(args.timeout)
+    if getattr(args, "ray_address", None):
+        out["ray_address"] = args.ray_address
     return out

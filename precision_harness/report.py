@@ -52,6 +52,10 @@ def stage_text(v: StageVerdict, *, artifacts: Path | None = None, rerun: str | N
     if v.passed:
         how = "identical to the golden (sha256)" if v.identical else f"within tolerance ({v.tolerance})"
         return f"{where}: {v.checked} statistics {how}"
+    if len(v.ranks) > 1 and v.failing_ranks:
+        # multi-rank: name the rank that diverged first, then every rank that differs
+        first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
+        where = f"{v.stage} @ step_{v.step}, {first_rank} (differs on {', '.join(v.failing_ranks)} of {len(v.ranks)} ranks)"
     lines = []
     n = len({(d.rank, d.tensor, d.statistic) for d in v.drifts})
     if v.drifts:

@@ -44,7 +44,8 @@ DEFAULTS: dict[str, Any] = {
         "attention_dropout": 0.0,
     },
     "data": {"source": "arithmetic", "train_batch_size": 4, "max_prompt_length": 16, "max_response_length": 8},
-    "trainer": {"total_training_steps": 2, "num_threads": 1},
+    # world_size is structural (in the hash when > 1); ray.* only says where the ranks run
+    "trainer": {"total_training_steps": 2, "num_threads": 1, "world_size": 1, "ray": {"num_cpus": 1, "resources": {}}},
     "actor_rollout_ref": {
         "actor": {
             "ppo_mini_batch_size": 2,
@@ -110,7 +111,7 @@ DEFAULTS: dict[str, Any] = {
             }
         },
     },
-    "tolerance": {"mode": "tolerance", "dtypes": {}, "stages": {}, "statistics": {}, "apis": {}, "metrics": {}},
+    "tolerance": {"mode": "tolerance", "dtypes": {}, "stages": {}, "statistics": {}, "apis": {}, "metrics": {}, "cross_device": {}},
 }
 
 #: Keys of the msprobe config.json that a scenario may set inline or through ``config_path``.
@@ -267,6 +268,22 @@ class Scenario:
         return tuple(range(1, total + 1)) if wanted is None else tuple(sorted(wanted))
 
     @property
+    def world_size(self) -> int:
+        """Data-parallel ranks (``trainer.world_size``); each dumps to its own ``rank<r>`` folder."""
+        return int(self.config["trainer"]["world_size"])
+
+    def ray_resources(self, device: str) -> dict[str, Any]:
+        """``ray.remote`` options for one rank's actor: ``num_cpus``, ``num_gpus`` on cuda, ``resources`` (``{"NPU": 1}`` on npu by default)."""
+        ray_cfg = self.config["trainer"]["ray"]
+        resources = dict(ray_cfg["resources"])
+        if device == "npu":
+            resources.setdefault("NPU", 1)
+        options: dict[str, Any] = {"num_cpus": ray_cfg["num_cpus"], "resources": resources}
+        if device == "cuda":
+            options["num_gpus"] = 1
+        return options
+
+    @property
     def numeric_settings(self) -> dict[str, Any]:
         """Flattened :data:`NUMERIC_SETTINGS` values; a golden keeps them to name what changed."""
         return numeric_settings(self.config)
@@ -338,6 +355,7 @@ class Scenario:
                 f"{where}: algorithm.rollout_is_threshold_lower: {lower} is above rollout_is_threshold={upper}; "
                 f"expected lower <= upper (null defaults to 1/upper)"
             )
+        self._check_world_size()
         if cfg["algorithm"]["adv_estimator"] == "grpo" and cfg["actor_rollout_ref"]["rollout"]["n"] < 2:
             raise ScenarioError(f"{where}: actor_rollout_ref.rollout.n: GRPO needs n >= 2 responses per prompt, got 1")
         m = cfg["model"]
@@ -345,6 +363,28 @@ class Scenario:
             raise ScenarioError(f"{where}: model.num_key_value_heads: must divide num_attention_heads")
         if n_seq <= 0:  # pragma: no cover - schema forbids it
             raise ScenarioError(f"{where}: data.train_batch_size: must be positive")
+
+
+    def _check_world_size(self) -> None:
+        """Every data-parallel split must be whole: the batch, each role's mini-batch, and micro-batches per rank."""
+        cfg, where, w = self.config, self.path, self.world_size
+        if w == 1:
+            return
+        n = cfg["actor_rollout_ref"]["rollout"]["n"]
+        n_seq = cfg["data"]["train_batch_size"] * n
+        if n_seq % w:
+            raise ScenarioError(
+                f"{where}: trainer.world_size: {w} must divide the batch of {n_seq} sequences (data.train_batch_size x rollout.n)"
+            )
+        for role_key, role in (("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]), ("critic", cfg["critic"])):
+            if role_key == "critic" and not self.use_critic:
+                continue
+            mini_seqs = role["ppo_mini_batch_size"] * n
+            if mini_seqs % w or (mini_seqs // w) % role["ppo_micro_batch_size_per_gpu"]:
+                raise ScenarioError(
+                    f"{where}: {role_key}.ppo_micro_batch_size_per_gpu: {role['ppo_micro_batch_size_per_gpu']} must divide the "
+                    f"per-rank mini-batch of {mini_seqs}/{w} sequences (ppo_mini_batch_size x rollout.n / trainer.world_size)"
+                )
 
 
 def display_path(path: str | Path) -> str:
@@ -412,7 +452,7 @@ NUMERIC_SETTINGS: tuple[str, ...] = (
 )
 
 #: Keys that do not change what a run computes.
-_NOT_NUMERICS = ("name", "description", "device", "tolerance", "global_profiler.steps",
+_NOT_NUMERICS = ("name", "description", "device", "tolerance", "trainer.ray", "global_profiler.steps",
                  "global_profiler.global_tool_config.precision_debugger.stages",
                  "global_profiler.global_tool_config.precision_debugger.strict",
                  "global_profiler.global_tool_config.precision_debugger.config_path",
@@ -455,4 +495,6 @@ def numeric_settings(config: dict[str, Any]) -> dict[str, Any]:
 def _scenario_hash(config: dict[str, Any]) -> str:
     """sha256 over the structural settings: model, data, shapes, algorithm choices, seed, msprobe level."""
     structural, _ = _split_settings(config)
+    if structural.get("trainer.world_size") == 1:
+        del structural["trainer.world_size"]  # the single-rank default keeps the hashes recorded before world_size existed
     return hashlib.sha256(canonical_json(structural).encode()).hexdigest()

@@ -45,12 +45,20 @@ class PrecisionOptions:
     timeout: float | None = None
     report: Path | None = None  #: directory for report.json/.md/.html (``--precision-report``)
     prune: bool = False  #: remove unused goldens on a full run (``--precision-prune``)
+    #: existing Ray cluster to submit runs to (``--precision-ray-address``); None: local subprocess / local Ray
+    ray_address: str | None = None
+    #: compare against the golden recorded on this device, with ``tolerance.cross_device`` (``--precision-golden-device``)
+    golden_device: str | None = None
+    #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
+    #: by an explicit ``--dist load`` cannot race on one run directory
+    worker_id: str | None = None
 
 
 @dataclass
 class ScenarioState:
     scenario: Scenario
     device: str
+    golden_device: str = ""  #: the device whose golden is checked (== device unless --precision-golden-device)
     future: Future | None = None
     golden: Golden | None = None
     golden_error: PrecisionError | None = None
@@ -84,6 +92,7 @@ class PrecisionSession:
         self.usage = GoldenUsage()  #: which scenarios were collected; why the run is partial
         self.on_progress: Callable[[str], None] | None = None  #: called with a line as each stage starts
         self.finish_lines: list[str] = []  #: unused goldens, pruning, report paths
+        self._merged: list[dict[str, Any]] = []  #: summary_data() of xdist workers (controller only)
 
     def _abs(self, p: Path) -> Path:
         p = Path(p)
@@ -93,14 +102,27 @@ class PrecisionSession:
     def device_for(self, scenario: Scenario) -> str:
         return scenario.config["device"] if self.options.device == "auto" else self.options.device
 
+    def device_unavailable(self, scenario: Scenario) -> str | None:
+        """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None.
+
+        An explicit ``--precision-device`` is checked once at start-up instead (a usage error), and a
+        Ray cluster (``--precision-ray-address``) is trusted to have the device the scenario asks for.
+        """
+        if self.options.device != "auto" or self.options.ray_address:
+            return None
+        from precision_harness import device_check
+
+        return device_check.unavailable_reason(self.device_for(scenario))
+
     def state(self, scenario: Scenario) -> ScenarioState:
         st = self._states.get(scenario.name)
         if st is None:
-            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=self.device_for(scenario))
+            device = self.device_for(scenario)
+            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=device, golden_device=self.options.golden_device or device)
         return st
 
     def run_dir(self, scenario: Scenario) -> Path:
-        return self.artifacts / scenario.name / "run"
+        return self.artifacts / scenario.name / ("run" if not self.options.worker_id else f"run-{self.options.worker_id}")
 
     def _needs_run(self, st: ScenarioState) -> bool:
         mode = self.options.golden_mode
@@ -112,13 +134,15 @@ class PrecisionSession:
     def _load_golden(self, st: ScenarioState) -> None:
         if st.golden is None and st.golden_error is None:
             try:
-                st.golden = self.store.load(st.scenario, st.device)
+                st.golden = self.store.load(st.scenario, st.golden_device)
             except PrecisionError as exc:
                 st.golden_error = exc
 
     def submit(self, scenario: Scenario) -> None:
         """Start ``scenario``'s run in the background if its items will need it (idempotent)."""
         st = self.state(scenario)
+        if self.device_unavailable(scenario):
+            return  # its items skip with the reason
         with st.lock:
             if st.future is not None or not self._needs_run(st):
                 return
@@ -132,7 +156,8 @@ class PrecisionSession:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         st.future = self._executor.submit(
-            run_scenario, st.scenario, out_dir=self.run_dir(st.scenario), device=st.device, timeout=self.options.timeout
+            run_scenario, st.scenario, out_dir=self.run_dir(st.scenario), device=st.device, timeout=self.options.timeout,
+            ray_address=self.options.ray_address,
         )
 
     def start(self, scenario: Scenario) -> Future:
@@ -299,10 +324,17 @@ class PrecisionSession:
             changed=self._changed(st), level=golden.manifest.get("level"),
         )
 
-    def _policy(self, st: ScenarioState) -> TolerancePolicy:
-        """The scenario's tolerance, widened by the golden's calibrated noise (if any)."""
+    @staticmethod
+    def _policy(st: ScenarioState) -> TolerancePolicy:
+        """The scenario's tolerance (its ``cross_device`` rules when the golden comes from another
+        device), widened by the golden's calibrated noise, if any."""
         assert st.golden is not None
-        return TolerancePolicy.from_config(st.scenario.config["tolerance"]).with_noise(st.golden.manifest.get("noise"))
+        tolerance = st.scenario.config["tolerance"]
+        if st.golden_device != st.device:
+            base = TolerancePolicy.cross_device_from_config(tolerance)
+        else:
+            base = TolerancePolicy.from_config(tolerance)
+        return base.with_noise(st.golden.manifest.get("noise"))
 
     def _check_metrics(self, st: ScenarioState) -> Outcome:
         golden, scenario = st.golden, st.scenario
@@ -321,27 +353,50 @@ class PrecisionSession:
             return p
 
     # -------------------------------------------------------------------------------- summary
-    def summary_lines(self) -> list[str]:
-        """Terminal-summary lines: goldens recorded, stage counts, run wall times."""
-        lines = []
+    def summary_data(self) -> dict[str, Any]:
+        """This process's share of the summary as plain JSON (what an xdist worker sends to the controller).
+
+        Keys: ``recorded`` ``[[scenario, golden path, "recorded"|"unchanged", churn lines]]``, ``outcomes``
+        ``[[scenario, passed, kind, text]]``, ``runs`` ``[[scenario, device, wall_s, run dir, timing text,
+        compare_s]]``. A summary
+        that must add up over workers takes its inputs from here, never from ``_states``.
+        """
+        recorded, runs = [], []
         for name, st in sorted(self._states.items()):
             if st.recorded:
-                lines.append(f"golden {st.recorded}: {self._rel(self.store.path(name, st.device))}")
-                lines += churn_lines(st.churn or [])
-        outs = [o for _, o in self.outcomes]
-        if outs:
-            identical = sum(o.kind == "identical" for o in outs)
-            compared = sum(o.kind == "compared" for o in outs)
-            recorded = sum(o.kind == "recorded" for o in outs)
-            failed = sum(not o.passed for o in outs)
-            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not recorded else [f"{recorded} recorded"]
-            lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
-        for name, st in sorted(self._states.items()):
+                recorded.append([name, str(self._rel(self.store.path(name, st.device))), st.recorded, churn_lines(st.churn or [])])
             if st.future is not None and st.future.done() and st.future.exception() is None:
                 run = st.future.result()
                 profiled = {f"step_{a}/{b}" for a in st.scenario.steps for b in st.scenario.stages}
                 timing = progress.timing_line(run.manifest, profiled=profiled)
-                lines.append(f"{name} on {st.device}: run {run.wall_s:.1f} s ({timing}), compare {st.compare_s:.1f} s -> {self._rel(run.run_dir)}")
+                runs.append([name, st.device, run.wall_s, str(self._rel(run.run_dir)), timing, st.compare_s])
+        outcomes = [[name, o.passed, o.kind, o.text] for name, o in self.outcomes]
+        return {"recorded": recorded, "outcomes": outcomes, "runs": runs}
+
+    def merge_summary(self, data: dict[str, Any]) -> None:
+        """Add a worker's :meth:`summary_data` (pytest-xdist ``workeroutput``) to this controller's summary."""
+        self._merged.append(data)
+
+    def summary_lines(self) -> list[str]:
+        """Terminal-summary lines: goldens recorded (with churn), item counts, run and compare times,
+        then unused goldens and report paths; merged over xdist workers."""
+        parts = [self.summary_data(), *self._merged]
+        recorded = sorted((r for d in parts for r in d["recorded"]), key=lambda r: r[0])
+        outs = [o for d in parts for o in d["outcomes"]]
+        runs = sorted((r for d in parts for r in d["runs"]), key=lambda r: r[0])
+        lines: list[str] = []
+        for _, path, state, churn in recorded:
+            lines.append(f"golden {state}: {path}")
+            lines += churn
+        if outs:
+            identical = sum(kind == "identical" for _, _, kind, _ in outs)
+            compared = sum(kind == "compared" for _, _, kind, _ in outs)
+            n_recorded = sum(kind == "recorded" for _, _, kind, _ in outs)
+            failed = sum(not passed for _, passed, _, _ in outs)
+            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not n_recorded else [f"{n_recorded} recorded"]
+            lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
+        for name, device, wall_s, run_dir, timing, compare_s in runs:
+            lines.append(f"{name} on {device}: run {wall_s:.1f} s ({timing}), compare {compare_s:.1f} s -> {run_dir}")
         return lines + self.finish_lines
 
     # ----------------------------------------------------------------------- reports, unused goldens

@@ -41,6 +41,16 @@ DTYPE_DEFAULTS: dict[str, Tol] = {
     "float16": Tol(1e-3, 1e-5),
 }
 EXACT = Tol(0.0, 0.0)
+#: Defaults when the golden was recorded on another device (``--precision-golden-device``): kernels
+#: differ (NPU vs GPU vs CPU matmul tiling, fused softmax), so fp32 gets msprobe's "one per mille"
+#: and half types twice their same-device rtol. A scenario's ``tolerance.cross_device`` overrides these.
+CROSS_DEVICE_DTYPES: dict[str, dict[str, float]] = {
+    "float64": {"rtol": 1e-6, "atol": 1e-7},
+    "float32": {"rtol": 1e-3, "atol": 1e-5},
+    "bfloat16": {"rtol": 3.2e-2, "atol": 1e-5},
+    "float16": {"rtol": 2e-3, "atol": 1e-5},
+}
+CROSS_DEVICE_METRICS: dict[str, dict[str, float]] = {"*": {"rtol": 1e-3, "atol": 1e-5}}
 #: metrics.jsonl values are python floats computed in fp32.
 METRIC_DEFAULT = DTYPE_DEFAULTS["float32"]
 
@@ -97,6 +107,22 @@ class TolerancePolicy:
         if not noise or self.exact:
             return self
         return replace(self, noise=dict(noise.get("stages", {})), noise_k=float(noise.get("k", 0.0)))
+    @classmethod
+    def cross_device_from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
+        """Policy against a golden recorded on another device: ``tolerance.cross_device`` over :data:`CROSS_DEVICE_DTYPES`.
+
+        The same-device rules are not inherited (a bitwise or tight same-device rule says nothing
+        about another device's kernels); ``mode`` defaults to ``tolerance``.
+        """
+        cross = dict((section or {}).get("cross_device") or {})
+        return cls(
+            mode=cross.get("mode", "tolerance"),
+            dtypes={**CROSS_DEVICE_DTYPES, **cross.get("dtypes", {})},
+            stages=dict(cross.get("stages", {})),
+            statistics=dict(cross.get("statistics", {})),
+            apis=dict(cross.get("apis", {})),
+            metrics={**cross.get("metrics", {}), **{k: v for k, v in CROSS_DEVICE_METRICS.items() if k not in cross.get("metrics", {})}},
+        )
 
     @property
     def exact(self) -> bool:

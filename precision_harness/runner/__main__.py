@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 _T0 = time.perf_counter()
 
@@ -37,10 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(scenario_path: Path, *, out: Path, device: str | None, dump: bool, rank: int = 0) -> dict:
+def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool, rank: int = 0) -> dict:
+    """Run one scenario (a YAML path, or an already loaded ``Scenario`` as Ray actors get it) into ``out``.
+
+    Multi-rank runs call this once per rank, after joining the process group (``ray_launch``).
+    """
     from precision_harness.scenario import Scenario
 
-    scenario = Scenario.load(scenario_path)
+    scenario = scenario_path if isinstance(scenario_path, Scenario) else Scenario.load(scenario_path)
     device = device or scenario.config["device"]
     if dump:
         try:
@@ -70,6 +75,8 @@ def run(scenario_path: Path, *, out: Path, device: str | None, dump: bool, rank:
         "device": device,
         "level": scenario.level,
         "dump": dump,
+        "rank": rank,
+        "world_size": scenario.config["trainer"]["world_size"],
         "env": devices.fingerprint(device, scenario.config["trainer"]["num_threads"]),
         "steps": list(scenario.steps),
         "stages": list(scenario.stages),

@@ -6,6 +6,9 @@ Semantics follow verl's ``workers/actor/dp_actor.py`` and ``workers/critic/dp_cr
 mini-batches of ``ppo_mini_batch_size x n`` sequences in order (no shuffle), micro-batches of
 ``ppo_micro_batch_size_per_gpu``, loss scaled by ``micro / mini`` for gradient accumulation, grad-norm
 clipping, one optimizer step per mini-batch, ``ppo_epochs`` passes.
+With ``trainer.world_size > 1`` the ``dp`` decorators (``runner/distributed.py``) give each rank its
+shard of the batch, gather no-grad results back and all-reduce gradients before every optimizer step;
+mini-batches are then ``ppo_mini_batch_size x n / world_size`` sequences per rank, as in verl.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from precision_harness.runner import algorithms as core_algos
+from precision_harness.runner import distributed as dp
 
 Batch = dict[str, torch.Tensor]
 
@@ -44,6 +48,7 @@ def forward_log_prob(model: torch.nn.Module, mb: Batch, *, temperature: float, c
 
 
 @torch.no_grad()
+@dp.dp_compute
 def compute_log_prob(model: torch.nn.Module, batch: Batch, *, micro_batch_size: int, temperature: float, calculate_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Micro-batched no-grad log-probs (and entropy), ``(B, R)`` each (verl ``compute_log_prob``)."""
     keys = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -56,6 +61,7 @@ def compute_log_prob(model: torch.nn.Module, batch: Batch, *, micro_batch_size: 
 
 
 @torch.no_grad()
+@dp.dp_compute
 def compute_values(critic: torch.nn.Module, batch: Batch, *, micro_batch_size: int) -> torch.Tensor:
     """Values ``(B, R)`` from the critic's value head, zero outside ``response_mask`` (verl ``compute_values``)."""
     keys = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -67,6 +73,7 @@ def compute_values(critic: torch.nn.Module, batch: Batch, *, micro_batch_size: i
 
 
 @torch.no_grad()
+@dp.dp_compute
 def compute_rm_score(reward_model: torch.nn.Module, batch: Batch, *, micro_batch_size: int) -> torch.Tensor:
     """Sequence scores ``(B,)`` from the reward model's last non-pad token (verl ``RewardModelWorker.compute_rm_score``)."""
     keys = ("input_ids", "attention_mask", "position_ids")
@@ -84,6 +91,7 @@ def _mini_batches(batch: Batch, keys: tuple[str, ...], mini_seqs: int, epochs: i
 
 
 def _step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    dp.average_gradients(params)  # data parallel: mean over ranks before clipping (no-op with one rank)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=grad_clip)
     if torch.isfinite(grad_norm):
         optimizer.step()
@@ -99,6 +107,7 @@ def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: float(sum(v) / len(v)) for k, v in acc.items()}
 
 
+@dp.dp_update
 def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int) -> dict[str, float]:
     """PPO value-function update (verl ``DataParallelPPOCritic.update_critic``).
 
@@ -106,7 +115,7 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
     ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``.
     """
     critic.train()
-    mini_seqs, micro = cfg["ppo_mini_batch_size"] * n, cfg["ppo_micro_batch_size_per_gpu"]
+    mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
     keys = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in critic.parameters() if p.requires_grad]
@@ -125,6 +134,7 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
     return _mean_metrics(metrics)
 
 
+@dp.dp_update
 def actor_update(
     actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int, temperature: float,
     trace: dict[str, torch.Tensor] | None = None,
@@ -141,7 +151,7 @@ def actor_update(
     policy they must equal ``old_log_probs`` of the same rows (verl issue #2996).
     """
     actor.train()
-    mini_seqs, micro = cfg["ppo_mini_batch_size"] * n, cfg["ppo_micro_batch_size_per_gpu"]
+    mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
     keys = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages", "ref_log_prob", "rollout_is_weights")
     entropy_coeff, use_kl_loss = cfg["entropy_coeff"], cfg["use_kl_loss"]
     metrics: dict[str, list[float]] = defaultdict(list)

@@ -20,6 +20,7 @@ import torch
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
 from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 
 
@@ -164,6 +165,7 @@ class Trainer:
                 token_level_rewards=token_level_rewards, response_mask=mask, index=uids, norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
         batch["advantages"], batch["returns"] = advantages, returns
+        batch = perturb_for_test(batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
 
         if self.critic is not None:
             with self.stage(step, "critic_update", self.critic):
@@ -225,6 +227,6 @@ class Trainer:
         """Run every step, appending one JSON object per step to ``metrics.jsonl``."""
         with open(self.out_dir / "metrics.jsonl", "w", encoding="utf-8") as fh:
             for step in range(1, self.cfg["trainer"]["total_training_steps"] + 1):
-                metrics = self.train_step(step)
+                metrics = reduce_metrics(self.train_step(step))  # mean over ranks; unchanged with one rank
                 fh.write(json.dumps(metrics, sort_keys=True) + "\n")
                 fh.flush()
