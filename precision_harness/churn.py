@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from precision_harness.compare import load_dump, rank_dirs, sha256_file
+from precision_harness.compare import iter_tensors, load_dump, rank_dirs, sha256_file
 from precision_harness.tolerance import STATISTICS, relative_change
 
 
@@ -35,19 +35,6 @@ class ChurnRow:
         d = asdict(self)
         d["max_rel"] = {k: (v if math.isfinite(v) else None) for k, v in self.max_rel.items()}
         return d
-
-
-def _tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(path, tensor-stats dict)`` for every tensor entry below an API's dump.json node."""
-    if isinstance(node, dict):
-        if "Max" in node and "dtype" in node:
-            yield path, node
-            return
-        for key, value in node.items():
-            yield from _tensors(value, f"{path}.{key}")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _tensors(value, f"{path}.{i}")
 
 
 def _numel(shape: Any) -> int:
@@ -75,9 +62,9 @@ def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> N
     for api, node in new_data.items():
         if api not in old_data:
             continue
-        old_tensors = dict(_tensors(old_data[api]))
+        old_tensors = dict(iter_tensors(old_data[api]))
         changed = False
-        for path, tensor in _tensors(node):
+        for path, tensor in iter_tensors(node):
             old_tensor = old_tensors.get(path)
             if old_tensor is None or tensor.get("dtype") != old_tensor.get("dtype") or tensor.get("shape") != old_tensor.get("shape"):
                 changed = True

@@ -20,7 +20,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
 from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
@@ -108,6 +108,20 @@ def load_dump(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise GoldenCorruptError(f"{path}: no 'data' mapping; not an msprobe dump.json")
     return data
+
+
+def iter_tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(path, statistics entry)`` of every tensor below a dump.json API entry (inputs, kwargs,
+    outputs), e.g. ``("output.0", {"dtype": ..., "Max": ...})``; paths are stable keys between dumps."""
+    if isinstance(node, dict):
+        if "dtype" in node and "Max" in node:
+            yield path, node
+            return
+        for key, value in node.items():
+            yield from iter_tensors(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from iter_tensors(value, f"{path}.{i}" if path else str(i))
 
 
 def count_statistics(dump: dict[str, Any]) -> int:

@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from precision_harness.compare import load_dump, read_metrics
+from precision_harness.compare import iter_tensors, load_dump, read_metrics
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import DTYPE_DEFAULTS, STATISTICS, Tol
 
@@ -119,19 +119,6 @@ def _families(dump: Mapping[str, Any]) -> dict[str, list[tuple[str, Any]]]:
     return out
 
 
-def _tensors(node: Any, path: str = "") -> Iterable[tuple[str, dict[str, Any]]]:
-    """``(path, statistics entry)`` of every tensor in an API entry (inputs, kwargs, outputs)."""
-    if isinstance(node, dict):
-        if "dtype" in node and "Max" in node:
-            yield path, node
-            return
-        for key, value in node.items():
-            yield from _tensors(value, f"{path}.{key}" if path else key)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _tensors(value, f"{path}.{i}")
-
-
 def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any], *, where: str = "") -> int:
     """Raise unless two log-prob stages ran bit-identical computations on identical weights.
 
@@ -164,7 +151,7 @@ def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any
     checked, diffs = 0, []
     for family in compared:
         for (name, a_entry), (_, r_entry) in zip(fa[family], fr[family]):
-            a_t, r_t = dict(_tensors(a_entry)), dict(_tensors(r_entry))
+            a_t, r_t = dict(iter_tensors(a_entry)), dict(iter_tensors(r_entry))
             for path in sorted(set(a_t) | set(r_t)):
                 a, r = a_t.get(path), r_t.get(path)
                 if a is None or r is None or a["dtype"] != r["dtype"] or a["shape"] != r["shape"]:
