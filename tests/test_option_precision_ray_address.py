@@ -75,11 +75,18 @@ def test_remote_run_is_compared_locally_and_matches_the_local_golden(project: py
 
 
 def test_cli_run_with_ray_address(project: pytest.Pytester, ray_cluster: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "precision_harness.cli", "run", "scenarios/tiny_ppo.yaml", "--ray-address", ray_cluster],
+    """``precision-harness run --ray-address`` runs on the cluster; ``compare`` then finds it identical to the golden."""
+    cli = [sys.executable, "-m", "precision_harness.cli"]
+    proc = subprocess.run([*cli, "run", "scenarios/tiny_ppo.yaml", "--out", "remote_run", "--ray-address", ray_cluster],
+                          cwd=project.path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads((project.path / "remote_run/run.json").read_text())
+    assert run["ray"]["address"] == ray_cluster
+    proc = subprocess.run([*cli, "compare", "remote_run", "golden/tiny_ppo/cpu", "--scenario", "scenarios/tiny_ppo.yaml"],
                           cwd=project.path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("PASS ") == 11
-    assert "PASS actor_update @ step_2, rank0: " in proc.stdout
+    assert "PASS actor_update @ step_2, rank0: " in proc.stdout and "identical to the golden (sha256)" in proc.stdout
 
 
 def test_resources_the_cluster_lacks_fail_clearly(pytester: pytest.Pytester, ray_cluster: str) -> None:
