@@ -62,7 +62,7 @@ def test_compare_verl_multi_rank_layout(tmp_path: Path) -> None:
     shutil.rmtree(missing)
     proc = cli("compare", "profile", "golden", cwd=tmp_path)
     assert proc.returncode == 1
-    assert "FAIL actor_update @ step_3, rank0, rank1: 1 structural difference(s) from the golden" in proc.stdout
+    assert "FAIL actor_update @ step_3, rank1 (differs on rank1 of 2 ranks): 1 structural difference(s) from the golden" in proc.stdout
     assert "rank1: in the golden but missing from this run" in proc.stdout
 
 
