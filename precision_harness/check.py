@@ -6,7 +6,6 @@ verdict, text, artifacts and msprobe analysis are the plugin's (STYLE.md: "one p
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +87,3 @@ def check_metrics(
     text = report.metrics_text(verdict, rerun=None if verdict.passed else rerun, policy_exact=policy.exact, changed=None if verdict.passed else changed)
     return Outcome(verdict.passed, text, "compared", verdict, seconds=time.perf_counter() - t0)
 
-
-def finite_or_none(x: float) -> float | None:
-    """JSON has no infinity: ``inf``/``nan`` become None (a structural, always-failing difference)."""
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

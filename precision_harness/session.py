@@ -146,13 +146,19 @@ class PrecisionSession:
         with st.lock:
             if st.future is not None or not self._needs_run(st):
                 return
-            if not msprobe_available():
-                st.golden_error = ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
-                return
-            self._start(st)
+            try:
+                self._start(st)
+            except ProbeUnavailableError as exc:
+                st.golden_error = exc  # every item of the scenario reports it
 
     def _start(self, st: ScenarioState) -> None:
-        """Submit ``st``'s worker run to the thread pool (caller holds ``st.lock``)."""
+        """Submit ``st``'s worker run to the thread pool (caller holds ``st.lock``).
+
+        Raises:
+            ProbeUnavailableError: msprobe is not installed.
+        """
+        if not msprobe_available():
+            raise ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         st.future = self._executor.submit(
@@ -171,8 +177,6 @@ class PrecisionSession:
         st = self.state(scenario)
         with st.lock:
             if st.future is None:
-                if not msprobe_available():
-                    raise ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
                 self._start(st)
             assert st.future is not None
             return st.future

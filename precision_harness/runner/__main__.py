@@ -56,7 +56,7 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
     from precision_harness.runner.trainer import Trainer
 
     t_setup = time.perf_counter()
-    trainer = Trainer(scenario.config, out_dir=out, device=device, profiled_steps=scenario.steps, profiled_stages=scenario.stages)
+    trainer = Trainer(scenario, out_dir=out, device=device)
     trainer.setup()
     if dump:
         from precision_harness.runner.probe import StageProbe

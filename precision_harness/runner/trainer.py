@@ -22,14 +22,19 @@ from precision_harness.runner import data as data_mod
 from precision_harness.runner import devices, models, rollout, stages
 from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+from precision_harness.scenario import Scenario
 
 
 class Trainer:
-    """Runs one scenario (a resolved config dict, see ``precision_harness.scenario``) in this process."""
+    """Runs one :class:`~precision_harness.scenario.Scenario` in this process.
 
-    def __init__(self, scenario: dict[str, Any], *, out_dir: Path, device: str, profiled_steps: tuple[int, ...], profiled_stages: tuple[str, ...]) -> None:
-        self.cfg, self.out_dir, self.device_name = scenario, Path(out_dir), device
-        self.profiled_steps, self.profiled_stages = set(profiled_steps), set(profiled_stages)
+    Which roles exist (critic, reference, reward model) and which (step, stage) pairs are profiled
+    come from the Scenario, the same answers the plugin collects items from.
+    """
+
+    def __init__(self, scenario: Scenario, *, out_dir: Path, device: str) -> None:
+        self.scenario, self.cfg, self.out_dir, self.device_name = scenario, scenario.config, Path(out_dir), device
+        self.profiled_steps, self.profiled_stages = set(scenario.steps), set(scenario.stages)
         self.timings: dict[str, float] = {}
         #: a :class:`~precision_harness.runner.probe.StageProbe`, or None to run without dumps
         self.probe: Any = None
@@ -44,12 +49,12 @@ class Trainer:
         self.rollout_dtype = models.DTYPES[cfg["actor_rollout_ref"]["rollout"]["dtype"]]
         self.actor = models.build_actor(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device, self.actor_dtype)
         self.actor_optim = self._optimizer(self.actor, actor_cfg["optim"])
-        self.ref = models.frozen_copy(self.actor) if self._use_reference() else None
+        self.ref = models.frozen_copy(self.actor) if self.scenario.use_reference else None
         self.critic = self.critic_optim = self.reward_model = None
-        if self._use_critic():
+        if self.scenario.use_critic:
             self.critic = models.build_critic(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device)
             self.critic_optim = self._optimizer(self.critic, cfg["critic"]["optim"])
-        if cfg["reward_model"]["enable"]:
+        if self.scenario.use_reward_model:
             self.reward_model = models.frozen_copy(models.build_reward_model(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device))
         algo = cfg["algorithm"]
         kc = algo["kl_ctrl"]
@@ -63,13 +68,6 @@ class Trainer:
     @staticmethod
     def _optimizer(model: torch.nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=optim["lr"], betas=tuple(optim["betas"]), weight_decay=optim["weight_decay"], eps=optim["eps"], foreach=False)
-
-    def _use_critic(self) -> bool:
-        enable = self.cfg["critic"]["enable"]
-        return self.cfg["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
-
-    def _use_reference(self) -> bool:
-        return bool(self.cfg["algorithm"]["use_kl_in_reward"] or self.cfg["actor_rollout_ref"]["actor"]["use_kl_loss"])
 
     # ------------------------------------------------------------------------------------ stages
     @contextmanager
