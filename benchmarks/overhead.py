@@ -15,6 +15,7 @@ gate's wall time. Nothing is asserted: this is a measurement, not a test.
 
 Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,17 @@ def best(fn, repeat: int) -> float:
 
 
 def pytest_wall(args: list[str], artifacts: Path) -> float:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--precision-artifacts", str(artifacts), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--precision-artifacts",
+        str(artifacts),
+        *args,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -91,31 +102,57 @@ def main() -> None:
         device = scenario.config["device"]
         nodump = best(lambda: run_scenario(scenario, out_dir=tmp / "nodump", device=device, dump=False), args.repeat)
         dump = best(lambda: run_scenario(scenario, out_dir=tmp / "dump", device=device, dump=True), args.repeat)
-        check = best(lambda: pytest_wall([str(path.relative_to(REPO)), "--precision-jobs", "1"], tmp / "art"), args.repeat)
+        check = best(
+            lambda: pytest_wall([str(path.relative_to(REPO)), "--precision-jobs", "1"], tmp / "art"), args.repeat
+        )
         # compare speed on the largest stage dump of step 1
-        stage = max(scenario.stages, key=lambda s: next((tmp / "dump" / f"step_1/{s}").glob("step0/rank*/dump.json")).stat().st_size)
+        stage = max(
+            scenario.stages,
+            key=lambda s: next((tmp / "dump" / f"step_1/{s}").glob("step0/rank*/dump.json")).stat().st_size,
+        )
         golden_stage = REPO / "golden" / scenario.name / device / "step_1" / stage
         target = perturbed_copy(tmp / "dump" / "step_1" / stage, tmp / f"perturbed_{scenario.name}")
-        ours = best(lambda: compare_stage(target, golden_stage, scenario=scenario.name, step=1, stage=stage, policy=TolerancePolicy()), args.repeat + 1)
+        ours = best(
+            lambda: compare_stage(
+                target, golden_stage, scenario=scenario.name, step=1, stage=stage, policy=TolerancePolicy()
+            ),
+            args.repeat + 1,
+        )
 
         def cli() -> None:
             out = tmp / "cli_out"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            subprocess.run([msprobe_cli(), "compare", "-tp", str(next(target.glob("step0/rank*/dump.json"))),
-                            "-gp", str(next(golden_stage.glob("step0/rank*/dump.json"))), "-o", str(out)],
-                           capture_output=True, check=True, cwd=tmp)
+            subprocess.run(
+                [
+                    msprobe_cli(),
+                    "compare",
+                    "-tp",
+                    str(next(target.glob("step0/rank*/dump.json"))),
+                    "-gp",
+                    str(next(golden_stage.glob("step0/rank*/dump.json"))),
+                    "-o",
+                    str(out),
+                ],
+                capture_output=True,
+                check=True,
+                cwd=tmp,
+            )
 
         cli_s = best(cli, args.repeat)
         rows.append((scenario.name, nodump, dump, check, stage, ours, cli_s, golden_size(scenario.name)))
     gate = pytest_wall(["scenarios", "precision_tests"], tmp / "art_gate")
     shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"{'scenario':<22}{'no-dump s':>10}{'dump s':>9}{'check s':>9}{'dump/no-dump':>14}{'check/dump':>12}"
-          f"{'stage':>24}{'ours s':>8}{'CLI s':>8}{'speed-up':>10}{'golden MB':>11}")
+    print(
+        f"{'scenario':<22}{'no-dump s':>10}{'dump s':>9}{'check s':>9}{'dump/no-dump':>14}{'check/dump':>12}"
+        f"{'stage':>24}{'ours s':>8}{'CLI s':>8}{'speed-up':>10}{'golden MB':>11}"
+    )
     for name, nodump, dump, check, stage, ours, cli_s, size in rows:
-        print(f"{name:<22}{nodump:>10.2f}{dump:>9.2f}{check:>9.2f}{dump / nodump:>14.2f}{check / dump:>12.3f}"
-              f"{stage:>24}{ours:>8.3f}{cli_s:>8.2f}{cli_s / ours:>9.1f}x{size / 1e6:>11.2f}")
+        print(
+            f"{name:<22}{nodump:>10.2f}{dump:>9.2f}{check:>9.2f}{dump / nodump:>14.2f}{check / dump:>12.3f}"
+            f"{stage:>24}{ours:>8.3f}{cli_s:>8.2f}{cli_s / ours:>9.1f}x{size / 1e6:>11.2f}"
+        )
     n_all = len(list((REPO / "scenarios").glob("*.yaml")))
     print(f"gate (pytest scenarios precision_tests, all {n_all} scenarios): {gate:.1f} s wall")
 

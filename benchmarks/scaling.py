@@ -16,6 +16,7 @@ Printed as ratios (wall-clock, best of ``--repeats``), because absolute seconds 
   on a fresh local Ray instance (``ray.init`` + one actor + fetching the dumps back); the Ray
   start-up share (``run.json`` ``ray.startup_s``) is printed as a fraction of the Ray run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,9 @@ def _timed(cmd: list[str], *, cwd: Path = ROOT) -> float:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        sys.exit(f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return wall
 
 
@@ -45,8 +48,25 @@ def gate_seconds(scenarios: list[str], *, extra: list[str], repeats: int) -> flo
     for _ in range(repeats):
         artifacts = tempfile.mkdtemp(prefix="precision_bench_")
         try:
-            best = min(best, _timed([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                                     "--precision-artifacts", artifacts, *scenarios, *extra]))
+            best = min(
+                best,
+                _timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pytest",
+                        "-q",
+                        "-p",
+                        "no:randomly",
+                        "-p",
+                        "no:cacheprovider",
+                        "--precision-artifacts",
+                        artifacts,
+                        *scenarios,
+                        *extra,
+                    ]
+                ),
+            )
         finally:
             shutil.rmtree(artifacts, ignore_errors=True)
     return best
@@ -65,7 +85,18 @@ def ray_overhead(scenario: str, *, repeats: int) -> tuple[float, float, float]:
             local = min(local, run_scenario(sc, out_dir=out / "local", device="cpu").wall_s)
             # world_size 1 through the Ray driver with no address: a fresh local Ray instance, as multi-rank runs get
             t0 = time.perf_counter()
-            _timed([sys.executable, "-m", "precision_harness.ray_launch", str(ROOT / scenario), "--out", str(out / "ray"), "--device", "cpu"])
+            _timed(
+                [
+                    sys.executable,
+                    "-m",
+                    "precision_harness.ray_launch",
+                    str(ROOT / scenario),
+                    "--out",
+                    str(out / "ray"),
+                    "--device",
+                    "cpu",
+                ]
+            )
             ray = min(ray, time.perf_counter() - t0)
             startup = min(startup, json.loads((out / "ray" / "run.json").read_text())["ray"]["startup_s"])
         finally:
@@ -75,7 +106,9 @@ def ray_overhead(scenario: str, *, repeats: int) -> tuple[float, float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", help="scenario files for the gate measurement (default: scenarios/*.yaml)")
+    parser.add_argument(
+        "scenarios", nargs="*", help="scenario files for the gate measurement (default: scenarios/*.yaml)"
+    )
     parser.add_argument("-n", type=int, default=2, help="xdist workers (default 2)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--ray-scenario", default="scenarios/grpo_tiny.yaml")
@@ -87,12 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         one = gate_seconds(scenarios, extra=["--precision-jobs", "1"], repeats=args.repeats)
         serial = gate_seconds(scenarios, extra=[], repeats=args.repeats)
         xdist = gate_seconds(scenarios, extra=["-n", str(args.n)], repeats=args.repeats)
-        print(f"gate over {len(scenarios)} scenarios: --precision-jobs 1 {one:.1f} s, serial {serial:.1f} s, -n {args.n} {xdist:.1f} s")
-        print(f"xdist speed-up (serial / -n {args.n}): {serial / xdist:.2f}x;  vs one scenario at a time: {one / xdist:.2f}x")
+        print(
+            f"gate over {len(scenarios)} scenarios: --precision-jobs 1 {one:.1f} s, serial {serial:.1f} s, -n {args.n} {xdist:.1f} s"
+        )
+        print(
+            f"xdist speed-up (serial / -n {args.n}): {serial / xdist:.2f}x;  vs one scenario at a time: {one / xdist:.2f}x"
+        )
     if not args.skip_ray:
         local, ray, startup = ray_overhead(args.ray_scenario, repeats=args.repeats)
-        print(f"{args.ray_scenario}: local subprocess {local:.1f} s, local Ray instance {ray:.1f} s (ray.init {startup:.1f} s)")
-        print(f"Ray overhead (Ray run / local subprocess): {ray / local:.2f}x;  Ray start-up share of the Ray run: {startup / ray:.0%}")
+        print(
+            f"{args.ray_scenario}: local subprocess {local:.1f} s, local Ray instance {ray:.1f} s (ray.init {startup:.1f} s)"
+        )
+        print(
+            f"Ray overhead (Ray run / local subprocess): {ray / local:.2f}x;  Ray start-up share of the Ray run: {startup / ray:.0%}"
+        )
     return 0
 
 

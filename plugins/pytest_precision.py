@@ -5,6 +5,7 @@ into items (one per (step, stage) plus one for ``metrics.jsonl``), the public ``
 fixture, and the terminal summary. The work is done by
 :class:`precision_harness.session.PrecisionSession`. This module never imports torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Register ``--precision-*`` options and ini keys."""
     group = parser.getgroup("precision", "pytest-precision: msprobe stage gate")
     options.add_pytest_options(group, parser)
-    parser.addini("precision_scenario_dirs", "directory names whose *.yaml files are scenarios", type="args", default=["scenarios"])
+    parser.addini(
+        "precision_scenario_dirs",
+        "directory names whose *.yaml files are scenarios",
+        type="args",
+        default=["scenarios"],
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,7 +44,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", {}).get("precision_dist") == "loadgroup":
         config.option.loadgroup = True  # read by xdist's worker when it collects
     precision = config.stash[_SESSION_KEY] = PrecisionSession(precision_options, rootdir=config.rootpath)
-    for flag, why in (("keyword", "-k"), ("markexpr", "-m"), ("ignore", "--ignore"), ("ignore_glob", "--ignore-glob"), ("lf", "--lf")):
+    for flag, why in (
+        ("keyword", "-k"),
+        ("markexpr", "-m"),
+        ("ignore", "--ignore"),
+        ("ignore_glob", "--ignore-glob"),
+        ("lf", "--lf"),
+    ):
         if getattr(config.option, flag, None):
             precision.usage.mark_partial(f"{why} given")
     if not _is_xdist_worker(config):
@@ -67,7 +79,9 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 def pytest_deselected(items: list[pytest.Item]) -> None:
     """A deselected item makes the run partial: no golden is called unused."""
     if items:
-        items[0].config.stash[_SESSION_KEY].usage.mark_partial(f"{len(items)} item{'s' if len(items) != 1 else ''} deselected")
+        items[0].config.stash[_SESSION_KEY].usage.mark_partial(
+            f"{len(items)} item{'s' if len(items) != 1 else ''} deselected"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -129,7 +143,9 @@ def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None
     if options.device != "auto" and not options.ray_address and not is_worker:
         reason = device_check.unavailable_reason(options.device)
         if reason:
-            raise pytest.UsageError(f"--precision-device {options.device}: {reason.removeprefix(f'device {options.device}: ')}")
+            raise pytest.UsageError(
+                f"--precision-device {options.device}: {reason.removeprefix(f'device {options.device}: ')}"
+            )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -138,7 +154,11 @@ def pytest_cmdline_main(config: pytest.Config) -> Any:
 
     A wrapper, so it runs before xdist's own (tryfirst) hook turns ``-n`` into ``--dist load``.
     """
-    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no" and not getattr(config.option, "distload", False):
+    if (
+        getattr(config.option, "numprocesses", None)
+        and getattr(config.option, "dist", None) == "no"
+        and not getattr(config.option, "distload", False)
+    ):
         config.option.dist = "loadgroup"
     return (yield)
 
@@ -177,7 +197,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect ``*.yaml`` files inside a directory named in ``precision_scenario_dirs``."""
-    if file_path.suffix in (".yaml", ".yml") and file_path.parent.name in parent.config.getini("precision_scenario_dirs"):
+    if file_path.suffix in (".yaml", ".yml") and file_path.parent.name in parent.config.getini(
+        "precision_scenario_dirs"
+    ):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 
@@ -257,12 +279,16 @@ class ScenarioFile(pytest.File):
         usage.names.add(scenario.name)
         usage.files.add(str(self.path.resolve()))
         for stage in scenario.ignored_stages:
-            self.warn(pytest.PytestWarning(
-                f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
-            ))
+            self.warn(
+                pytest.PytestWarning(
+                    f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
+                )
+            )
         for step in scenario.steps:
             for stage in scenario.stages:
-                yield StageItem.from_parent(self, name=f"{stage}[step_{step}]", scenario=scenario, step=step, stage=stage)
+                yield StageItem.from_parent(
+                    self, name=f"{stage}[step_{step}]", scenario=scenario, step=step, stage=stage
+                )
         yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
 
 
@@ -285,7 +311,13 @@ class PrecisionItem(pytest.Item):
         if reason:
             pytest.skip(f"{self.scenario.name}: {reason}")
         outcome = precision.outcome(self.scenario, **where)
-        record = self.stash[_RECORD_KEY] = precision.record(nodeid=self.nodeid, scenario=self.scenario, step=where.get("step"), stage=where.get("stage"), outcome=outcome)
+        record = self.stash[_RECORD_KEY] = precision.record(
+            nodeid=self.nodeid,
+            scenario=self.scenario,
+            step=where.get("step"),
+            stage=where.get("stage"),
+            outcome=outcome,
+        )
         self.user_properties.append(("precision_verdict", outcome.kind))
         if outcome.verdict is not None and hasattr(outcome.verdict, "worst_ratio"):
             self.user_properties.append(("precision_worst_ratio", f"{outcome.verdict.worst_ratio:.6g}"))

@@ -21,6 +21,7 @@ Choice of k and floor (Megatron: k = 1.5 x max observed, floor 1e-3):
 Relative change is ``|x - golden| / |golden|`` (Max, Min, Norm) and ``|x - golden| / RMS`` (Mean),
 the same scales the tolerance uses; changes where the golden is 0 are left to atol.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,15 +83,31 @@ def observed_noise(runs: list[RunResult], golden: Golden, scenario: Scenario) ->
     for run in runs:
         for step in scenario.steps:
             for stage in scenario.stages:
-                row = stage_churn(scenario.name, step, stage, run.stage_dir(step, stage), golden.stage_dir(step, stage), golden.sha256(step, stage))
+                row = stage_churn(
+                    scenario.name,
+                    step,
+                    stage,
+                    run.stage_dir(step, stage),
+                    golden.stage_dir(step, stage),
+                    golden.sha256(step, stage),
+                )
                 for stat, rel in row.max_rel.items():
                     if math.isfinite(rel):
                         noise[stage][stat] = max(noise[stage][stat], _round(rel))
     return noise
 
 
-def calibrate(scenario: Scenario, golden: Golden, *, runs: int, device: str, work_dir: Path, k: float = DEFAULT_K,
-              timeout: float | None = None, on_run: Callable[[int, Variation, RunResult], None] | None = None) -> dict[str, Any]:
+def calibrate(
+    scenario: Scenario,
+    golden: Golden,
+    *,
+    runs: int,
+    device: str,
+    work_dir: Path,
+    k: float = DEFAULT_K,
+    timeout: float | None = None,
+    on_run: Callable[[int, Variation, RunResult], None] | None = None,
+) -> dict[str, Any]:
     """Rerun ``scenario`` ``runs`` times under :func:`variations`; return the manifest's ``noise`` section.
 
     Raises:

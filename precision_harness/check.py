@@ -4,6 +4,7 @@ The pytest items (through :class:`~precision_harness.session.PrecisionSession`) 
 ``precision-harness compare`` both call :func:`check_stage` and :func:`check_metrics`, so the CLI's
 verdict, text, artifacts and msprobe analysis are the plugin's (STYLE.md: "one path decides").
 """
+
 from __future__ import annotations
 
 import time
@@ -58,32 +59,60 @@ def check_stage(
     __tracebackhide__ = True
     t0 = time.perf_counter()
     verdict = compare_mod.compare_stage(
-        target_dir, golden_dir, scenario=scenario, step=step, stage=stage, policy=policy,
-        golden_sha256=golden_sha256, golden_statistics=golden_statistics, artifacts=artifacts,
+        target_dir,
+        golden_dir,
+        scenario=scenario,
+        step=step,
+        stage=stage,
+        policy=policy,
+        golden_sha256=golden_sha256,
+        golden_statistics=golden_statistics,
+        artifacts=artifacts,
     )
     answer = None
     if not verdict.passed and artifacts is not None and any(Path(target_dir).glob("step0/rank*/dump.json")):
         answer = analyze_failure(Path(target_dir), Path(golden_dir), artifacts, graph=level in GRAPH_LEVELS)
     shown = shown_artifacts or artifacts
     text = report.stage_text(
-        verdict, artifacts=None if verdict.passed else shown, rerun=None if verdict.passed else rerun,
+        verdict,
+        artifacts=None if verdict.passed else shown,
+        rerun=None if verdict.passed else rerun,
         changed=None if verdict.passed else changed,
         msprobe=answer.lines(graph_dir=(shown / "graph") if shown is not None else None) if answer else None,
     )
     if not verdict.passed and artifacts is not None:
         artifacts.mkdir(parents=True, exist_ok=True)
         (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")
-    return Outcome(verdict.passed, text, "identical" if verdict.identical else "compared", verdict, answer,
-                   seconds=time.perf_counter() - t0, artifacts=None if verdict.passed else shown)
+    return Outcome(
+        verdict.passed,
+        text,
+        "identical" if verdict.identical else "compared",
+        verdict,
+        answer,
+        seconds=time.perf_counter() - t0,
+        artifacts=None if verdict.passed else shown,
+    )
 
 
 def check_metrics(
-    target: Path, golden: Path, *, scenario: str, policy: TolerancePolicy, rerun: str | None = None, changed: list[str] | None = None,
+    target: Path,
+    golden: Path,
+    *,
+    scenario: str,
+    policy: TolerancePolicy,
+    rerun: str | None = None,
+    changed: list[str] | None = None,
 ) -> Outcome:
     """Compare two ``metrics.jsonl`` files with ``policy.for_metric``."""
     __tracebackhide__ = True
     t0 = time.perf_counter()
-    verdict = compare_mod.compare_metrics(compare_mod.read_metrics(target), compare_mod.read_metrics(golden), scenario=scenario, policy=policy)
-    text = report.metrics_text(verdict, rerun=None if verdict.passed else rerun, policy_exact=policy.exact, changed=None if verdict.passed else changed)
+    verdict = compare_mod.compare_metrics(
+        compare_mod.read_metrics(target), compare_mod.read_metrics(golden), scenario=scenario, policy=policy
+    )
+    text = report.metrics_text(
+        verdict,
+        rerun=None if verdict.passed else rerun,
+        policy_exact=policy.exact,
+        changed=None if verdict.passed else changed,
+    )
     return Outcome(verdict.passed, text, "compared", verdict, seconds=time.perf_counter() - t0)
-

@@ -6,6 +6,7 @@ Relative change is ``|new - old| / |old|`` for Max, Min and Norm and ``|new - ol
 Mean (RMS = Norm / sqrt(numel), as the tolerance judges Mean; means near 0 have no useful relative
 change). A dump whose sha256 equals the golden's is "unchanged" without being parsed.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,13 @@ def _change(stat: str, new: Any, old: Any, old_tensor: dict[str, Any]) -> float:
         return 0.0
     if stat == "Mean":
         norm = old_tensor.get("Norm")
-        if isinstance(norm, (int, float)) and math.isfinite(norm) and norm > 0 and math.isfinite(new) and math.isfinite(old):
+        if (
+            isinstance(norm, (int, float))
+            and math.isfinite(norm)
+            and norm > 0
+            and math.isfinite(new)
+            and math.isfinite(old)
+        ):
             return abs(new - old) / (norm / math.sqrt(_numel(old_tensor.get("shape"))))
     return relative_change(new, old)
 
@@ -66,7 +73,11 @@ def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> N
         changed = False
         for path, tensor in iter_tensors(node):
             old_tensor = old_tensors.get(path)
-            if old_tensor is None or tensor.get("dtype") != old_tensor.get("dtype") or tensor.get("shape") != old_tensor.get("shape"):
+            if (
+                old_tensor is None
+                or tensor.get("dtype") != old_tensor.get("dtype")
+                or tensor.get("shape") != old_tensor.get("shape")
+            ):
                 changed = True
                 continue
             for stat in STATISTICS:
@@ -77,14 +88,25 @@ def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> N
         row.changed_apis += changed
 
 
-def stage_churn(scenario: str, step: int, stage: str, new_stage: Path, old_stage: Path | None, old_sha256: dict[str, str] | None = None) -> ChurnRow:
+def stage_churn(
+    scenario: str,
+    step: int,
+    stage: str,
+    new_stage: Path,
+    old_stage: Path | None,
+    old_sha256: dict[str, str] | None = None,
+) -> ChurnRow:
     """Churn of one stage directory (``.../step_<n>/<stage>``) against the previous golden's."""
     new_ranks = rank_dirs(new_stage)
     old_ranks = rank_dirs(old_stage) if old_stage is not None else {}
     if not old_ranks:
         apis = sum(len(load_dump(p).get("data", {})) for p in new_ranks.values())
         return ChurnRow(scenario, step, stage, "new", apis=apis)
-    if old_sha256 and set(old_sha256) == set(new_ranks) and all(sha256_file(p) == old_sha256[r] for r, p in new_ranks.items()):
+    if (
+        old_sha256
+        and set(old_sha256) == set(new_ranks)
+        and all(sha256_file(p) == old_sha256[r] for r, p in new_ranks.items())
+    ):
         return ChurnRow(scenario, step, stage, "unchanged", {s: 0.0 for s in STATISTICS})
     row = ChurnRow(scenario, step, stage, "changed", {s: 0.0 for s in STATISTICS})
     for rank in sorted(set(new_ranks) | set(old_ranks)):
@@ -96,7 +118,9 @@ def stage_churn(scenario: str, step: int, stage: str, new_stage: Path, old_stage
     return row
 
 
-def run_churn(scenario: str, run_dir: Path, golden: Any | None, steps: tuple[int, ...], stages: tuple[str, ...]) -> list[ChurnRow]:
+def run_churn(
+    scenario: str, run_dir: Path, golden: Any | None, steps: tuple[int, ...], stages: tuple[str, ...]
+) -> list[ChurnRow]:
     """Churn of every profiled (step, stage) of ``run_dir`` against ``golden`` (a :class:`~precision_harness.golden.Golden` or None)."""
     rows = []
     for step in steps:
@@ -121,10 +145,20 @@ def churn_table(rows: list[ChurnRow], *, markdown: bool = False) -> list[str]:
         if r.status == "new":
             body.append([f"step_{r.step}", r.stage, "new", "", "", "", f"{r.apis} new", "", ""])
             continue
-        body.append([f"step_{r.step}", r.stage, *(_rel(r.max_rel.get(s, 0.0)) for s in STATISTICS),
-                     f"{r.changed_apis}/{r.apis}", str(len(r.new_apis)), str(len(r.removed_apis))])
+        body.append(
+            [
+                f"step_{r.step}",
+                r.stage,
+                *(_rel(r.max_rel.get(s, 0.0)) for s in STATISTICS),
+                f"{r.changed_apis}/{r.apis}",
+                str(len(r.new_apis)),
+                str(len(r.removed_apis)),
+            ]
+        )
     if markdown:
-        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(b) + " |" for b in body]
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+            "| " + " | ".join(b) + " |" for b in body
+        ]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return [fmt(header)] + [fmt(b) for b in body]

@@ -11,6 +11,7 @@ Exit codes: 0 pass, 1 drift (or a bad golden, a failed run), 2 usage (bad argume
 The compare path imports neither torch nor msprobe.pytorch. Options shared with the plugin come
 from :mod:`precision_harness.options`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = option_table.from_cli(args)
     device = scenario.config["device"] if opts.get("device", "auto") == "auto" else opts["device"]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(run_scenario, scenario, out_dir=args.out, device=device, timeout=opts.get("timeout"),
-                             ray_address=opts.get("ray_address"))
-        progress.follow(args.out, future, scenario=scenario.name, report=lambda line: _print(f"[precision] {line}"),
-                        total_steps=scenario.config["trainer"]["total_training_steps"])
+        future = pool.submit(
+            run_scenario,
+            scenario,
+            out_dir=args.out,
+            device=device,
+            timeout=opts.get("timeout"),
+            ray_address=opts.get("ray_address"),
+        )
+        progress.follow(
+            args.out,
+            future,
+            scenario=scenario.name,
+            report=lambda line: _print(f"[precision] {line}"),
+            total_steps=scenario.config["trainer"]["total_training_steps"],
+        )
         run = future.result()
-    _print(f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({progress.timing_line(run.manifest)}) -> {run.run_dir}")
+    _print(
+        f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({progress.timing_line(run.manifest)}) -> {run.run_dir}"
+    )
     return EXIT_PASS
 
 
@@ -79,11 +93,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     target, golden_dir = Path(args.target), Path(args.golden)
     for p, what in ((target, "TARGET"), (golden_dir, "GOLDEN")):
         if not p.is_dir():
-            raise UsageError(f"{p}: {what} is not a directory (expected verl's layout: step_<n>/<stage>/step0/rank<r>/dump.json)")
+            raise UsageError(
+                f"{p}: {what} is not a directory (expected verl's layout: step_<n>/<stage>/step0/rank<r>/dump.json)"
+            )
     pairs = stage_pairs(target, golden_dir)
     if not pairs:
-        raise UsageError(f"{target}, {golden_dir}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; "
-                         "point at a run directory, a golden, or verl's global_profiler.save_path (outputs/profile)")
+        raise UsageError(
+            f"{target}, {golden_dir}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; "
+            "point at a run directory, a golden, or verl's global_profiler.save_path (outputs/profile)"
+        )
     policy = TolerancePolicy()
     if args.scenario:
         policy = TolerancePolicy.from_config(Scenario.load(args.scenario).config["tolerance"])
@@ -104,19 +122,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for step, stage in pairs:
         level = _dump_level(target, golden_dir, step, stage)
         out = check_stage(
-            target / f"step_{step}" / stage, golden_dir / f"step_{step}" / stage, scenario=name, step=step, stage=stage, policy=policy,
-            golden_sha256=golden.sha256(step, stage) if golden else None, golden_statistics=golden.statistics(step, stage) if golden else None,
-            artifacts=artifacts / f"step_{step}" / stage, level=level,
+            target / f"step_{step}" / stage,
+            golden_dir / f"step_{step}" / stage,
+            scenario=name,
+            step=step,
+            stage=stage,
+            policy=policy,
+            golden_sha256=golden.sha256(step, stage) if golden else None,
+            golden_statistics=golden.statistics(step, stage) if golden else None,
+            artifacts=artifacts / f"step_{step}" / stage,
+            level=level,
         )
         failed += not out.passed
         _print(("PASS " if out.passed else "FAIL ") + out.text)
-        records.append(report.item_record(nodeid=f"{target}::step_{step}/{stage}", scenario=name, step=step, stage=stage, outcome=out))
+        records.append(
+            report.item_record(
+                nodeid=f"{target}::step_{step}/{stage}", scenario=name, step=step, stage=stage, outcome=out
+            )
+        )
     t_metrics, g_metrics = target / "metrics.jsonl", golden_dir / "metrics.jsonl"
     if t_metrics.is_file() and g_metrics.is_file():
         out = check_metrics(t_metrics, g_metrics, scenario=name, policy=policy)
         failed += not out.passed
         _print(("PASS " if out.passed else "FAIL ") + out.text)
-        records.append(report.item_record(nodeid=f"{target}::metrics", scenario=name, step=None, stage=None, outcome=out))
+        records.append(
+            report.item_record(nodeid=f"{target}::metrics", scenario=name, step=None, stage=None, outcome=out)
+        )
     _print(f"{len(records)} compared, {len(records) - failed} passed, {failed} failed")
     if opts.get("report") is not None:
         paths = report.write_report(opts["report"], report.build_report(records, mode="compare"))
@@ -185,8 +216,18 @@ def cmd_golden_list(args: argparse.Namespace) -> int:
             continue
         size = sum(f.get("bytes", 0) for f in m.get("files", {}).values()) / 2**20
         noise = m.get("noise")
-        rows.append((name, device, m.get("level", "?"), ",".join(map(str, m.get("steps", []))), str(len(m.get("stages", []))),
-                     str(len(m.get("files", {}))), f"{size:.1f}", f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no"))
+        rows.append(
+            (
+                name,
+                device,
+                m.get("level", "?"),
+                ",".join(map(str, m.get("steps", []))),
+                str(len(m.get("stages", []))),
+                str(len(m.get("files", {}))),
+                f"{size:.1f}",
+                f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         _print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -208,14 +249,27 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     store = GoldenStore(Path(opts.get("golden_dir", "golden")))
     golden = store.load(scenario, device)  # GoldenMissingError names the command that records it
     work = Path(args.work_dir or f".precision/calibrate/{scenario.name}")
-    noise = calibrate(scenario, golden, runs=args.runs, device=device, work_dir=work, k=args.k, timeout=opts.get("timeout"),
-                      on_run=lambda i, v, r: _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({v}) {r.wall_s:.1f} s"))
+    noise = calibrate(
+        scenario,
+        golden,
+        runs=args.runs,
+        device=device,
+        work_dir=work,
+        k=args.k,
+        timeout=opts.get("timeout"),
+        on_run=lambda i, v, r: _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({v}) {r.wall_s:.1f} s"),
+    )
     changed = store.set_noise(scenario.name, device, noise)
     policy = TolerancePolicy.from_config(scenario.config["tolerance"]).with_noise(noise)
-    _print(f"observed noise over {args.runs} reruns (relative change vs golden) -> fp32 rtol = max({args.k:g} x observed, floor):")
+    _print(
+        f"observed noise over {args.runs} reruns (relative change vs golden) -> fp32 rtol = max({args.k:g} x observed, floor):"
+    )
     _print("  " + "stage".ljust(24) + "".join(s.ljust(20) for s in STATISTICS))
     for stage, stats in noise["stages"].items():
-        cells = [f"{stats[s]:.2g} -> {policy.for_tensor(dtype='torch.float32', stage=stage, statistic=s, api='').rtol:.2g}" for s in STATISTICS]
+        cells = [
+            f"{stats[s]:.2g} -> {policy.for_tensor(dtype='torch.float32', stage=stage, statistic=s, api='').rtol:.2g}"
+            for s in STATISTICS
+        ]
         _print("  " + stage.ljust(24) + "".join(c.ljust(20) for c in cells))
     _print(f"golden {'updated' if changed else 'unchanged'}: {store.path(scenario.name, device) / 'manifest.json'}")
     return EXIT_PASS
@@ -235,20 +289,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare two verl-layout directories (exit 0 pass, 1 drift, 2 usage)")
     p.add_argument("target", type=Path, help="run directory or verl outputs/profile")
     p.add_argument("golden", type=Path, help="golden (golden/<scenario>/<device>) or another run directory")
-    p.add_argument("--scenario", type=Path, default=None, help="scenario YAML whose 'tolerance' section applies (default: dtype defaults)")
+    p.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="scenario YAML whose 'tolerance' section applies (default: dtype defaults)",
+    )
     option_table.add_cli_options(p, "compare")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("golden", help="inspect goldens")
     gsub = p.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
-    for action, func, text in (("verify", cmd_golden_verify, "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem)"),
-                               ("list", cmd_golden_list, "every golden with its level, steps, size and calibration")):
+    for action, func, text in (
+        ("verify", cmd_golden_verify, "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem)"),
+        ("list", cmd_golden_list, "every golden with its level, steps, size and calibration"),
+    ):
         gp = gsub.add_parser(action, help=text)
         option_table.add_cli_options(gp, "golden")
         gp.set_defaults(func=func)
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")
     p.add_argument("scenario", type=Path, help="scenario YAML file (its golden must exist)")
     p.add_argument("--runs", type=int, default=4, help="reruns (default 4; at least 2)")
-    p.add_argument("--k", type=float, default=DEFAULT_K, help=f"rtol = max(k x observed, dtype rtol) (default {DEFAULT_K:g})")
+    p.add_argument(
+        "--k", type=float, default=DEFAULT_K, help=f"rtol = max(k x observed, dtype rtol) (default {DEFAULT_K:g})"
+    )
     p.add_argument("--work-dir", default=None, help="where reruns go (default .precision/calibrate/<scenario>)")
     option_table.add_cli_options(p, "calibrate")
     p.set_defaults(func=cmd_calibrate)

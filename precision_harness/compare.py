@@ -10,6 +10,7 @@ the golden is finite, a rank missing on either side.
 A dump whose bytes equal the golden's is identical statistic for statistic; it passes without the
 table (``StageVerdict.identical``), which keeps the common, unchanged case fast.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +25,7 @@ from typing import Any, Iterable, Iterator
 
 from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
 from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
+
 
 @dataclass(frozen=True)
 class Drift:
@@ -127,9 +129,7 @@ def iter_tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any
 def count_statistics(dump: dict[str, Any]) -> int:
     """Number of values the gate checks in a parsed dump.json: the non-null statistics of every row
     msprobe's parser yields (a scalar argument's value fills all four, as in msprobe's table)."""
-    return sum(
-        sum(v is not None for v in _row_statistics(item).values()) for item in flatten_dump(dump).values()
-    )
+    return sum(sum(v is not None for v in _row_statistics(item).values()) for item in flatten_dump(dump).values())
 
 
 def _float(value: Any) -> float | None:
@@ -157,7 +157,9 @@ def _import_msprobe_compare():
         from msprobe.core.compare.config import MappingConfig, ModeConfig
         from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df
     except ImportError as exc:
-        raise ProbeUnavailableError(f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe") from None
+        raise ProbeUnavailableError(
+            f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
+        ) from None
     return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df
 
 
@@ -166,7 +168,9 @@ def msprobe_table(target: Path, golden: Path):
 
     Its progress bars and INFO logs are swallowed. Raises ProbeUnavailableError without msprobe.
     """
-    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = _import_msprobe_compare()
+    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = (
+        _import_msprobe_compare()
+    )
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # msprobe's own pandas deprecations are not the user's concern
@@ -182,7 +186,9 @@ def _read_op():
     try:
         from msprobe.core.compare.utils import read_op
     except ImportError as exc:
-        raise ProbeUnavailableError(f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe") from None
+        raise ProbeUnavailableError(
+            f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
+        ) from None
     return read_op
 
 
@@ -204,12 +210,25 @@ def flatten_dump(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _row_statistics(item: dict[str, Any]) -> dict[str, float | None]:
     """Max/Min/Mean/Norm of a tensor row, or ``{"value": v}`` for a scalar argument."""
-    if item.get("Max") is None and item.get("value") is not None and not isinstance(item.get("value"), (list, dict, str)):
+    if (
+        item.get("Max") is None
+        and item.get("value") is not None
+        and not isinstance(item.get("value"), (list, dict, str))
+    ):
         return {"value": _float(item["value"])}
     return {s: _float(item.get(s)) for s in STATISTICS}
 
 
-def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: str, rank: str, verdict: StageVerdict, table_path: Path | None = None) -> None:
+def compare_rank(
+    target: Path,
+    golden: Path,
+    *,
+    policy: TolerancePolicy,
+    stage: str,
+    rank: str,
+    verdict: StageVerdict,
+    table_path: Path | None = None,
+) -> None:
     """Compare one rank's ``dump.json`` pair into ``verdict`` (drifts, problems, checked count).
 
     Rows are msprobe's (``read_op``); the tolerance is ours. When the rank fails and
@@ -220,7 +239,9 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
     only_golden = [a for a in g_dump["data"] if a not in t_dump["data"]]
     only_target = [a for a in t_dump["data"] if a not in g_dump["data"]]
     if only_golden:
-        verdict.problems.append(f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}")
+        verdict.problems.append(
+            f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}"
+        )
     if only_target:
         verdict.problems.append(f"{rank}: {len(only_target)} API(s) not in the golden, first {only_target[0]}")
     t_rows, g_rows = flatten_dump(t_dump), flatten_dump(g_dump)
@@ -234,7 +255,9 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             continue
         t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
         if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
-            verdict.problems.append(f"{rank}: {name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
+            verdict.problems.append(
+                f"{rank}: {name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}"
+            )
             continue
         t_stats, g_stats = _row_statistics(t_item), _row_statistics(g_item)
         numel = _numel(t_item.get("shape"))
@@ -258,7 +281,9 @@ def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: 
             ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
             row_worst = max(row_worst, ratio)
             if ratio > 1.0:
-                verdict.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank))
+                verdict.drifts.append(
+                    Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank)
+                )
         verdict.profile.append((rank, order, name, row_worst))
     for name, g_item in g_rows.items():
         if name not in t_rows and g_item["api"] in t_dump["data"]:
@@ -312,16 +337,24 @@ def compare_stage(
     for rank in sorted(set(t_ranks) - set(g_ranks)):
         verdict.problems.append(f"{rank}: in this run but not in the golden")
     shared = sorted(set(t_ranks) & set(g_ranks))
-    identical = bool(shared) and golden_sha256 is not None and all(
-        golden_sha256.get(r) is not None and sha256_file(t_ranks[r]) == golden_sha256[r] for r in shared
+    identical = (
+        bool(shared)
+        and golden_sha256 is not None
+        and all(golden_sha256.get(r) is not None and sha256_file(t_ranks[r]) == golden_sha256[r] for r in shared)
     )
     if identical:
         verdict.identical = not verdict.problems
-        verdict.checked = golden_statistics if golden_statistics is not None else sum(count_statistics(load_dump(g_ranks[r])) for r in shared)
+        verdict.checked = (
+            golden_statistics
+            if golden_statistics is not None
+            else sum(count_statistics(load_dump(g_ranks[r])) for r in shared)
+        )
         return verdict
     for rank in shared:
         table = artifacts / f"compare_result_{rank}.csv" if artifacts is not None else None
-        compare_rank(t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank, verdict=verdict, table_path=table)
+        compare_rank(
+            t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank, verdict=verdict, table_path=table
+        )
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     return verdict
 
@@ -369,7 +402,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def compare_metrics(target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], *, scenario: str, policy: TolerancePolicy) -> MetricsVerdict:
+def compare_metrics(
+    target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], *, scenario: str, policy: TolerancePolicy
+) -> MetricsVerdict:
     """Gate every metric of every step with ``policy.for_metric`` (``|t - g| <= atol + rtol |g|``)."""
     verdict = MetricsVerdict(scenario=scenario)
     t_rows = {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(target)}

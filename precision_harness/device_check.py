@@ -9,6 +9,7 @@ Each function returns ``None`` when the device is usable, else one line saying w
 what to do; the plugin turns it into a usage error (device asked for on the command line) or a
 skip (device asked for by a scenario's ``device:`` key under ``--precision-device auto``).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -16,7 +17,9 @@ import subprocess
 import sys
 from functools import lru_cache
 
-NPU_FIX = "install torch_npu matching your CANN and torch (pip install 'pytest-precision[npu]') or use --precision-device cpu"
+NPU_FIX = (
+    "install torch_npu matching your CANN and torch (pip install 'pytest-precision[npu]') or use --precision-device cpu"
+)
 CUDA_FIX = "install a CUDA build of torch on a machine with an NVIDIA GPU, or use --precision-device cpu"
 
 
@@ -43,7 +46,9 @@ def unavailable_reason(device: str) -> str | None:
         except subprocess.TimeoutExpired:
             return f"device cuda: probing torch.cuda.is_available() timed out; {CUDA_FIX}"
         if proc.returncode == 3:
-            return f"device cuda: torch.cuda.is_available() is False (torch without CUDA, or no GPU visible); {CUDA_FIX}"
+            return (
+                f"device cuda: torch.cuda.is_available() is False (torch without CUDA, or no GPU visible); {CUDA_FIX}"
+            )
         if proc.returncode != 0:
             return f"device cuda: cannot import torch in a worker; {CUDA_FIX}"
         return None

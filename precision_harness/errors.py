@@ -2,6 +2,7 @@
 
 The pytest plugin shows these without a traceback; the CLI prints them and exits 2.
 """
+
 from __future__ import annotations
 
 

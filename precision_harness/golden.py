@@ -9,6 +9,7 @@ Writes are atomic: :meth:`GoldenStore.promote` builds the new golden in a siblin
 then swaps it in with two renames under a file lock; a failure at any point leaves the previous
 golden in place (a crash between the two renames is rolled back on the next access).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,12 @@ from precision_harness.scenario import Scenario, display_path, validate
 #: Files of a run directory that a golden keeps (relative glob patterns).
 #: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
 #: overflow of an attention-mask constant (``finfo.min``), not a bad number.
-_FINITE_MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
+_FINITE_MAX = {
+    "float64": 1.7976931348623157e308,
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
 
 GOLDEN_FILES = ("step_*/*/step0/rank*/dump.json", "step_*/*/step0/rank*/construct.json", "metrics.jsonl")
 MANIFEST = "manifest.json"
@@ -51,7 +57,7 @@ class Golden:
         """``{"rank0": sha256, ...}`` of the stage's dump.json files."""
         prefix = f"step_{step}/{stage}/step0/"
         return {
-            rel[len(prefix):].split("/", 1)[0]: meta["sha256"]
+            rel[len(prefix) :].split("/", 1)[0]: meta["sha256"]
             for rel, meta in self.manifest["files"].items()
             if rel.startswith(prefix) and rel.endswith("/dump.json")
         }
@@ -75,7 +81,9 @@ class Golden:
         if not target.is_file():
             raise GoldenCorruptError(f"{display_path(target)}: listed in {MANIFEST} but missing; re-record the golden")
         if sha256_file(target) != meta["sha256"]:
-            raise GoldenCorruptError(f"{display_path(target)}: sha256 differs from {MANIFEST} (edited or truncated); restore it from git or re-record the golden")
+            raise GoldenCorruptError(
+                f"{display_path(target)}: sha256 differs from {MANIFEST} (edited or truncated); restore it from git or re-record the golden"
+            )
         return target
 
 
@@ -125,18 +133,24 @@ class GoldenStore:
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise GoldenCorruptError(f"{display_path(manifest_path)}: unreadable manifest ({exc}); restore it from git or re-record with: {update_command(scenario)}") from None
+            raise GoldenCorruptError(
+                f"{display_path(manifest_path)}: unreadable manifest ({exc}); restore it from git or re-record with: {update_command(scenario)}"
+            ) from None
         try:
             validate(manifest, "golden_manifest", source=display_path(manifest_path))
         except ScenarioError as exc:
             raise GoldenCorruptError(f"{exc}; re-record with: {update_command(scenario)}") from None
         stale = []
         if manifest["scenario_hash"] != scenario.hash:
-            stale.append(f"scenario hash {manifest['scenario_hash'][:12]} (now {scenario.hash[:12]}: model, data, batch or algorithm settings changed)")
+            stale.append(
+                f"scenario hash {manifest['scenario_hash'][:12]} (now {scenario.hash[:12]}: model, data, batch or algorithm settings changed)"
+            )
         if manifest["level"] != scenario.level:
             stale.append(f"msprobe level {manifest['level']} (now {scenario.level})")
         if stale:
-            raise GoldenStaleError(f"{display_path(manifest_path)}: golden is stale, recorded under {' and '.join(stale)}; re-record with: {update_command(scenario)}")
+            raise GoldenStaleError(
+                f"{display_path(manifest_path)}: golden is stale, recorded under {' and '.join(stale)}; re-record with: {update_command(scenario)}"
+            )
         return Golden(path=path, manifest=manifest)
 
     def previous(self, scenario: str, device: str) -> Golden | None:
@@ -206,7 +220,9 @@ class GoldenStore:
             "numeric_settings": run["numeric_settings"],
             "metrics": "metrics.jsonl",
             "statistics": statistics,
-            "files": {rel: {"sha256": sha256_file(run_dir / rel), "bytes": (run_dir / rel).stat().st_size} for rel in files},
+            "files": {
+                rel: {"sha256": sha256_file(run_dir / rel), "bytes": (run_dir / rel).stat().st_size} for rel in files
+            },
         }
         validate(manifest, "golden_manifest", source=run_dir / "run.json")
         return manifest, files
@@ -230,7 +246,10 @@ class GoldenStore:
                 try:
                     old = json.loads(old_manifest.read_text(encoding="utf-8"))
                     # calibrated noise stays valid while the scenario structure and level do
-                    if isinstance(old.get("noise"), dict) and (old.get("scenario_hash"), old.get("level")) == (manifest["scenario_hash"], manifest["level"]):
+                    if isinstance(old.get("noise"), dict) and (old.get("scenario_hash"), old.get("level")) == (
+                        manifest["scenario_hash"],
+                        manifest["level"],
+                    ):
                         manifest["noise"] = old["noise"]
                     if old == manifest:
                         return False

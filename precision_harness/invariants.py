@@ -19,6 +19,7 @@ The checks:
   ranges (``mismatch/rollout_is_eff_sample_size``, ``_veto_fraction``, ``_mean``; seed 003,
   "Monitor metrics").
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,8 @@ def applies_same_weights(scenario: Scenario) -> bool:
     with the same micro-batch size (the reference is a frozen copy of the initial actor)."""
     ar = scenario.config["actor_rollout_ref"]
     return (
-        scenario.use_reference and 1 in scenario.steps
+        scenario.use_reference
+        and 1 in scenario.steps
         and {"actor_compute_log_prob", "ref_compute_log_prob"} <= set(scenario.stages)
         and ar["rollout"]["log_prob_micro_batch_size_per_gpu"] == ar["ref"]["log_prob_micro_batch_size_per_gpu"]
     )
@@ -86,7 +88,10 @@ def applies_mismatch_health(scenario: Scenario) -> bool:
     """:func:`check_mismatch_health` applies: rollout IS is on (``rollout_is_threshold`` set) and the
     rollout engine runs another dtype than training (e.g. bf16 rollout, fp32 actor): a real mismatch."""
     ar = scenario.config["actor_rollout_ref"]
-    return scenario.config["algorithm"]["rollout_is_threshold"] is not None and ar["rollout"]["dtype"] != ar["actor"]["dtype"]
+    return (
+        scenario.config["algorithm"]["rollout_is_threshold"] is not None
+        and ar["rollout"]["dtype"] != ar["actor"]["dtype"]
+    )
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -101,7 +106,9 @@ def log_probs_of(run_dir: Path, step: int) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise InvariantViolation(f"{path}: unreadable log_probs.json ({exc}); the worker writes it every step") from None
+        raise InvariantViolation(
+            f"{path}: unreadable log_probs.json ({exc}); the worker writes it every step"
+        ) from None
 
 
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
@@ -147,7 +154,9 @@ def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any
     compared = [f for f in fa if len(fa[f]) == len(fr.get(f, []))]
     missing = [f for f in _MODEL_FAMILIES if f not in compared]
     if missing:
-        raise InvariantViolation(f"{prefix}no {missing[0]} call to compare between the actor's and the reference's log-prob stages")
+        raise InvariantViolation(
+            f"{prefix}no {missing[0]} call to compare between the actor's and the reference's log-prob stages"
+        )
     checked, diffs = 0, []
     for family in compared:
         for (name, a_entry), (_, r_entry) in zip(fa[family], fr[family]):
@@ -155,7 +164,9 @@ def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any
             for path in sorted(set(a_t) | set(r_t)):
                 a, r = a_t.get(path), r_t.get(path)
                 if a is None or r is None or a["dtype"] != r["dtype"] or a["shape"] != r["shape"]:
-                    diffs.append(f"{name}.{path} dtype/shape {None if a is None else (a['dtype'], a['shape'])} vs {None if r is None else (r['dtype'], r['shape'])}")
+                    diffs.append(
+                        f"{name}.{path} dtype/shape {None if a is None else (a['dtype'], a['shape'])} vs {None if r is None else (r['dtype'], r['shape'])}"
+                    )
                     continue
                 for stat in STATISTICS:
                     checked += 1
@@ -174,7 +185,9 @@ def _both_nan(a: Any, b: Any) -> bool:
 
 
 # -------------------------------------------------------------------------------- log-probs
-def _max_diff(a: list[list[float]], b: list[list[float]], mask: list[list[float]], tol: Tol | None) -> tuple[int, int, float, tuple[int, int]]:
+def _max_diff(
+    a: list[list[float]], b: list[list[float]], mask: list[list[float]], tol: Tol | None
+) -> tuple[int, int, float, tuple[int, int]]:
     """(tokens compared, tokens beyond ``tol`` (any difference if None), max |a - b|, its (row, token))."""
     count = bad = 0
     worst, at = 0.0, (0, 0)
@@ -216,8 +229,14 @@ def check_on_policy(log_probs: Mapping[str, Any], *, where: str = "") -> int:
     return count
 
 
-def check_micro_batch_invariance(a: Mapping[str, Any], b: Mapping[str, Any], *, key: str = "old_log_probs",
-                                 tol: Tol = DTYPE_DEFAULTS["float32"], where: str = "") -> int:
+def check_micro_batch_invariance(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    *,
+    key: str = "old_log_probs",
+    tol: Tol = DTYPE_DEFAULTS["float32"],
+    where: str = "",
+) -> int:
     """Raise unless ``a[key]`` and ``b[key]`` agree within ``tol`` on every response token.
 
     ``a`` and ``b`` are the ``log_probs.json`` of the same step of two runs that differ only in
@@ -229,7 +248,9 @@ def check_micro_batch_invariance(a: Mapping[str, Any], b: Mapping[str, Any], *, 
             is beyond tolerance.
     """
     if a.get("responses") != b.get("responses") or a["response_mask"] != b["response_mask"]:
-        raise InvariantViolation(f"{where}: the two runs sampled different responses; compare runs that differ only in micro-batch size")
+        raise InvariantViolation(
+            f"{where}: the two runs sampled different responses; compare runs that differ only in micro-batch size"
+        )
     mbs_a, mbs_b = a.get("micro_batch_sizes", {}), b.get("micro_batch_sizes", {})
     count, bad, worst, (i, j) = _max_diff(a[key], b[key], a["response_mask"], tol)
     if bad:
@@ -241,8 +262,12 @@ def check_micro_batch_invariance(a: Mapping[str, Any], b: Mapping[str, Any], *, 
 
 
 # -------------------------------------------------------------------------------- mismatch
-def check_mismatch_health(rows: Iterable[Mapping[str, Any]], *, ranges: Mapping[str, tuple[float | None, float | None]] = HEALTH_RANGES,
-                          where: str = "") -> int:
+def check_mismatch_health(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    ranges: Mapping[str, tuple[float | None, float | None]] = HEALTH_RANGES,
+    where: str = "",
+) -> int:
     """Raise unless every step's rollout IS health metrics lie in ``ranges`` (default :data:`HEALTH_RANGES`).
 
     Returns:
@@ -262,9 +287,14 @@ def check_mismatch_health(rows: Iterable[Mapping[str, Any]], *, ranges: Mapping[
                 continue
             checked += 1
             if (low is not None and not value >= low) or (high is not None and not value <= high):
-                problems.append(f"step {step}: {name} = {value:.6g} outside [{'-inf' if low is None else low}, {'inf' if high is None else high}]")
+                problems.append(
+                    f"step {step}: {name} = {value:.6g} outside [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+                )
     if problems:
-        raise InvariantViolation(f"{where}: rollout/training mismatch unhealthy: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise InvariantViolation(
+            f"{where}: rollout/training mismatch unhealthy: {problems[0]}"
+            + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
     if not checked:
         raise InvariantViolation(f"{where}: no metrics rows to check")
     return checked

@@ -6,6 +6,7 @@ calling process (pytest, the CLI) never imports torch. The worker's stdout/stder
 (``ray_launch``) instead, with the same contract. A failure is raised as :class:`RunFailedError` with the worker's one-line
 reason and the log's path.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,16 @@ class RunResult:
 
 
 def worker_command(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True) -> list[str]:
-    cmd = [sys.executable, "-m", "precision_harness.runner", str(scenario.path), "--out", str(out_dir), "--device", device]
+    cmd = [
+        sys.executable,
+        "-m",
+        "precision_harness.runner",
+        str(scenario.path),
+        "--out",
+        str(out_dir),
+        "--device",
+        device,
+    ]
     return cmd + ([] if dump else ["--no-dump"])
 
 
@@ -46,8 +56,15 @@ def uses_ray(scenario: Scenario, ray_address: str | None) -> bool:
     return bool(ray_address) or scenario.world_size > 1
 
 
-def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True, timeout: float | None = None,
-                 ray_address: str | None = None) -> RunResult:
+def run_scenario(
+    scenario: Scenario,
+    *,
+    out_dir: Path,
+    device: str,
+    dump: bool = True,
+    timeout: float | None = None,
+    ray_address: str | None = None,
+) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
     Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
@@ -63,9 +80,17 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool =
         from precision_harness import ray_launch
 
         if not ray_launch.ray_available():
-            why = f"trainer.world_size: {scenario.world_size} runs ranks as Ray actors" if not ray_address else f"--precision-ray-address {ray_address}"
-            raise RunFailedError(f"{display_path(scenario.path)}: {why}, but ray is not installed; {ray_launch.RAY_INSTALL_HINT}")
-        command = ray_launch.driver_command(scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump)
+            why = (
+                f"trainer.world_size: {scenario.world_size} runs ranks as Ray actors"
+                if not ray_address
+                else f"--precision-ray-address {ray_address}"
+            )
+            raise RunFailedError(
+                f"{display_path(scenario.path)}: {why}, but ray is not installed; {ray_launch.RAY_INSTALL_HINT}"
+            )
+        command = ray_launch.driver_command(
+            scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump
+        )
     else:
         command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -80,7 +105,9 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, dump: bool =
         try:
             proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RunFailedError(f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})") from None
+            raise RunFailedError(
+                f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})"
+            ) from None
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         error = out_dir / "error.txt"

@@ -10,6 +10,7 @@ then lets msprobe's ``DiffAnalyzer`` search them unchanged (MSPROBE_NOTES.md §4
 :func:`analyze_failure` never raises: msprobe's answer is an opinion beside the gate's, so its own
 failure becomes a line of the verdict, not an error.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,15 @@ class MsprobeAnswer:
         """``(label, text)`` rows for the verdict text, beside the gate's own first divergence."""
         rows = []
         if self.first_diff:
-            rows.append(("msprobe 1st diff", ", ".join(f"{r} {op}" if len(self.first_diff) > 1 else op for r, op in sorted(self.first_diff.items()))
-                         + " (DiffAnalyzer)"))
+            rows.append(
+                (
+                    "msprobe 1st diff",
+                    ", ".join(
+                        f"{r} {op}" if len(self.first_diff) > 1 else op for r, op in sorted(self.first_diff.items())
+                    )
+                    + " (DiffAnalyzer)",
+                )
+            )
         elif not self.errors:
             rows.append(("msprobe 1st diff", "none: no output moved more than DiffAnalyzer's 50 % threshold"))
         if self.graphs and graph_dir is not None:
@@ -74,7 +82,9 @@ def first_diff(target_stage: Path, golden_stage: Path, out_dir: Path) -> dict[st
         g_dump = Path(golden_stage) / "step0" / t_dump.parent.name / "dump.json"
         if not g_dump.is_file() or not rank.isdigit():
             continue
-        mode = ModeConfig(dump_mode=get_dump_mode({"npu_path": str(t_dump), "bench_path": str(g_dump)}), first_diff_analyze=True)
+        mode = ModeConfig(
+            dump_mode=get_dump_mode({"npu_path": str(t_dump), "bench_path": str(g_dump)}), first_diff_analyze=True
+        )
         npu_df, bench_df = ParseData(mode, rank, {"NPU": None, "Bench": None}).parse([str(t_dump), str(g_dump), None])
         df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
         for col in ("op", "peer"):
@@ -96,7 +106,9 @@ def build_graphs(stage_dir: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for rank_dir in sorted(Path(stage_dir).glob("step0/rank*")):
         stack = rank_dir / "stack.json"
-        graph = GraphBuilder.build(str(rank_dir / "construct.json"), str(rank_dir / "dump.json"), str(stack) if stack.is_file() else None)
+        graph = GraphBuilder.build(
+            str(rank_dir / "construct.json"), str(rank_dir / "dump.json"), str(stack) if stack.is_file() else None
+        )
         db = out_dir / f"{rank_dir.name}.vis.db"
         db.unlink(missing_ok=True)
         GraphBuilder.to_db(str(db), GraphExportConfig(graph, rank=int(rank_dir.name[4:] or 0), step=0))
@@ -112,7 +124,12 @@ def analyze_failure(target_stage: Path, golden_stage: Path, out_dir: Path, *, gr
     answer = MsprobeAnswer()
     t0 = time.perf_counter()
     log = io.StringIO()
-    steps = [("DiffAnalyzer", lambda: setattr(answer, "first_diff", first_diff(target_stage, golden_stage, out_dir / "first_diff")))]
+    steps = [
+        (
+            "DiffAnalyzer",
+            lambda: setattr(answer, "first_diff", first_diff(target_stage, golden_stage, out_dir / "first_diff")),
+        )
+    ]
     if graph:
         steps.append(("GraphBuilder", lambda: setattr(answer, "graphs", build_graphs(target_stage, out_dir / "graph"))))
     for tool, fn in steps:

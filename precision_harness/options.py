@@ -6,6 +6,7 @@ the CLI (``--<name>`` on the listed subcommands). :func:`add_pytest_options` and
 never drift apart; :func:`from_pytest` and :func:`from_cli` read them back into the keyword
 arguments of :class:`~precision_harness.session.PrecisionOptions`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,25 +48,59 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("golden", "check (default): compare against golden/; update: re-record every selected scenario's golden "
-           "(prints the churn against the previous one); missing: record only goldens that do not exist yet",
-           default="check", choices=GOLDEN_MODES),
-    Option("device", "device scenarios run on; auto uses each scenario's 'device' key (default cpu)",
-           default="auto", choices=DEVICE_CHOICES, cli=("run", "calibrate")),
-    Option("artifacts", "where runs and compare tables go (default: .precision/artifacts under rootdir)",
-           metavar="DIR", cli=("compare",)),
+    Option(
+        "golden",
+        "check (default): compare against golden/; update: re-record every selected scenario's golden "
+        "(prints the churn against the previous one); missing: record only goldens that do not exist yet",
+        default="check",
+        choices=GOLDEN_MODES,
+    ),
+    Option(
+        "device",
+        "device scenarios run on; auto uses each scenario's 'device' key (default cpu)",
+        default="auto",
+        choices=DEVICE_CHOICES,
+        cli=("run", "calibrate"),
+    ),
+    Option(
+        "artifacts",
+        "where runs and compare tables go (default: .precision/artifacts under rootdir)",
+        metavar="DIR",
+        cli=("compare",),
+    ),
     Option("jobs", "scenario runs in parallel in this process (default: CPU count)", type=int, metavar="N"),
-    Option("report", "write report.json, report.md and report.html (drift heatmap, drift plots) into DIR",
-           metavar="DIR", cli=("compare",)),
+    Option(
+        "report",
+        "write report.json, report.md and report.html (drift heatmap, drift plots) into DIR",
+        metavar="DIR",
+        cli=("compare",),
+    ),
     Option("prune", "remove goldens whose scenario was not collected (only on a full, unfiltered run)", flag=True),
-    Option("ray-address", "submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
-           "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
-           "scenarios run as local subprocesses, multi-rank ones on a local Ray instance", metavar="ADDRESS", cli=("run",)),
-    Option("golden-device", "compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden) "
-           "with the scenario's tolerance.cross_device rules", choices=("cpu", "cuda", "npu"), metavar="DEVICE"),
-    Option("golden-dir", "directory holding goldens, relative to rootdir (or the working directory)",
-           default="golden", pytest="ini", cli=("golden", "calibrate")),
-    Option("timeout", "seconds a scenario run may take (0: no limit)", default="0", pytest="ini", cli=("run", "calibrate")),
+    Option(
+        "ray-address",
+        "submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
+        "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
+        "scenarios run as local subprocesses, multi-rank ones on a local Ray instance",
+        metavar="ADDRESS",
+        cli=("run",),
+    ),
+    Option(
+        "golden-device",
+        "compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden) "
+        "with the scenario's tolerance.cross_device rules",
+        choices=("cpu", "cuda", "npu"),
+        metavar="DEVICE",
+    ),
+    Option(
+        "golden-dir",
+        "directory holding goldens, relative to rootdir (or the working directory)",
+        default="golden",
+        pytest="ini",
+        cli=("golden", "calibrate"),
+    ),
+    Option(
+        "timeout", "seconds a scenario run may take (0: no limit)", default="0", pytest="ini", cli=("run", "calibrate")
+    ),
 )
 
 

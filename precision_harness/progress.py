@@ -5,6 +5,7 @@ Worker side, :class:`ProgressLog`: ``RUN_DIR/progress.jsonl`` gets ``{"event": "
 :func:`follow`: while waiting for the run, report each stage as it starts, so a long gate shows
 which scenario, step and stage is running. Imports neither torch nor pytest.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,15 @@ def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]
     return events, offset + end
 
 
-def follow(run_dir: Path, future: Future, *, scenario: str, report: Callable[[str], None], poll: float = 0.5, total_steps: int | None = None) -> None:
+def follow(
+    run_dir: Path,
+    future: Future,
+    *,
+    scenario: str,
+    report: Callable[[str], None],
+    poll: float = 0.5,
+    total_steps: int | None = None,
+) -> None:
     """Until ``future`` is done, call ``report("grpo_tiny: step 1/2 actor_update (4.1 s)")`` as stages start."""
     offset = 0
     path = Path(run_dir) / PROGRESS_FILE

@@ -17,6 +17,7 @@ The driver runs in its own process so the pytest process never imports ray (abou
 dozen threads) and a crashed cluster connection fails one scenario, not the session. A failure is
 reported the same way as a local worker's: one line in ``DIR/error.txt``, details in ``worker.log``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,20 @@ def ray_available() -> bool:
         return False
 
 
-def driver_command(scenario_path: Path, *, out_dir: Path, device: str, address: str | None, dump: bool = True) -> list[str]:
+def driver_command(
+    scenario_path: Path, *, out_dir: Path, device: str, address: str | None, dump: bool = True
+) -> list[str]:
     """The command line of the driver process for one scenario run."""
-    cmd = [sys.executable, "-m", "precision_harness.ray_launch", str(scenario_path), "--out", str(out_dir), "--device", device]
+    cmd = [
+        sys.executable,
+        "-m",
+        "precision_harness.ray_launch",
+        str(scenario_path),
+        "--out",
+        str(out_dir),
+        "--device",
+        device,
+    ]
     if address:
         cmd += ["--address", address]
     return cmd + ([] if dump else ["--no-dump"])
@@ -72,7 +84,9 @@ class RankWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def run(self, scenario: Any, *, world_size: int, master_addr: str, master_port: int, device: str, dump: bool) -> dict[str, Any]:
+    def run(
+        self, scenario: Any, *, world_size: int, master_addr: str, master_port: int, device: str, dump: bool
+    ) -> dict[str, Any]:
         """Run the scenario as rank ``self.rank``; return ``{"rank", "archive": tar.gz bytes | None, "error": str | None}``.
 
         Rank 0's archive holds the whole run directory; rank ``r > 0``'s only its ``rank<r>`` dump folders.
@@ -85,7 +99,13 @@ class RankWorker:
             from precision_harness.runner.__main__ import run
 
             if world_size > 1:
-                distributed.init_process_group(rank=self.rank, world_size=world_size, master_addr=master_addr, master_port=master_port, device=device)
+                distributed.init_process_group(
+                    rank=self.rank,
+                    world_size=world_size,
+                    master_addr=master_addr,
+                    master_port=master_port,
+                    device=device,
+                )
             try:
                 run(scenario, out=out, device=device, dump=dump, rank=self.rank)
             finally:
@@ -93,7 +113,12 @@ class RankWorker:
             return {"rank": self.rank, "archive": _archive(out, self.rank), "error": None}
         except BaseException as exc:  # noqa: BLE001 - reported to the driver as one line
             message = str(exc).splitlines()[0] if str(exc) else ""
-            return {"rank": self.rank, "archive": None, "error": f"rank{self.rank}: {type(exc).__name__}: {message}", "traceback": traceback.format_exc()}
+            return {
+                "rank": self.rank,
+                "archive": None,
+                "error": f"rank{self.rank}: {type(exc).__name__}: {message}",
+                "traceback": traceback.format_exc(),
+            }
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
@@ -113,7 +138,9 @@ def _archive(out: Path, rank: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------------- the driver
-def run_driver(scenario_path: Path, *, out: Path, device: str, address: str | None, dump: bool = True) -> dict[str, Any]:
+def run_driver(
+    scenario_path: Path, *, out: Path, device: str, address: str | None, dump: bool = True
+) -> dict[str, Any]:
     """Start (or connect to) Ray, run every rank, unpack their dumps into ``out``; return run.json.
 
     Raises:
@@ -138,17 +165,33 @@ def run_driver(scenario_path: Path, *, out: Path, device: str, address: str | No
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
         cpus = max(world_size * actor_options["num_cpus"], 1)
-        ray.init(address="local", num_cpus=int(cpus + 0.999), include_dashboard=False, runtime_env=runtime_env,
-                 _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+        ray.init(
+            address="local",
+            num_cpus=int(cpus + 0.999),
+            include_dashboard=False,
+            runtime_env=runtime_env,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+            configure_logging=False,
+        )
     startup_s = time.perf_counter() - t0
     try:
-        _check_feasible(actor_options, world_size, ray.cluster_resources(), where=address or "local instance", scenario=scenario)
+        _check_feasible(
+            actor_options, world_size, ray.cluster_resources(), where=address or "local instance", scenario=scenario
+        )
         remote_cls = ray.remote(RankWorker)
         actors = [remote_cls.options(**actor_options).remote(rank) for rank in range(world_size)]
         master_addr, master_port = ray.get(actors[0].master_address.remote())
         t_run = time.perf_counter()
         pending = {
-            a.run.remote(scenario, world_size=world_size, master_addr=master_addr, master_port=master_port, device=device, dump=dump): rank
+            a.run.remote(
+                scenario,
+                world_size=world_size,
+                master_addr=master_addr,
+                master_port=master_port,
+                device=device,
+                dump=dump,
+            ): rank
             for rank, a in enumerate(actors)
         }
         results: dict[int, dict[str, Any]] = {}
@@ -180,7 +223,9 @@ def run_driver(scenario_path: Path, *, out: Path, device: str, address: str | No
         ray.shutdown()
 
 
-def _check_feasible(actor_options: dict[str, Any], world_size: int, cluster: dict[str, float], *, where: str, scenario: Any) -> None:
+def _check_feasible(
+    actor_options: dict[str, Any], world_size: int, cluster: dict[str, float], *, where: str, scenario: Any
+) -> None:
     """Fail at once, naming the resource, when the cluster cannot hold every rank (Ray would wait forever).
 
     An autoscaling cluster that would add such nodes on demand is not supported by this check.
@@ -201,11 +246,17 @@ def _check_feasible(actor_options: dict[str, Any], world_size: int, cluster: dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m precision_harness.ray_launch", description="run one scenario's ranks as Ray actors")
+    parser = argparse.ArgumentParser(
+        prog="python -m precision_harness.ray_launch", description="run one scenario's ranks as Ray actors"
+    )
     parser.add_argument("scenario", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu"])
-    parser.add_argument("--address", default=None, help="existing Ray cluster (ray://host:10001 or host:6379); default: a local instance")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="existing Ray cluster (ray://host:10001 or host:6379); default: a local instance",
+    )
     parser.add_argument("--no-dump", action="store_true")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -213,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         run_driver(args.scenario, out=args.out, device=args.device, address=args.address, dump=not args.no_dump)
     except BaseException as exc:  # noqa: BLE001
         message = str(exc).splitlines()[0] if str(exc) else ""
-        reason = message if message.startswith("rank") or isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {message}"
+        reason = (
+            message
+            if message.startswith("rank") or isinstance(exc, RuntimeError)
+            else f"{type(exc).__name__}: {message}"
+        )
         (args.out / "error.txt").write_text(reason + "\n", encoding="utf-8")
         traceback.print_exc()
         return 1

@@ -9,6 +9,7 @@
 
 matplotlib is imported here only, lazily, when a report is asked for.
 """
+
 from __future__ import annotations
 
 import html
@@ -42,9 +43,9 @@ def ratio_colour(ratio: float | None, passed: bool, kind: str) -> str:
         return "#ffffff"
     if ratio <= 1:  # 1e-3 .. 1: green -> yellow
         t = min(1.0, max(0.0, (math.log10(max(ratio, 1e-3)) + 3) / 3))
-        return _mix((0xc8, 0xe6, 0xc9), (0xff, 0xf5, 0x9d), t)
+        return _mix((0xC8, 0xE6, 0xC9), (0xFF, 0xF5, 0x9D), t)
     t = min(1.0, math.log10(ratio) / 3)  # 1 .. 1e3: orange -> red
-    return _mix((0xff, 0xb7, 0x4d), (0xd3, 0x2f, 0x2f), t)
+    return _mix((0xFF, 0xB7, 0x4D), (0xD3, 0x2F, 0x2F), t)
 
 
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
@@ -68,7 +69,9 @@ def _cell_text(c: dict[str, Any]) -> str:
 def heatmap(sc: dict[str, Any]) -> str:
     """One scenario's stage x step table."""
     cells = {(c["stage"], c["step"]): c for c in sc["cells"]}
-    out = [f'<table class="heatmap" id="heatmap-{_slug(sc["name"])}"><tr><th class="stage">{html.escape(sc["name"])}</th>']
+    out = [
+        f'<table class="heatmap" id="heatmap-{_slug(sc["name"])}"><tr><th class="stage">{html.escape(sc["name"])}</th>'
+    ]
     out += [f"<th>step_{st}</th>" for st in sc["steps"]] + ["</tr>"]
     for stage in sc["stages"]:
         out.append(f'<tr><th class="stage">{html.escape(stage)}</th>')
@@ -79,9 +82,15 @@ def heatmap(sc: dict[str, Any]) -> str:
                 continue
             colour = ratio_colour(c["ratio"], c["passed"], c["kind"])
             fg = "#fff" if colour == "#7f0000" else "#222"
-            link = f'<a href="#plot-{_slug(sc["name"], f"step_{st}", stage)}" style="color:{fg}">' if not c["passed"] else ""
+            link = (
+                f'<a href="#plot-{_slug(sc["name"], f"step_{st}", stage)}" style="color:{fg}">'
+                if not c["passed"]
+                else ""
+            )
             cls = ' class="fail"' if not c["passed"] else ""
-            out.append(f'<td{cls} style="background:{colour};color:{fg}" title="worst tolerance ratio">{link}{_cell_text(c)}{"</a>" if link else ""}</td>')
+            out.append(
+                f'<td{cls} style="background:{colour};color:{fg}" title="worst tolerance ratio">{link}{_cell_text(c)}{"</a>" if link else ""}</td>'
+            )
         out.append("</tr>")
     out.append("</table>")
     return "".join(out)
@@ -127,12 +136,26 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     fd = record["first_divergence"]
     if fd:
         ax.axvline(fd["order"], color="#d32f2f", lw=0.8)
-        ax.annotate(f"first divergence: {fd['tensor']}", (fd["order"], 1.0), xytext=(5, 12), textcoords="offset points", fontsize=7, color="#d32f2f")
+        ax.annotate(
+            f"first divergence: {fd['tensor']}",
+            (fd["order"], 1.0),
+            xytext=(5, 12),
+            textcoords="offset points",
+            fontsize=7,
+            color="#d32f2f",
+        )
     names = {_op_name(p[2]): p[1] for p in reversed(record["profile"])}
     for rank, op in record.get("msprobe_first_diff", {}).items():
         if op in names:
             ax.axvline(names[op], color="#1565c0", lw=0.8, ls=":")
-            ax.annotate(f"msprobe first diff: {op}", (names[op], floor * 10), xytext=(5, 0), textcoords="offset points", fontsize=7, color="#1565c0")
+            ax.annotate(
+                f"msprobe first diff: {op}",
+                (names[op], floor * 10),
+                xytext=(5, 0),
+                textcoords="offset points",
+                fontsize=7,
+                color="#1565c0",
+            )
     ax.set_yscale("log")
     ax.set_xlabel("tensor in execution order")
     ax.set_ylabel("|diff| / allowance")
@@ -145,23 +168,33 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     fig.savefig(buf, format="svg", metadata={"Date": None})
     plt.close(fig)
     svg = buf.getvalue()
-    return re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.S)
+    return re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg") :], flags=re.S)
 
 
 def html_report(doc: dict[str, Any]) -> str:
     """The whole report.html."""
     s = doc["summary"]
     head = "passed" if not s["failed"] else f"{s['failed']} of {s['items']} failed"
-    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>pytest-precision report</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>pytest-precision ({html.escape(doc['mode'])}): {html.escape(head)}</h1>",
-             f"<p>{s['items']} items: {s['identical']} identical to golden, {s['recorded']} recorded, {s['failed']} failed.</p>",
-             '<section id="heatmap"><h2>Drift heatmap: worst tolerance ratio, stage x step (&gt; 1 fails)</h2>',
-             '<p class="legend">'
-             + "".join(f'<span style="background:{ratio_colour(r, p, k)};color:{"#fff" if k == "error" else "#222"}">{t}</span>'
-                       for r, p, k, t in ((0.0, True, "compared", "identical"), (0.01, True, "compared", "0.01"), (1.0, True, "compared", "1"),
-                                          (10.0, False, "compared", "10"), (1000.0, False, "compared", "1000"), (None, False, "error", "structural / error")))
-             + "</p>"]
+    parts = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-precision report</title>',
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>pytest-precision ({html.escape(doc['mode'])}): {html.escape(head)}</h1>",
+        f"<p>{s['items']} items: {s['identical']} identical to golden, {s['recorded']} recorded, {s['failed']} failed.</p>",
+        '<section id="heatmap"><h2>Drift heatmap: worst tolerance ratio, stage x step (&gt; 1 fails)</h2>',
+        '<p class="legend">'
+        + "".join(
+            f'<span style="background:{ratio_colour(r, p, k)};color:{"#fff" if k == "error" else "#222"}">{t}</span>'
+            for r, p, k, t in (
+                (0.0, True, "compared", "identical"),
+                (0.01, True, "compared", "0.01"),
+                (1.0, True, "compared", "1"),
+                (10.0, False, "compared", "10"),
+                (1000.0, False, "compared", "1000"),
+                (None, False, "error", "structural / error"),
+            )
+        )
+        + "</p>",
+    ]
     for sc in doc["scenarios"]:
         if sc["cells"]:
             parts.append(heatmap(sc))
@@ -174,17 +207,25 @@ def html_report(doc: dict[str, Any]) -> str:
             parts.append(f"<h3>{html.escape(title)}</h3><pre>{html.escape(r['text'])}</pre>")
             if r["stage"] and r["profile"]:
                 anchor = _slug(r["scenario"], "step_" + str(r["step"]), r["stage"])
-                parts.append(f'<figure class="drift-plot" id="plot-{anchor}">'
-                             f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}</figcaption></figure>")
+                parts.append(
+                    f'<figure class="drift-plot" id="plot-{anchor}">'
+                    f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}</figcaption></figure>"
+                )
         parts.append("</section>")
     if doc["churn"]:
         from precision_harness.churn import ChurnRow, churn_table
 
         parts.append('<section id="churn"><h2>Golden churn against the previous golden</h2>')
-        rows = [ChurnRow(**{**c, "max_rel": {k: (v if v is not None else math.inf) for k, v in c["max_rel"].items()}}) for c in doc["churn"]]
+        rows = [
+            ChurnRow(**{**c, "max_rel": {k: (v if v is not None else math.inf) for k, v in c["max_rel"].items()}})
+            for c in doc["churn"]
+        ]
         parts.append("<pre>" + html.escape("\n".join(churn_table(rows))) + "</pre></section>")
     if doc["unused_goldens"]:
-        parts.append('<section id="unused"><h2>Unused goldens</h2><ul>'
-                     + "".join(f"<li>{html.escape(u['path'])}</li>" for u in doc["unused_goldens"]) + "</ul></section>")
+        parts.append(
+            '<section id="unused"><h2>Unused goldens</h2><ul>'
+            + "".join(f"<li>{html.escape(u['path'])}</li>" for u in doc["unused_goldens"])
+            + "</ul></section>"
+        )
     parts.append("</body></html>\n")
     return "".join(parts)

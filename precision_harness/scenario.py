@@ -4,6 +4,7 @@ Keys reuse verl's ``ppo_trainer.yaml`` names so settings move between a scenario
 The file is validated with ``schemas/scenario.schema.json`` (unknown keys are errors) and merged
 over :data:`DEFAULTS`. This module imports neither torch nor pytest.
 """
+
 from __future__ import annotations
 
 import copy
@@ -111,7 +112,15 @@ DEFAULTS: dict[str, Any] = {
             }
         },
     },
-    "tolerance": {"mode": "tolerance", "dtypes": {}, "stages": {}, "statistics": {}, "apis": {}, "metrics": {}, "cross_device": {}},
+    "tolerance": {
+        "mode": "tolerance",
+        "dtypes": {},
+        "stages": {},
+        "statistics": {},
+        "apis": {},
+        "metrics": {},
+        "cross_device": {},
+    },
 }
 
 #: Keys of the msprobe config.json that a scenario may set inline or through ``config_path``.
@@ -199,7 +208,9 @@ class Scenario:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            raise ScenarioError(f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}")
+            raise ScenarioError(
+                f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
+            )
         validate(raw, "scenario", source=path)
         config = _merge(DEFAULTS, raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
@@ -328,7 +339,10 @@ class Scenario:
                 f"{where}: global_profiler.steps: step {bad_steps[0]} is past trainer.total_training_steps={total}"
             )
         n_seq = cfg["data"]["train_batch_size"] * cfg["actor_rollout_ref"]["rollout"]["n"]
-        for role_key, role in (("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]), ("critic", cfg["critic"])):
+        for role_key, role in (
+            ("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]),
+            ("critic", cfg["critic"]),
+        ):
             if role_key == "critic" and not self.use_critic:
                 continue
             mini = role["ppo_mini_batch_size"]
@@ -364,7 +378,6 @@ class Scenario:
         if n_seq <= 0:  # pragma: no cover - schema forbids it
             raise ScenarioError(f"{where}: data.train_batch_size: must be positive")
 
-
     def _check_world_size(self) -> None:
         """Every data-parallel split must be whole: the batch, each role's mini-batch, and micro-batches per rank."""
         cfg, where, w = self.config, self.path, self.world_size
@@ -376,7 +389,10 @@ class Scenario:
             raise ScenarioError(
                 f"{where}: trainer.world_size: {w} must divide the batch of {n_seq} sequences (data.train_batch_size x rollout.n)"
             )
-        for role_key, role in (("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]), ("critic", cfg["critic"])):
+        for role_key, role in (
+            ("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]),
+            ("critic", cfg["critic"]),
+        ):
             if role_key == "critic" and not self.use_critic:
                 continue
             mini_seqs = role["ppo_mini_batch_size"] * n
@@ -405,7 +421,9 @@ def _load_msprobe_config(scenario_path: Path, config_path: str, raw: dict[str, A
     except OSError as exc:
         raise ScenarioError(f"{scenario_path}: {field_name}: cannot read {p}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{scenario_path}: {field_name}: {p} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+        raise ScenarioError(
+            f"{scenario_path}: {field_name}: {p} is not valid JSON: {exc.msg} (line {exc.lineno})"
+        ) from None
     if data.get("dump_path"):
         raise ScenarioError(f"{p}: dump_path: must not be set; the harness controls the dump path (as verl does)")
     task = data.get("task", "statistics")
@@ -452,12 +470,19 @@ NUMERIC_SETTINGS: tuple[str, ...] = (
 )
 
 #: Keys that do not change what a run computes.
-_NOT_NUMERICS = ("name", "description", "device", "tolerance", "trainer.ray", "global_profiler.steps",
-                 "global_profiler.global_tool_config.precision_debugger.stages",
-                 "global_profiler.global_tool_config.precision_debugger.strict",
-                 "global_profiler.global_tool_config.precision_debugger.config_path",
-                 # checked on its own (GoldenStore.load names it); not part of the structural hash
-                 "global_profiler.global_tool_config.precision_debugger.level")
+_NOT_NUMERICS = (
+    "name",
+    "description",
+    "device",
+    "tolerance",
+    "trainer.ray",
+    "global_profiler.steps",
+    "global_profiler.global_tool_config.precision_debugger.stages",
+    "global_profiler.global_tool_config.precision_debugger.strict",
+    "global_profiler.global_tool_config.precision_debugger.config_path",
+    # checked on its own (GoldenStore.load names it); not part of the structural hash
+    "global_profiler.global_tool_config.precision_debugger.level",
+)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -496,5 +521,7 @@ def _scenario_hash(config: dict[str, Any]) -> str:
     """sha256 over the structural settings: model, data, shapes, algorithm choices, seed, msprobe level."""
     structural, _ = _split_settings(config)
     if structural.get("trainer.world_size") == 1:
-        del structural["trainer.world_size"]  # the single-rank default keeps the hashes recorded before world_size existed
+        del structural[
+            "trainer.world_size"
+        ]  # the single-rank default keeps the hashes recorded before world_size existed
     return hashlib.sha256(canonical_json(structural).encode()).hexdigest()

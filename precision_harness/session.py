@@ -5,6 +5,7 @@ One place decides check / update / missing for every golden (as pytest-regressio
 scenario. Scenario runs are started in worker processes on a thread pool, at most ``jobs`` at a
 time, and each scenario runs once however many of its items are selected.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -118,11 +119,15 @@ class PrecisionSession:
         st = self._states.get(scenario.name)
         if st is None:
             device = self.device_for(scenario)
-            st = self._states[scenario.name] = ScenarioState(scenario=scenario, device=device, golden_device=self.options.golden_device or device)
+            st = self._states[scenario.name] = ScenarioState(
+                scenario=scenario, device=device, golden_device=self.options.golden_device or device
+            )
         return st
 
     def run_dir(self, scenario: Scenario) -> Path:
-        return self.artifacts / scenario.name / ("run" if not self.options.worker_id else f"run-{self.options.worker_id}")
+        return (
+            self.artifacts / scenario.name / ("run" if not self.options.worker_id else f"run-{self.options.worker_id}")
+        )
 
     def _needs_run(self, st: ScenarioState) -> bool:
         mode = self.options.golden_mode
@@ -162,7 +167,11 @@ class PrecisionSession:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         st.future = self._executor.submit(
-            run_scenario, st.scenario, out_dir=self.run_dir(st.scenario), device=st.device, timeout=self.options.timeout,
+            run_scenario,
+            st.scenario,
+            out_dir=self.run_dir(st.scenario),
+            device=st.device,
+            timeout=self.options.timeout,
             ray_address=self.options.ray_address,
         )
 
@@ -199,7 +208,9 @@ class PrecisionSession:
                 path = self.rootdir / d / f"{name}{suffix}"
                 if path.is_file():
                     return Scenario.load(path)
-        raise ScenarioError(f"{name}: no scenario file {name}.yaml under {', '.join(f'{d}/' for d in dirs)} in {self.rootdir}")
+        raise ScenarioError(
+            f"{name}: no scenario file {name}.yaml under {', '.join(f'{d}/' for d in dirs)} in {self.rootdir}"
+        )
 
     def variant(self, scenario: Scenario, overrides: Mapping[str, Any], *, tag: str | None = None) -> Scenario:
         """``scenario`` with ``overrides`` (``{"dotted.key": value}``, verl key names) applied, as a new scenario.
@@ -223,7 +234,9 @@ class PrecisionSession:
             for key in parents:
                 node = node.setdefault(key, {})
                 if not isinstance(node, dict):
-                    raise ScenarioError(f"{display_path(scenario.path)}: {dotted}: {key} is not a mapping; cannot override")
+                    raise ScenarioError(
+                        f"{display_path(scenario.path)}: {dotted}: {key} is not a mapping; cannot override"
+                    )
             node[leaf] = value
         raw["name"] = name
         pd = raw.get("global_profiler", {}).get("global_tool_config", {}).get("precision_debugger", {})
@@ -231,7 +244,9 @@ class PrecisionSession:
             pd["config_path"] = str((scenario.path.parent / pd["config_path"]).resolve())
         path = self.artifacts / "variants" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = f"# variant of {display_path(scenario.path)}: {canonical_json(dict(overrides))}\n" + yaml.safe_dump(raw, sort_keys=False)
+        text = f"# variant of {display_path(scenario.path)}: {canonical_json(dict(overrides))}\n" + yaml.safe_dump(
+            raw, sort_keys=False
+        )
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
         variant = Scenario.load(path)
@@ -246,8 +261,13 @@ class PrecisionSession:
             raise st.golden_error
         assert st.future is not None
         if self.on_progress is not None and not st.future.done():
-            progress.follow(self.run_dir(scenario), st.future, scenario=scenario.name, report=self.on_progress,
-                            total_steps=scenario.config["trainer"]["total_training_steps"])
+            progress.follow(
+                self.run_dir(scenario),
+                st.future,
+                scenario=scenario.name,
+                report=self.on_progress,
+                total_steps=scenario.config["trainer"]["total_training_steps"],
+            )
         return st.future.result()
 
     def close(self) -> None:
@@ -265,7 +285,9 @@ class PrecisionSession:
                 mode = self.options.golden_mode
                 if mode == "update" or (mode == "missing" and st.golden is None):
                     previous = self.store.previous(scenario.name, st.device)
-                    st.churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
+                    st.churn = churn_mod.run_churn(
+                        scenario.name, run.run_dir, previous, scenario.steps, scenario.stages
+                    )
                     changed = self.store.promote(run.run_dir, scenario, st.device)
                     st.recorded = "recorded" if changed else "unchanged"
                     st.golden, st.golden_error = None, None
@@ -322,10 +344,19 @@ class PrecisionSession:
         artifacts = self.artifacts / scenario.name / f"step_{step}" / stage
         shutil.rmtree(artifacts, ignore_errors=True)
         return check_stage(
-            run.stage_dir(step, stage), golden.stage_dir(step, stage), scenario=scenario.name, step=step, stage=stage,
-            policy=self._policy(st), golden_sha256=sha, golden_statistics=golden.statistics(step, stage),
-            artifacts=artifacts, shown_artifacts=self._rel(artifacts), rerun=self.rerun_command(scenario, f"{stage} and step_{step}"),
-            changed=self._changed(st), level=golden.manifest.get("level"),
+            run.stage_dir(step, stage),
+            golden.stage_dir(step, stage),
+            scenario=scenario.name,
+            step=step,
+            stage=stage,
+            policy=self._policy(st),
+            golden_sha256=sha,
+            golden_statistics=golden.statistics(step, stage),
+            artifacts=artifacts,
+            shown_artifacts=self._rel(artifacts),
+            rerun=self.rerun_command(scenario, f"{stage} and step_{step}"),
+            changed=self._changed(st),
+            level=golden.manifest.get("level"),
         )
 
     @staticmethod
@@ -346,8 +377,12 @@ class PrecisionSession:
         golden_metrics = golden.verify_file(golden.manifest.get("metrics", "metrics.jsonl"))
         run = self.result(scenario)
         return check_metrics(
-            run.run_dir / "metrics.jsonl", golden_metrics, scenario=scenario.name, policy=self._policy(st),
-            rerun=self.rerun_command(scenario, "metrics"), changed=self._changed(st),
+            run.run_dir / "metrics.jsonl",
+            golden_metrics,
+            scenario=scenario.name,
+            policy=self._policy(st),
+            rerun=self.rerun_command(scenario, "metrics"),
+            changed=self._changed(st),
         )
 
     def _rel(self, p: Path) -> Path:
@@ -368,7 +403,9 @@ class PrecisionSession:
         recorded, runs = [], []
         for name, st in sorted(self._states.items()):
             if st.recorded:
-                recorded.append([name, str(self._rel(self.store.path(name, st.device))), st.recorded, churn_lines(st.churn or [])])
+                recorded.append(
+                    [name, str(self._rel(self.store.path(name, st.device))), st.recorded, churn_lines(st.churn or [])]
+                )
             if st.future is not None and st.future.done() and st.future.exception() is None:
                 run = st.future.result()
                 profiled = {f"step_{a}/{b}" for a in st.scenario.steps for b in st.scenario.stages}
@@ -397,21 +434,33 @@ class PrecisionSession:
             compared = sum(kind == "compared" for _, _, kind, _ in outs)
             n_recorded = sum(kind == "recorded" for _, _, kind, _ in outs)
             failed = sum(not passed for _, passed, _, _ in outs)
-            counts = [f"{identical} identical to golden", f"{compared} within tolerance or compared"] if not n_recorded else [f"{n_recorded} recorded"]
+            counts = (
+                [f"{identical} identical to golden", f"{compared} within tolerance or compared"]
+                if not n_recorded
+                else [f"{n_recorded} recorded"]
+            )
             lines.append(f"{len(outs)} precision items: {', '.join(counts)}, {failed} failed")
         for name, device, wall_s, run_dir, timing, compare_s in runs:
             lines.append(f"{name} on {device}: run {wall_s:.1f} s ({timing}), compare {compare_s:.1f} s -> {run_dir}")
         return lines + self.finish_lines
 
     # ----------------------------------------------------------------------- reports, unused goldens
-    def record(self, *, nodeid: str, scenario: Scenario, step: int | None, stage: str | None, outcome: Outcome) -> dict[str, Any]:
+    def record(
+        self, *, nodeid: str, scenario: Scenario, step: int | None, stage: str | None, outcome: Outcome
+    ) -> dict[str, Any]:
         """The report record of one item (plain JSON: it travels to the xdist controller on the TestReport)."""
         run = None
         st = self.state(scenario)
         if stage is None and st.future is not None and st.future.done() and st.future.exception() is None:
             res = st.future.result()
-            run = {"wall_s": round(res.wall_s, 3), "timings": res.manifest.get("timings", {}), "run_dir": str(self._rel(res.run_dir))}
-        return report.item_record(nodeid=nodeid, scenario=scenario.name, step=step, stage=stage, outcome=outcome, run=run)
+            run = {
+                "wall_s": round(res.wall_s, 3),
+                "timings": res.manifest.get("timings", {}),
+                "run_dir": str(self._rel(res.run_dir)),
+            }
+        return report.item_record(
+            nodeid=nodeid, scenario=scenario.name, step=step, stage=stage, outcome=outcome, run=run
+        )
 
     def finish(self, *, scenario_dirs: list[str]) -> None:
         """End of the run (the xdist controller's, or the only process's): unused goldens, prune, report."""
@@ -423,7 +472,9 @@ class PrecisionSession:
         pruned: list[str] = []
         if self.usage.partial:
             if self.options.prune:
-                self.finish_lines.append(f"precision-prune: nothing removed, not a full run ({'; '.join(self.usage.partial)})")
+                self.finish_lines.append(
+                    f"precision-prune: nothing removed, not a full run ({'; '.join(self.usage.partial)})"
+                )
         else:
             for name, device in self.store.unused(self.usage.names):
                 path = str(self._rel(self.store.path(name, device)))
@@ -433,12 +484,18 @@ class PrecisionSession:
                     self.finish_lines.append(f"golden pruned: {path}")
                 else:
                     unused.append({"scenario": name, "device": device, "path": path})
-                    self.finish_lines.append(f"golden unused: {path} (no collected scenario {name}; remove with --precision-prune)")
+                    self.finish_lines.append(
+                        f"golden unused: {path} (no collected scenario {name}; remove with --precision-prune)"
+                    )
         if self.options.report is not None:
             t0 = time.perf_counter()
-            doc = report.build_report(self.records, mode=self.options.golden_mode, unused=unused, pruned=pruned, partial=self.usage.partial)
+            doc = report.build_report(
+                self.records, mode=self.options.golden_mode, unused=unused, pruned=pruned, partial=self.usage.partial
+            )
             paths = report.write_report(self._abs(self.options.report), doc)
-            self.finish_lines.append(f"precision report: {', '.join(str(self._rel(p)) for p in paths)} ({time.perf_counter() - t0:.1f} s)")
+            self.finish_lines.append(
+                f"precision report: {', '.join(str(self._rel(p)) for p in paths)} ({time.perf_counter() - t0:.1f} s)"
+            )
 
 
 def churn_lines(rows: list[churn_mod.ChurnRow]) -> list[str]:

@@ -12,6 +12,7 @@ Calibrated noise (``precision-harness calibrate``, stored in the golden manifest
 only widen a tolerance: ``rtol = max(k x observed, floor)`` where the floor is the rtol resolved
 above, see :meth:`TolerancePolicy.with_noise`.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -107,6 +108,7 @@ class TolerancePolicy:
         if not noise or self.exact:
             return self
         return replace(self, noise=dict(noise.get("stages", {})), noise_k=float(noise.get("k", 0.0)))
+
     @classmethod
     def cross_device_from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
         """Policy against a golden recorded on another device: ``tolerance.cross_device`` over :data:`CROSS_DEVICE_DTYPES`.
@@ -121,7 +123,10 @@ class TolerancePolicy:
             stages=dict(cross.get("stages", {})),
             statistics=dict(cross.get("statistics", {})),
             apis=dict(cross.get("apis", {})),
-            metrics={**cross.get("metrics", {}), **{k: v for k, v in CROSS_DEVICE_METRICS.items() if k not in cross.get("metrics", {})}},
+            metrics={
+                **cross.get("metrics", {}),
+                **{k: v for k, v in CROSS_DEVICE_METRICS.items() if k not in cross.get("metrics", {})},
+            },
         )
 
     @property

@@ -11,6 +11,7 @@ run is provably full:
 
 Otherwise :attr:`GoldenUsage.partial` says why, and nothing is listed or pruned.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -46,21 +47,29 @@ class GoldenUsage:
 
     def check_complete(self, discovered: Iterable[Path], *, rootdir: Path) -> None:
         """Mark the run partial if a scenario file under rootdir was not collected."""
-        missing = sorted(str(p.relative_to(rootdir)) if p.is_relative_to(rootdir) else str(p)
-                         for p in discovered if str(p.resolve()) not in self.files)
+        missing = sorted(
+            str(p.relative_to(rootdir)) if p.is_relative_to(rootdir) else str(p)
+            for p in discovered
+            if str(p.resolve()) not in self.files
+        )
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             self.mark_partial(f"scenario files not collected: {', '.join(missing[:3])}{more}")
 
 
-def discover_scenarios(rootdir: Path, dir_names: Iterable[str], norecurse: Iterable[str] = DEFAULT_NORECURSE) -> list[Path]:
+def discover_scenarios(
+    rootdir: Path, dir_names: Iterable[str], norecurse: Iterable[str] = DEFAULT_NORECURSE
+) -> list[Path]:
     """Every ``*.yaml``/``*.yml`` in a directory named in ``dir_names`` below ``rootdir``."""
     dir_names, norecurse = set(dir_names), tuple(norecurse)
     found = []
     for current, dirs, files in os.walk(rootdir):
         here = Path(current)
-        dirs[:] = sorted(d for d in dirs if not any(fnmatch.fnmatch(d, pat) for pat in norecurse)
-                         and not (here / d / "pyvenv.cfg").exists())
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not any(fnmatch.fnmatch(d, pat) for pat in norecurse) and not (here / d / "pyvenv.cfg").exists()
+        )
         if here.name in dir_names:
             found += [here / f for f in sorted(files) if f.endswith((".yaml", ".yml"))]
     return found

@@ -3,6 +3,7 @@
 Runs come from the plugin's ``precision_run`` fixture, so a scenario the gate already ran in this
 session is not run again.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ Each test reads a run's JSON files through ``precision_run`` (shared with the ga
 scenario per session) and calls one check of :mod:`precision_harness.invariants`;
 ``test_invariant_violations.py`` shows every check failing on a run built to break it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,7 +37,9 @@ def test_suite_covers_every_invariant() -> None:
 def test_step1_actor_and_ref_see_identical_weights(scenario, run_dir) -> None:
     run = run_dir(scenario.name)
     checked = inv.check_same_weights(
-        inv.dump_of(run, 1, "actor_compute_log_prob"), inv.dump_of(run, 1, "ref_compute_log_prob"), where=f"{scenario.name} step_1"
+        inv.dump_of(run, 1, "actor_compute_log_prob"),
+        inv.dump_of(run, 1, "ref_compute_log_prob"),
+        where=f"{scenario.name} step_1",
     )
     assert checked > 100
 

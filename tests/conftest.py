@@ -1,4 +1,5 @@
 """Shared fixtures for the harness's own tests."""
+
 from __future__ import annotations
 
 import copy
@@ -16,9 +17,20 @@ DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny_ppo.yaml"
 
 
-def tensor(dtype: str = "torch.float32", shape=(2, 3), Max=1.0, Min=-1.0, Mean=0.1, Norm=2.0, requires_grad=False) -> dict[str, Any]:
+def tensor(
+    dtype: str = "torch.float32", shape=(2, 3), Max=1.0, Min=-1.0, Mean=0.1, Norm=2.0, requires_grad=False
+) -> dict[str, Any]:
     """One msprobe statistics entry, as dump.json stores it."""
-    return {"type": "torch.Tensor", "dtype": dtype, "shape": list(shape), "Max": Max, "Min": Min, "Mean": Mean, "Norm": Norm, "requires_grad": requires_grad}
+    return {
+        "type": "torch.Tensor",
+        "dtype": dtype,
+        "shape": list(shape),
+        "Max": Max,
+        "Min": Min,
+        "Mean": Mean,
+        "Norm": Norm,
+        "requires_grad": requires_grad,
+    }
 
 
 def api(inputs: list[dict], outputs: list[dict]) -> dict[str, Any]:
@@ -28,9 +40,17 @@ def api(inputs: list[dict], outputs: list[dict]) -> dict[str, Any]:
 def base_data() -> dict[str, Any]:
     """A small, realistic-looking L1 dump: three API calls in execution order."""
     return {
-        "Functional.embedding.0.forward": api([tensor("torch.int64", (2, 4), 9, 0, None, None), tensor(shape=(16, 8))], [tensor(shape=(2, 4, 8))]),
-        "Functional.linear.0.forward": api([tensor(shape=(2, 4, 8)), tensor(shape=(8, 8))], [tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)]),
-        "Functional.softmax.0.forward": api([tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)], [tensor(shape=(2, 4, 8), Max=0.9, Min=0.01, Mean=0.125, Norm=2.1)]),
+        "Functional.embedding.0.forward": api(
+            [tensor("torch.int64", (2, 4), 9, 0, None, None), tensor(shape=(16, 8))], [tensor(shape=(2, 4, 8))]
+        ),
+        "Functional.linear.0.forward": api(
+            [tensor(shape=(2, 4, 8)), tensor(shape=(8, 8))],
+            [tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)],
+        ),
+        "Functional.softmax.0.forward": api(
+            [tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)],
+            [tensor(shape=(2, 4, 8), Max=0.9, Min=0.01, Mean=0.125, Norm=2.1)],
+        ),
     }
 
 
@@ -38,7 +58,11 @@ def write_dump(stage_dir: Path, data: dict[str, Any], rank: str = "rank0") -> Pa
     """Write ``stage_dir/step0/<rank>/dump.json`` (msprobe's layout) and return its path."""
     path = stage_dir / "step0" / rank / "dump.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}, indent=1))
+    path.write_text(
+        json.dumps(
+            {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}, indent=1
+        )
+    )
     (path.parent / "construct.json").write_text("{}")
     (path.parent / "stack.json").write_text(json.dumps({"0": [["x"], ["File /tmp/somewhere.py, line 1"]]}))
     return path
@@ -72,8 +96,14 @@ def make_project(root: Path, scenario_text: str | None = None, name: str = "tiny
 
 def run_pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest in a subprocess (a fresh interpreter: sys.modules and msprobe state are clean)."""
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ def t(x, dtype=torch.float32):
 
 
 def close(actual, expected, **kw):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), **kw)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), **kw
+    )
 
 
 # ------------------------------------------------------------------ masked statistics
@@ -51,7 +53,9 @@ def test_logprobs_and_entropy():
     torch.testing.assert_close(lp.double(), ref, rtol=1e-5, atol=1e-5)
     close(A.entropy_from_logits(torch.zeros(2, 5)), [math.log(5)] * 2)
     p = torch.softmax(logits.double(), -1)
-    torch.testing.assert_close(A.entropy_from_logits(logits).double(), -(p * p.clamp_min(1e-300).log()).sum(-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        A.entropy_from_logits(logits).double(), -(p * p.clamp_min(1e-300).log()).sum(-1), rtol=1e-4, atol=1e-4
+    )
     bf = A.logprobs_from_logits(logits.bfloat16(), labels)
     assert bf.dtype == torch.bfloat16
 
@@ -196,7 +200,9 @@ def test_policy_loss_dual_clip_only_for_negative_advantage():
     lp = t([[math.log(5.0), math.log(5.0), math.log(1.1), math.log(0.5)]])
     adv = t([[-1.0, 1.0, -1.0, 1.0]])
     mask = t([[1, 1, 1, 1]])
-    loss, clipfrac, ppo_kl, clipfrac_lower = A.compute_policy_loss_vanilla(old, lp, adv, mask, clip_ratio=0.2, clip_ratio_c=3.0)
+    loss, clipfrac, ppo_kl, clipfrac_lower = A.compute_policy_loss_vanilla(
+        old, lp, adv, mask, clip_ratio=0.2, clip_ratio_c=3.0
+    )
     # token0: A<0, ratio 5: max(5, 1.2)=5, dual clip -> min(5, 3) = 3
     # token1: A>0, ratio 5: max(-5, -1.2) = -1.2 (clipped, no dual clip)
     # token2: A<0, ratio 1.1: max(1.1, 1.1) = 1.1
@@ -282,28 +288,52 @@ def test_is_veto_zeroes_whole_sequence():
     rollout = t([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
     old = rollout + t([[0.0, -12.0, 0.1], [0.1, 0.0, -0.1]])  # exp(-12) ~ 6e-6 < 1e-4
     mask = t([[1, 1, 1], [1, 1, 1]])
-    w, m = compute_rollout_importance_weights(old, rollout, mask, rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4)
+    w, m = compute_rollout_importance_weights(
+        old, rollout, mask, rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4
+    )
     assert torch.all(w[0] == 0)
     close(w[1], torch.exp(t([0.1, 0.0, -0.1])))
     assert m["mismatch/rollout_is_veto_fraction"] == 0.5
     assert m["mismatch/rollout_is_catastrophic_token_fraction"] == pytest.approx(1 / 6)
     # the veto ignores padding positions
-    w2, m2 = compute_rollout_importance_weights(old, rollout, t([[1, 0, 1], [1, 1, 1]]), rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4)
+    w2, m2 = compute_rollout_importance_weights(
+        old, rollout, t([[1, 0, 1], [1, 1, 1]]), rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4
+    )
     assert m2["mismatch/rollout_is_veto_fraction"] == 0.0 and w2[0, 0] > 0
     w3, m3 = compute_rollout_importance_weights(old, rollout, mask, rollout_is_threshold=2.0)
     assert m3["mismatch/rollout_is_veto_fraction"] == 0.0 and w3[0, 0] > 0
 
 
 SEED_IS_KEYS = {
-    "rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_max", "rollout_is_min",
-    "rollout_is_p25", "rollout_is_p50", "rollout_is_p75", "rollout_is_p95", "rollout_is_p99",
-    "rollout_is_veto_fraction", "rollout_is_catastrophic_token_fraction",
-    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min",
+    "rollout_is_eff_sample_size",
+    "rollout_is_mean",
+    "rollout_is_std",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_p25",
+    "rollout_is_p50",
+    "rollout_is_p75",
+    "rollout_is_p95",
+    "rollout_is_p99",
+    "rollout_is_veto_fraction",
+    "rollout_is_catastrophic_token_fraction",
+    "rollout_is_seq_mean",
+    "rollout_is_seq_std",
+    "rollout_is_seq_max",
+    "rollout_is_seq_min",
 }
 SEED_MISMATCH_KEYS = {
-    "mismatch_kl", "mismatch_k3_kl", "mismatch_training_ppl", "mismatch_rollout_ppl", "mismatch_ppl_ratio",
-    "mismatch_log_ppl_diff", "mismatch_log_ppl_abs_diff", "mismatch_log_ppl_diff_max", "mismatch_log_ppl_diff_min",
-    "mismatch_training_log_ppl", "mismatch_rollout_log_ppl",
+    "mismatch_kl",
+    "mismatch_k3_kl",
+    "mismatch_training_ppl",
+    "mismatch_rollout_ppl",
+    "mismatch_ppl_ratio",
+    "mismatch_log_ppl_diff",
+    "mismatch_log_ppl_abs_diff",
+    "mismatch_log_ppl_diff_max",
+    "mismatch_log_ppl_diff_min",
+    "mismatch_training_log_ppl",
+    "mismatch_rollout_log_ppl",
 }
 
 

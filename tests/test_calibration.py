@@ -1,4 +1,5 @@
 """Calibrated noise: rtol = max(k x observed, dtype floor), kept across re-records, schema-valid."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,17 +15,30 @@ from precision_harness.tolerance import TolerancePolicy
 from conftest import TINY
 from test_golden import fake_run
 
-NOISE = {"runs": 4, "k": 3.0, "variations": ["num_threads=1"], "stages": {"actor_update": {"Max": 1e-5, "Min": 0.0, "Mean": 0.0, "Norm": 2e-7}}}
+NOISE = {
+    "runs": 4,
+    "k": 3.0,
+    "variations": ["num_threads=1"],
+    "stages": {"actor_update": {"Max": 1e-5, "Min": 0.0, "Mean": 0.0, "Norm": 2e-7}},
+}
 
 
 def test_noise_only_widens() -> None:
     policy = TolerancePolicy().with_noise(NOISE)
-    tol = lambda stat, stage="actor_update": policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol  # noqa: E731
+    tol = lambda stat, stage="actor_update": (
+        policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol
+    )  # noqa: E731
     assert tol("Max") == pytest.approx(3e-5)  # 3 x 1e-5 above the fp32 floor
     assert tol("Norm") == 1.3e-6  # 3 x 2e-7 = 6e-7 is below the floor: the floor stays
     assert tol("Min") == 1.3e-6 and tol("Max", stage="critic_update") == 1.3e-6
     assert "calibrated k=3" in policy.describe()
-    assert TolerancePolicy(mode="exact").with_noise(NOISE).for_tensor(dtype="torch.float32", stage="actor_update", statistic="Max", api="x").rtol == 0
+    assert (
+        TolerancePolicy(mode="exact")
+        .with_noise(NOISE)
+        .for_tensor(dtype="torch.float32", stage="actor_update", statistic="Max", api="x")
+        .rtol
+        == 0
+    )
 
 
 def test_set_noise_validates_and_survives_rerecord(tmp_path: Path) -> None:

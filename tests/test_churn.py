@@ -1,4 +1,5 @@
 """Churn of a re-record against the previous golden (synthetic dumps)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """``precision-harness``: every command and exit code (0 pass, 1 drift, 2 usage)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ from conftest import write_dump
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precision_harness.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    return subprocess.run(
+        [sys.executable, "-m", "precision_harness.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
 
 
 @pytest.fixture
@@ -29,8 +36,10 @@ def golden_copy(recorded_project: Path, tmp_path: Path) -> Path:
 
 
 def test_compare_golden_with_itself_passes_without_torch(golden_copy: Path, tmp_path: Path) -> None:
-    code = ("import sys; from precision_harness.cli import main; rc = main(['compare', sys.argv[1], sys.argv[1]]); "
-            "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch') if m in sys.modules)); sys.exit(rc)")
+    code = (
+        "import sys; from precision_harness.cli import main; rc = main(['compare', sys.argv[1], sys.argv[1]]); "
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch') if m in sys.modules)); sys.exit(rc)"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(golden_copy)], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS critic_update @ step_1, rank0: " in proc.stdout and "identical to the golden (sha256)" in proc.stdout
@@ -40,7 +49,9 @@ def test_compare_golden_with_itself_passes_without_torch(golden_copy: Path, tmp_
 
 def test_compare_drift_exit_1_with_report(dumps, tmp_path: Path) -> None:
     target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5))
-    proc = cli("compare", str(target.parents[1]), str(golden.parents[1]), "--report", "rep", "--artifacts", "art", cwd=tmp_path)
+    proc = cli(
+        "compare", str(target.parents[1]), str(golden.parents[1]), "--report", "rep", "--artifacts", "art", cwd=tmp_path
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL actor_update @ step_1, rank0: 2 of " in proc.stdout
     assert "  first divergence  Functional.linear.0.forward.output.0  Max 3 -> 9" in proc.stdout
@@ -62,17 +73,25 @@ def test_compare_verl_multi_rank_layout(tmp_path: Path) -> None:
     shutil.rmtree(missing)
     proc = cli("compare", "profile", "golden", cwd=tmp_path)
     assert proc.returncode == 1
-    assert "FAIL actor_update @ step_3, rank1 (differs on rank1 of 2 ranks): 1 structural difference(s) from the golden" in proc.stdout
+    assert (
+        "FAIL actor_update @ step_3, rank1 (differs on rank1 of 2 ranks): 1 structural difference(s) from the golden"
+        in proc.stdout
+    )
     assert "rank1: in the golden but missing from this run" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("compare", "nope", "."), "nope: TARGET is not a directory"),
-    (("compare", ".", "."), "no step_<n>/<stage>/step0/rank<r>/dump.json on either side"),
-    (("golden", "list", "--golden-dir", "nope"), "nope: no golden directory here (--golden-dir)"),
-    (("calibrate", "x.yaml", "--runs", "1"), "--runs 1: calibration needs at least 2 reruns"),
-])
-def test_usage_errors_exit_2(args: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("compare", "nope", "."), "nope: TARGET is not a directory"),
+        (("compare", ".", "."), "no step_<n>/<stage>/step0/rank<r>/dump.json on either side"),
+        (("golden", "list", "--golden-dir", "nope"), "nope: no golden directory here (--golden-dir)"),
+        (("calibrate", "x.yaml", "--runs", "1"), "--runs 1: calibration needs at least 2 reruns"),
+    ],
+)
+def test_usage_errors_exit_2(
+    args: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     os.chdir(tmp_path)
     assert main(list(args)) == 2
     assert message in capsys.readouterr().err
@@ -109,7 +128,10 @@ def test_golden_verify_finds_corruption_and_nan(golden_copy: Path, capsys: pytes
     first = next(iter(data["data"].values()))["output"][0]
     first["Max"] = float("nan")
     dump.write_text(json.dumps(data))
-    manifest["files"][rel] = {"sha256": sha256_file(dump), "bytes": dump.stat().st_size}  # a sound digest of a bad golden
+    manifest["files"][rel] = {
+        "sha256": sha256_file(dump),
+        "bytes": dump.stat().st_size,
+    }  # a sound digest of a bad golden
     manifest_path.write_text(json.dumps(manifest))
     (golden_copy / "step_2" / "critic_update" / "step0" / "rank0" / "dump.json").write_text("{}")
     (golden_copy / "stray.txt").write_text("x")
@@ -138,12 +160,19 @@ def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[precision] tiny_ppo: step 1/2 actor_compute_log_prob (" in proc.stdout
     assert "tiny_ppo on cpu: run " in proc.stdout and "10 dumped stages" in proc.stdout
-    assert sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json") == sha256_file(p / "golden/tiny_ppo/cpu/step_2/actor_update/step0/rank0/dump.json")
+    assert sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json") == sha256_file(
+        p / "golden/tiny_ppo/cpu/step_2/actor_update/step0/rank0/dump.json"
+    )
     proc = cli("calibrate", "scenarios/tiny_ppo.yaml", "--runs", "2", cwd=p)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rerun 2/2 (num_threads=2)" in proc.stdout and "golden updated: " in proc.stdout
     noise = json.loads((p / "golden/tiny_ppo/cpu/manifest.json").read_text())["noise"]
-    assert noise["runs"] == 2 and noise["k"] == 3.0 and set(noise["stages"]) == {"actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+    assert (
+        noise["runs"] == 2
+        and noise["k"] == 3.0
+        and set(noise["stages"])
+        == {"actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update", "actor_update"}
+    )
     assert main(["golden", "verify", "--golden-dir", str(p / "golden")]) == 0
 
 
@@ -155,5 +184,7 @@ def test_options_defined_once() -> None:
     subs = parser._subparsers._group_actions[0].choices  # noqa: SLF001
     for opt in OPTIONS:
         for command in opt.cli:
-            sub = subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]  # noqa: SLF001
+            sub = (
+                subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]
+            )  # noqa: SLF001
             assert f"--{opt.name}" in sub.format_help(), (opt.name, command)

@@ -1,4 +1,5 @@
 """Stage and metrics compare on synthetic msprobe dumps: every failure mode the gate claims."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.compare import compare_metrics, compare_stage, count_statistics, flatten_dump, load_dump, msprobe_table, sha256_file
+from precision_harness.compare import (
+    compare_metrics,
+    compare_stage,
+    count_statistics,
+    flatten_dump,
+    load_dump,
+    msprobe_table,
+    sha256_file,
+)
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.report import stage_text
 from precision_harness.tolerance import TolerancePolicy
@@ -42,9 +51,12 @@ def test_drift_beyond_tolerance_names_first_and_largest(dumps, tmp_path: Path) -
     def mutate(d):
         out(d, "Functional.linear.0.forward")["Norm"] = 12.5 * (1 + 1e-4)  # 77x fp32 tolerance
         out(d, "Functional.softmax.0.forward")["Max"] = 0.9 * (1 + 1e-2)  # much larger, later
+
     v = run(*dumps(tmp_path, mutate))
     assert not v.passed and len(v.drifts) == 2
-    assert v.first_divergence.tensor == "Functional.linear.0.forward.output.0" and v.first_divergence.statistic == "Norm"
+    assert (
+        v.first_divergence.tensor == "Functional.linear.0.forward.output.0" and v.first_divergence.statistic == "Norm"
+    )
     assert v.largest.tensor == "Functional.softmax.0.forward.output.0" and v.largest.statistic == "Max"
     text = stage_text(v, rerun='pytest s.yaml -k "actor_update and step_1"')
     assert text.splitlines()[0].startswith("actor_update @ step_1, rank0: 2 of ")
@@ -92,7 +104,14 @@ def test_api_only_in_golden_fails(dumps, tmp_path: Path) -> None:
 
 
 def test_api_only_in_target_fails(dumps, tmp_path: Path) -> None:
-    v = run(*dumps(tmp_path, lambda d: d.update({"Functional.gelu.0.forward": {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()]}})))
+    v = run(
+        *dumps(
+            tmp_path,
+            lambda d: d.update(
+                {"Functional.gelu.0.forward": {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()]}}
+            ),
+        )
+    )
     assert not v.passed
     assert any("not in the golden, first Functional.gelu.0.forward" in p for p in v.problems)
 
@@ -144,7 +163,10 @@ def test_rows_and_values_match_msprobe_table(dumps, tmp_path: Path) -> None:
         for stat, col in (("Max", "NPU max"), ("Min", "NPU min"), ("Mean", "NPU mean"), ("Norm", "NPU l2norm")):
             theirs = row[col]
             mine = item.get(stat)
-            assert (mine is None and str(theirs) in ("None", "N/A", "nan")) or float(theirs) == float(mine), (row["NPU Name"], stat)
+            assert (mine is None and str(theirs) in ("None", "N/A", "nan")) or float(theirs) == float(mine), (
+                row["NPU Name"],
+                stat,
+            )
     # and the drift we flag is the row msprobe shows a non-zero Max diff for
     v = run(target, golden)
     (drift,) = v.drifts
@@ -164,10 +186,14 @@ def test_metrics_within_and_beyond() -> None:
     golden = [{"training/global_step": 1, "actor/pg_loss": 0.5, "critic/vf_loss": 1.0}]
     same = compare_metrics(golden, golden, scenario="s", policy=POLICY)
     assert same.passed and same.checked == 3
-    moved = compare_metrics([{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=POLICY)
+    moved = compare_metrics(
+        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=POLICY
+    )
     assert not moved.passed and [d.name for d in moved.drifts] == ["actor/pg_loss"]
     loose = TolerancePolicy.from_config({"metrics": {"actor/*": {"rtol": 0.05}}})
-    assert compare_metrics([{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=loose).passed
+    assert compare_metrics(
+        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=loose
+    ).passed
 
 
 def test_metrics_missing_step_and_key() -> None:
@@ -178,5 +204,10 @@ def test_metrics_missing_step_and_key() -> None:
 
 
 def test_metrics_nan_fails() -> None:
-    v = compare_metrics([{"training/global_step": 1, "a": math.nan}], [{"training/global_step": 1, "a": 1.0}], scenario="s", policy=POLICY)
+    v = compare_metrics(
+        [{"training/global_step": 1, "a": math.nan}],
+        [{"training/global_step": 1, "a": 1.0}],
+        scenario="s",
+        policy=POLICY,
+    )
     assert not v.passed

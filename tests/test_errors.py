@@ -1,4 +1,5 @@
 """Every error a user can cause is one clear line: no traceback, the file and field named."""
+
 from __future__ import annotations
 
 import json
@@ -28,20 +29,32 @@ def test_malformed_yaml(pytester: pytest.Pytester) -> None:
 def test_schema_violation_names_field(pytester: pytest.Pytester) -> None:
     make_project(pytester.path, "actor_rollout_ref:\n  actor:\n    optim:\n      lr: -1\n")
     result = pytester.runpytest_subprocess()
-    assert_one_line_error(result, "*tiny_ppo.yaml: actor_rollout_ref.actor.optim.lr: -1 is less than or equal to the minimum of 0")
+    assert_one_line_error(
+        result, "*tiny_ppo.yaml: actor_rollout_ref.actor.optim.lr: -1 is less than or equal to the minimum of 0"
+    )
 
 
 def test_unknown_stage_strict(pytester: pytest.Pytester) -> None:
-    make_project(pytester.path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [actor_updat]\n")
+    make_project(
+        pytester.path,
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [actor_updat]\n",
+    )
     result = pytester.runpytest_subprocess("--collect-only")
     assert_one_line_error(result, "*unknown stage 'actor_updat' (strict: true); expected one of *")
 
 
 def test_unknown_stage_not_strict_warns(pytester: pytest.Pytester) -> None:
-    make_project(pytester.path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      stages: [actor_update, actor_updat]\n")
+    make_project(
+        pytester.path,
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      stages: [actor_update, actor_updat]\n",
+    )
     result = pytester.runpytest_subprocess("--collect-only", "-q")
     result.stdout.fnmatch_lines(["*tiny_ppo.yaml::actor_update[[]step_1[]]*"])
-    result.stdout.fnmatch_lines(["*PytestWarning: precision_debugger.stages: 'actor_updat' is unknown or never runs in this scenario; ignored (strict: false)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*PytestWarning: precision_debugger.stages: 'actor_updat' is unknown or never runs in this scenario; ignored (strict: false)"
+        ]
+    )
 
 
 def test_corrupt_golden_file_named(project: pytest.Pytester) -> None:
@@ -49,28 +62,39 @@ def test_corrupt_golden_file_named(project: pytest.Pytester) -> None:
     dump.write_text(dump.read_text().replace('"Max": 0', '"Max": 1', 1))
     result = project.runpytest_subprocess("-k", "actor_update and step_1")
     result.assert_outcomes(failed=1, deselected=10)
-    assert_one_line_error(result, "*golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json: sha256 differs from manifest.json*")
+    assert_one_line_error(
+        result, "*golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json: sha256 differs from manifest.json*"
+    )
 
 
 def test_corrupt_manifest_named(project: pytest.Pytester) -> None:
     (project.path / "golden/tiny_ppo/cpu/manifest.json").write_text("{]")
     result = project.runpytest_subprocess()
     result.assert_outcomes(failed=11)
-    assert_one_line_error(result, "golden/tiny_ppo/cpu/manifest.json: unreadable manifest*re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update")
+    assert_one_line_error(
+        result,
+        "golden/tiny_ppo/cpu/manifest.json: unreadable manifest*re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
+    )
 
 
 def test_stale_golden_says_rerecord(project: pytest.Pytester) -> None:
     edit_scenario(project, "level: L1", "level: mix")
     result = project.runpytest_subprocess()
     result.assert_outcomes(failed=11)
-    assert_one_line_error(result, "golden/tiny_ppo/cpu/manifest.json: golden is stale, recorded under msprobe level L1 (now mix); re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update")
+    assert_one_line_error(
+        result,
+        "golden/tiny_ppo/cpu/manifest.json: golden is stale, recorded under msprobe level L1 (now mix); re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
+    )
     assert not (project.path / ".precision/artifacts/tiny_ppo/run").exists()
 
 
 def test_stale_golden_structural_change(project: pytest.Pytester) -> None:
     edit_scenario(project, "hidden_size: 16", "hidden_size: 24")
     result = project.runpytest_subprocess()
-    assert_one_line_error(result, "*golden is stale, recorded under scenario hash * (now *: model, data, batch or algorithm settings changed)*")
+    assert_one_line_error(
+        result,
+        "*golden is stale, recorded under scenario hash * (now *: model, data, batch or algorithm settings changed)*",
+    )
 
 
 def test_golden_missing_a_stage(project: pytest.Pytester) -> None:
@@ -79,7 +103,9 @@ def test_golden_missing_a_stage(project: pytest.Pytester) -> None:
     manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("step_2/actor_update/")}
     manifest_path.write_text(json.dumps(manifest))
     result = project.runpytest_subprocess("-k", "actor_update and step_2")
-    assert_one_line_error(result, "*no dump for actor_update @ step_2; the golden predates this step/stage, re-record with*")
+    assert_one_line_error(
+        result, "*no dump for actor_update @ step_2; the golden predates this step/stage, re-record with*"
+    )
 
 
 def test_msprobe_not_installed(project: pytest.Pytester) -> None:
@@ -87,8 +113,14 @@ def test_msprobe_not_installed(project: pytest.Pytester) -> None:
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError(\"No module named 'msprobe' (simulated)\")\n")
     env = {**os.environ, "PYTHONPATH": str(project.path / "fake_site")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "actor_update and step_1"], cwd=project.path,
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-k", "actor_update and step_1"],
+        cwd=project.path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout
     assert "mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe" in proc.stdout
     assert "Traceback" not in proc.stdout
@@ -99,7 +131,10 @@ def test_worker_failure_is_one_line_with_log(project: pytest.Pytester) -> None:
     edit_scenario(project, "max_prompt_length: 10", "max_prompt_length: 3")
     result = project.runpytest_subprocess("--precision-golden", "update", "-k", "metrics")
     result.assert_outcomes(failed=1, deselected=10)
-    assert_one_line_error(result, "*tiny_ppo.yaml: scenario run failed: ValueError: data.max_prompt_length: prompt * needs more than 3 tokens (log: *worker.log)")
+    assert_one_line_error(
+        result,
+        "*tiny_ppo.yaml: scenario run failed: ValueError: data.max_prompt_length: prompt * needs more than 3 tokens (log: *worker.log)",
+    )
 
 
 def test_artifacts_path_msprobe_rejects(project: pytest.Pytester) -> None:
@@ -109,11 +144,13 @@ def test_artifacts_path_msprobe_rejects(project: pytest.Pytester) -> None:
 
 def test_collect_only_imports_no_torch(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
-    pytester.makeconftest(textwrap.dedent("""
+    pytester.makeconftest(
+        textwrap.dedent("""
         import sys
         def pytest_collection_finish(session):
             heavy = sorted(m for m in ("torch", "transformers", "msprobe.pytorch") if m in sys.modules)
             print("HEAVY-MODULES:", heavy)
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("--collect-only", "-q", "-s")
     result.stdout.fnmatch_lines(["HEAVY-MODULES: []", "*11 tests collected*"])

@@ -2,6 +2,7 @@
 
 Variants (``precision_run(name, overrides)``) are exercised by ``precision_tests/``.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -58,18 +59,22 @@ def test_runs_without_a_golden(pytester: pytest.Pytester) -> None:
 def test_unknown_scenario_and_bad_override_are_one_line(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
     pytester.makeconftest(COUNTING_CONFTEST)
-    pytester.makepyfile(test_bad=textwrap.dedent("""
+    pytester.makepyfile(
+        test_bad=textwrap.dedent("""
         def test_unknown(precision_run):
             precision_run("no_such_scenario")
 
         def test_bad_override(precision_run):
             precision_run("tiny_ppo", {"algorithm.rollout_is_levle": "token"})
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("-p", "no:randomly", "test_bad.py")
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines([
-        "*no_such_scenario: no scenario file no_such_scenario.yaml under scenarios/ in *",
-        "*variants/tiny_ppo.*.yaml: algorithm: Additional properties are not allowed ('rollout_is_levle' was unexpected)*",
-        "WORKER-RUNS: [[][]]",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*no_such_scenario: no scenario file no_such_scenario.yaml under scenarios/ in *",
+            "*variants/tiny_ppo.*.yaml: algorithm: Additional properties are not allowed ('rollout_is_levle' was unexpected)*",
+            "WORKER-RUNS: [[][]]",
+        ]
+    )
     assert "precision_harness/" not in result.stdout.str()

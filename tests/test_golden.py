@@ -1,4 +1,5 @@
 """GoldenStore: layout, manifest, atomic promote, corrupt/stale/missing errors."""
+
 from __future__ import annotations
 
 import json
@@ -27,11 +28,21 @@ def fake_run(root: Path, scenario: Scenario, *, norm: float = 12.5) -> Path:
     for step in scenario.steps:
         for stage in scenario.stages:
             write_dump(root / f"step_{step}" / stage, data)
-    (root / "metrics.jsonl").write_text("".join(json.dumps({"training/global_step": s, "actor/pg_loss": 0.1}) + "\n" for s in scenario.steps))
-    (root / "run.json").write_text(json.dumps({
-        "scenario_hash": scenario.hash, "level": scenario.level, "env": {"torch": "2.13.0"}, "steps": list(scenario.steps),
-        "stages": list(scenario.stages), "numeric_settings": scenario.numeric_settings,
-    }))
+    (root / "metrics.jsonl").write_text(
+        "".join(json.dumps({"training/global_step": s, "actor/pg_loss": 0.1}) + "\n" for s in scenario.steps)
+    )
+    (root / "run.json").write_text(
+        json.dumps(
+            {
+                "scenario_hash": scenario.hash,
+                "level": scenario.level,
+                "env": {"torch": "2.13.0"},
+                "steps": list(scenario.steps),
+                "stages": list(scenario.stages),
+                "numeric_settings": scenario.numeric_settings,
+            }
+        )
+    )
     return root
 
 
@@ -43,7 +54,9 @@ def test_promote_layout_drops_stack_json(tmp_path: Path, scenario: Scenario) -> 
     assert dump.is_file() and (dump.parent / "construct.json").is_file()
     assert not list(g.path.rglob("stack.json"))
     assert not list(g.path.rglob("run.json"))
-    assert g.sha256(2, "actor_update") == {"rank0": g.manifest["files"]["step_2/actor_update/step0/rank0/dump.json"]["sha256"]}
+    assert g.sha256(2, "actor_update") == {
+        "rank0": g.manifest["files"]["step_2/actor_update/step0/rank0/dump.json"]["sha256"]
+    }
     assert g.statistics(2, "actor_update") > 0
     assert store.list() == [("tiny_ppo", "cpu")]
 
@@ -103,7 +116,10 @@ def test_crash_between_renames_is_recovered(tmp_path: Path, scenario: Scenario) 
 
 
 def test_missing_golden_names_command(tmp_path: Path, scenario: Scenario) -> None:
-    with pytest.raises(GoldenMissingError, match=r"no golden for scenario tiny_ppo on cpu; record it with: pytest .*tiny_ppo.yaml --precision-golden missing"):
+    with pytest.raises(
+        GoldenMissingError,
+        match=r"no golden for scenario tiny_ppo on cpu; record it with: pytest .*tiny_ppo.yaml --precision-golden missing",
+    ):
         GoldenStore(tmp_path / "golden").load(scenario, "cpu")
 
 
@@ -134,7 +150,9 @@ def test_stale_scenario_hash_and_level(tmp_path: Path, scenario: Scenario) -> No
     store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
     other = tmp_path / "s" / "tiny_ppo.yaml"
     other.parent.mkdir()
-    other.write_text(TINY.read_text().replace("num_hidden_layers: 1", "num_hidden_layers: 2").replace("level: L1", "level: mix"))
+    other.write_text(
+        TINY.read_text().replace("num_hidden_layers: 1", "num_hidden_layers: 2").replace("level: L1", "level: mix")
+    )
     with pytest.raises(GoldenStaleError) as exc:
         store.load(Scenario.load(other), "cpu")
     msg = str(exc.value)

@@ -1,4 +1,5 @@
 """msprobe's own first-diff (DiffAnalyzer) and graph database, beside our verdict, without torch."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,16 @@ def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> 
         data["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5)
 
     target, golden = dumps(tmp_path, triple)
-    code = (f"import sys, json; from pathlib import Path; from precision_harness.msprobe_tools import analyze_failure; "
-            f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), Path({str(tmp_path / 'art')!r}), graph=False); "
-            f"print(json.dumps([a.first_diff, a.errors, sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules)]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    code = (
+        f"import sys, json; from pathlib import Path; from precision_harness.msprobe_tools import analyze_failure; "
+        f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), Path({str(tmp_path / 'art')!r}), graph=False); "
+        f"print(json.dumps([a.first_diff, a.errors, sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules)]))"
+    )
+    out = (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     first, errors, heavy = json.loads(out)
     assert first == {"rank0": "Functional.linear.0.forward"} and errors == [] and heavy == []
 
@@ -37,12 +44,23 @@ def test_graph_database_for_module_level_dump(tmp_path: Path) -> None:
     data["Module.mlp.Linear.forward.0"] = data.pop("Functional.linear.0.forward")
     stage = tmp_path / "run" / "step_1" / "actor_update"
     dump = write_dump(stage, data)
-    (dump.parent / "construct.json").write_text(json.dumps({"Module.mlp.Linear.forward.0": None, "Functional.embedding.0.forward": None,
-                                                             "Functional.softmax.0.forward": None}))
+    (dump.parent / "construct.json").write_text(
+        json.dumps(
+            {
+                "Module.mlp.Linear.forward.0": None,
+                "Functional.embedding.0.forward": None,
+                "Functional.softmax.0.forward": None,
+            }
+        )
+    )
     write_dump(tmp_path / "golden" / "step_1" / "actor_update", base_data())
     answer = analyze_failure(stage, tmp_path / "golden" / "step_1" / "actor_update", tmp_path / "art", graph=True)
-    assert answer.graphs == [tmp_path / "art" / "graph" / "rank0.vis.db"] and answer.graphs[0].stat().st_size > 0, answer.errors
-    assert ("graph", f"tensorboard --logdir {tmp_path / 'art' / 'graph'}") in answer.lines(graph_dir=tmp_path / "art" / "graph")
+    assert answer.graphs == [tmp_path / "art" / "graph" / "rank0.vis.db"] and answer.graphs[0].stat().st_size > 0, (
+        answer.errors
+    )
+    assert ("graph", f"tensorboard --logdir {tmp_path / 'art' / 'graph'}") in answer.lines(
+        graph_dir=tmp_path / "art" / "graph"
+    )
 
 
 def test_msprobe_failure_is_a_line_not_an_error(tmp_path: Path) -> None:

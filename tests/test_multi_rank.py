@@ -1,4 +1,5 @@
 """trainer.world_size 2: ranks as Ray actors with gloo, every rank gated, a rank-1-only change named as rank1."""
+
 from __future__ import annotations
 
 import shutil
@@ -23,7 +24,9 @@ def dp2_project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_golden_keeps_every_rank() -> None:
-    files = [p.relative_to(ROOT / "golden/ppo_dp2_tiny/cpu") for p in (ROOT / "golden/ppo_dp2_tiny/cpu").rglob("dump.json")]
+    files = [
+        p.relative_to(ROOT / "golden/ppo_dp2_tiny/cpu") for p in (ROOT / "golden/ppo_dp2_tiny/cpu").rglob("dump.json")
+    ]
     assert {p.parts[3] for p in files} == {"rank0", "rank1"} and len(files) == 2 * 2 * 5
 
 
@@ -33,10 +36,14 @@ def test_change_to_rank1_data_fails_naming_rank1(dp2_project: pytest.Pytester, m
     result = dp2_project.runpytest_subprocess("-rA")
     out = result.stdout.str()
     for stage in ("actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update"):
-        assert f"PASSED scenarios/ppo_dp2_tiny.yaml::{stage}[step_1]" in out  # the advantages are not used before actor_update
-    result.stdout.fnmatch_lines([
-        "*actor_update @ step_1, rank1 (differs on rank0, rank1 of 2 ranks): * statistics beyond tolerance*",
-        "  first divergence  rank1 *",
-    ])
+        assert (
+            f"PASSED scenarios/ppo_dp2_tiny.yaml::{stage}[step_1]" in out
+        )  # the advantages are not used before actor_update
+    result.stdout.fnmatch_lines(
+        [
+            "*actor_update @ step_1, rank1 (differs on rank0, rank1 of 2 ranks): * statistics beyond tolerance*",
+            "  first divergence  rank1 *",
+        ]
+    )
     assert "FAILED scenarios/ppo_dp2_tiny.yaml::actor_update[step_1]" in out
     assert "Traceback" not in out

@@ -1,4 +1,5 @@
 """--precision-device and --precision-golden-device: clear errors or skips for missing devices, cross-device goldens."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,10 @@ def _assert_one_line_usage_error(result: pytest.RunResult, pattern: str) -> None
 def test_npu_without_torch_npu_is_a_usage_error_naming_the_fix(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
     result = pytester.runpytest_subprocess("--precision-device", "npu")
-    _assert_one_line_usage_error(result, "ERROR: --precision-device npu: torch_npu is not installed; install torch_npu *(pip install 'pytest-precision[[]npu[]]') or use --precision-device cpu")
+    _assert_one_line_usage_error(
+        result,
+        "ERROR: --precision-device npu: torch_npu is not installed; install torch_npu *(pip install 'pytest-precision[[]npu[]]') or use --precision-device cpu",
+    )
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -30,7 +34,9 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
         pytest.skip("CUDA is available here")
     make_project(pytester.path)
     result = pytester.runpytest_subprocess("--precision-device", "cuda")
-    _assert_one_line_usage_error(result, "ERROR: --precision-device cuda: torch.cuda.is_available() is False*; install a CUDA build of torch*")
+    _assert_one_line_usage_error(
+        result, "ERROR: --precision-device cuda: torch.cuda.is_available() is False*; install a CUDA build of torch*"
+    )
 
 
 @pytest.mark.skipif(device_check._has_module("torch_npu"), reason="torch_npu is installed here")
@@ -48,7 +54,10 @@ def test_scenario_device_npu_skips_under_auto(pytester: pytest.Pytester) -> None
 def test_golden_device_cannot_be_combined_with_update(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
     result = pytester.runpytest_subprocess("--precision-golden-device", "npu", "--precision-golden", "update")
-    _assert_one_line_usage_error(result, "ERROR: --precision-golden-device npu compares against another device's golden; it cannot be combined with --precision-golden update*")
+    _assert_one_line_usage_error(
+        result,
+        "ERROR: --precision-golden-device npu compares against another device's golden; it cannot be combined with --precision-golden update*",
+    )
 
 
 @pytest.mark.slow

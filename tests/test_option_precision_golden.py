@@ -1,4 +1,5 @@
 """--precision-golden check | update | missing, end to end with real scenario runs (pytester)."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ def test_update_then_check_passes_identically(project: pytest.Pytester) -> None:
     """The recorded golden is reproduced byte for byte by a fresh run (determinism across processes)."""
     result = project.runpytest_subprocess()
     result.assert_outcomes(passed=11)
-    result.stdout.fnmatch_lines(["*11 precision items: 10 identical to golden, 1 within tolerance or compared, 0 failed*"])
+    result.stdout.fnmatch_lines(
+        ["*11 precision items: 10 identical to golden, 1 within tolerance or compared, 0 failed*"]
+    )
 
 
 def test_update_twice_rewrites_nothing(project: pytest.Pytester) -> None:
@@ -29,7 +32,9 @@ def test_update_twice_rewrites_nothing(project: pytest.Pytester) -> None:
 
 
 def test_missing_records_only_absent_goldens(project: pytest.Pytester) -> None:
-    (project.path / "scenarios" / "tiny_two.yaml").write_text((project.path / "scenarios" / "tiny_ppo.yaml").read_text())
+    (project.path / "scenarios" / "tiny_two.yaml").write_text(
+        (project.path / "scenarios" / "tiny_ppo.yaml").read_text()
+    )
     before = (project.path / "golden/tiny_ppo/cpu/manifest.json").stat().st_mtime_ns
     result = project.runpytest_subprocess("--precision-golden", "missing")
     result.assert_outcomes(passed=22)
@@ -44,31 +49,40 @@ def test_check_without_golden_fails_without_running(pytester: pytest.Pytester) -
     make_project(pytester.path)
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(failed=11)
-    result.stdout.fnmatch_lines(["*no golden for scenario tiny_ppo on cpu; record it with: pytest *tiny_ppo.yaml --precision-golden missing*"])
+    result.stdout.fnmatch_lines(
+        ["*no golden for scenario tiny_ppo on cpu; record it with: pytest *tiny_ppo.yaml --precision-golden missing*"]
+    )
     assert not (pytester.path / ".precision/artifacts/tiny_ppo/run").exists()
     assert "Traceback" not in result.stdout.str()
 
 
 def test_changed_learning_rate_fails_exactly_the_affected_stages(project: pytest.Pytester) -> None:
     """critic lr only moves the critic's second mini-batch at step 1, and what reads values at step 2."""
-    edit_scenario(project, "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n  optim:\n    lr: 1.0e-3",
-                  "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n  optim:\n    lr: 3.0e-3")
+    edit_scenario(
+        project,
+        "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n  optim:\n    lr: 1.0e-3",
+        "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n  optim:\n    lr: 3.0e-3",
+    )
     result = project.runpytest_subprocess("-rf")
     result.assert_outcomes(passed=6, failed=5)
-    result.stdout.fnmatch_lines_random([
-        "FAILED scenarios/tiny_ppo.yaml::critic_update[[]step_1[]]*",
-        "FAILED scenarios/tiny_ppo.yaml::compute_values[[]step_2[]]*",
-        "FAILED scenarios/tiny_ppo.yaml::critic_update[[]step_2[]]*",
-        "FAILED scenarios/tiny_ppo.yaml::actor_update[[]step_2[]]*",
-        "FAILED scenarios/tiny_ppo.yaml::metrics*",
-    ])
-    result.stdout.fnmatch_lines([
-        "critic_update @ step_1, rank0: * of * statistics beyond tolerance (fp32: rtol 1.3e-06, atol 1e-05)",
-        "  first divergence  *",
-        "  setting changed   critic.optim.lr: 0.001 -> 0.003",
-        "  artifacts         .precision/artifacts/tiny_ppo/step_1/critic_update/",
-        '  rerun             pytest scenarios/tiny_ppo.yaml -k "critic_update and step_1"',
-    ])
+    result.stdout.fnmatch_lines_random(
+        [
+            "FAILED scenarios/tiny_ppo.yaml::critic_update[[]step_1[]]*",
+            "FAILED scenarios/tiny_ppo.yaml::compute_values[[]step_2[]]*",
+            "FAILED scenarios/tiny_ppo.yaml::critic_update[[]step_2[]]*",
+            "FAILED scenarios/tiny_ppo.yaml::actor_update[[]step_2[]]*",
+            "FAILED scenarios/tiny_ppo.yaml::metrics*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "critic_update @ step_1, rank0: * of * statistics beyond tolerance (fp32: rtol 1.3e-06, atol 1e-05)",
+            "  first divergence  *",
+            "  setting changed   critic.optim.lr: 0.001 -> 0.003",
+            "  artifacts         .precision/artifacts/tiny_ppo/step_1/critic_update/",
+            '  rerun             pytest scenarios/tiny_ppo.yaml -k "critic_update and step_1"',
+        ]
+    )
     assert (project.path / ".precision/artifacts/tiny_ppo/step_1/critic_update/compare_result_rank0.csv").is_file()
     assert (project.path / ".precision/artifacts/tiny_ppo/step_1/critic_update/verdict.txt").is_file()
 

@@ -2,6 +2,7 @@
 
 No scenario runs here: the project's own scenario has no golden, so its items fail fast.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ def stale_project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def test_full_run_lists_unused(stale_project: pytest.Pytester) -> None:
     result = stale_project.runpytest_subprocess()
-    result.stdout.fnmatch_lines(["golden unused: golden/old_scenario/cpu (no collected scenario old_scenario; remove with --precision-prune)"])
+    result.stdout.fnmatch_lines(
+        ["golden unused: golden/old_scenario/cpu (no collected scenario old_scenario; remove with --precision-prune)"]
+    )
     assert (stale_project.path / "golden/old_scenario/cpu").is_dir()
 
 
@@ -33,11 +36,14 @@ def test_prune_removes_on_full_run(stale_project: pytest.Pytester) -> None:
     assert not (stale_project.path / "golden/old_scenario").exists()
 
 
-@pytest.mark.parametrize("args, why", [
-    (("-k", "metrics"), "-k given; 11 items deselected"),
-    (("--deselect", "scenarios/tiny_ppo.yaml::metrics"), "1 item deselected"),
-    (("tests_elsewhere",), "scenario files not collected: scenarios/tiny_ppo.yaml"),
-])
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (("-k", "metrics"), "-k given; 11 items deselected"),
+        (("--deselect", "scenarios/tiny_ppo.yaml::metrics"), "1 item deselected"),
+        (("tests_elsewhere",), "scenario files not collected: scenarios/tiny_ppo.yaml"),
+    ],
+)
 def test_partial_runs_never_count(stale_project: pytest.Pytester, args: tuple[str, ...], why: str) -> None:
     (stale_project.path / "tests_elsewhere").mkdir()
     (stale_project.path / "tests_elsewhere" / "test_x.py").write_text("def test_x():\n    pass\n")

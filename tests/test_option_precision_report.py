@@ -1,5 +1,6 @@
 """--precision-report DIR (report.json/.md/.html), JUnit properties, progress lines, msprobe's answer,
 and the churn table of --precision-golden update: one real failing run and one re-record, shared."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ LR_OLD = "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n
 
 
 def _pytest(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,8 @@ def lr_changed(recorded_project: Path, tmp_path_factory: pytest.TempPathFactory)
         "import sys\n"
         "def pytest_terminal_summary(terminalreporter):\n"
         "    heavy = sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch', 'matplotlib') if m in sys.modules)\n"
-        "    terminalreporter.write_line(f'HEAVY-MODULES: {heavy}')\n")
+        "    terminalreporter.write_line(f'HEAVY-MODULES: {heavy}')\n"
+    )
     check = _pytest(root, "--precision-report", "rep", "--junitxml", "junit.xml")
     update = _pytest(root, "--precision-golden", "update", "--precision-report", "rep_update")
     return {"root": root, "check": check, "update": update}
@@ -47,20 +55,39 @@ def test_report_json_validates(lr_changed: dict) -> None:
     assert lr_changed["check"].returncode == 1, lr_changed["check"].stdout
     doc = json.loads((lr_changed["root"] / "rep" / "report.json").read_text())
     jsonschema.validate(doc, load_schema("report"))
-    assert doc["mode"] == "check" and doc["summary"] == {"items": 11, "passed": 6, "failed": 5, "identical": 6, "recorded": 0}
+    assert doc["mode"] == "check" and doc["summary"] == {
+        "items": 11,
+        "passed": 6,
+        "failed": 5,
+        "identical": 6,
+        "recorded": 0,
+    }
     cells = {(c["stage"], c["step"]): c for c in doc["scenarios"][0]["cells"]}
     assert cells[("actor_update", 2)]["passed"] is False and cells[("actor_update", 2)]["ratio"] > 1
     # critic_update moved a python-scalar input, which must match exactly: an infinite ratio, not structural
-    assert cells[("critic_update", 1)] == {"step": 1, "stage": "critic_update", "ratio": None, "passed": False, "kind": "compared", "structural": False}
+    assert cells[("critic_update", 1)] == {
+        "step": 1,
+        "stage": "critic_update",
+        "ratio": None,
+        "passed": False,
+        "kind": "compared",
+        "structural": False,
+    }
     assert cells[("actor_update", 1)]["ratio"] == 0  # identical
     failing = next(r for r in doc["items"] if r["stage"] == "critic_update" and r["step"] == 1)
-    assert failing["profile"] and failing["first_divergence"]["tensor"] and failing["artifacts"] == ".precision/artifacts/tiny_ppo/step_1/critic_update"
+    assert (
+        failing["profile"]
+        and failing["first_divergence"]["tensor"]
+        and failing["artifacts"] == ".precision/artifacts/tiny_ppo/step_1/critic_update"
+    )
     assert "precision report: rep/report.json, rep/report.md, rep/report.html (" in lr_changed["check"].stdout
 
 
 def test_gate_with_failures_and_report_imports_no_torch(lr_changed: dict) -> None:
     """compare, msprobe's first diff and the report ran in the pytest process: torch never came in."""
-    assert "HEAVY-MODULES: ['matplotlib']" in lr_changed["check"].stdout  # matplotlib only because a report was asked for
+    assert (
+        "HEAVY-MODULES: ['matplotlib']" in lr_changed["check"].stdout
+    )  # matplotlib only because a report was asked for
 
 
 def test_report_markdown_for_a_pull_request(lr_changed: dict) -> None:
@@ -108,16 +135,34 @@ def test_update_prints_churn(lr_changed: dict) -> None:
     assert doc["mode"] == "update" and {c["status"] for c in doc["churn"]} == {"changed", "unchanged"}
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless check needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless check needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)",
+)
 def test_html_report_loads_in_headless_chromium(lr_changed: dict, tmp_path: Path) -> None:
     """The single-file HTML opens offline; the DOM has the heatmap and the failing stage's drift plot."""
     html = lr_changed["root"] / "rep" / "report.html"
     text = html.read_text()
     assert not any(s in text for s in ("<script", "<link", "src=", 'href="http'))  # nothing to fetch: opens offline
-    proc = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-                           "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     dom = proc.stdout
     assert '<section id="heatmap">' in dom and 'id="heatmap-tiny_ppo"' in dom, proc.stderr[-2000:]
     start = dom.index('id="plot-tiny_ppo-step_1-critic_update"')
-    assert "<svg" in dom[start:start + 2000] and "first divergence" in dom[start:]
+    assert "<svg" in dom[start : start + 2000] and "first divergence" in dom[start:]

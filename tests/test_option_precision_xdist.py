@@ -1,4 +1,5 @@
 """pytest -n 2 (pytest-xdist) gives the verdicts of a serial run; each scenario runs once; summaries merge."""
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,13 @@ def verdicts(junit: Path) -> dict[str, str]:
     out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = case.get("name", "").split("@", 1)[0]  # loadgroup suffixes node ids with @<group>
-        state = "failed" if case.find("failure") is not None or case.find("error") is not None else "skipped" if case.find("skipped") is not None else "passed"
+        state = (
+            "failed"
+            if case.find("failure") is not None or case.find("error") is not None
+            else "skipped"
+            if case.find("skipped") is not None
+            else "passed"
+        )
         out[f"{case.get('classname')}::{name}"] = state
     return out
 
@@ -30,7 +37,9 @@ def test_xdist_and_serial_agree_on_a_suite_with_one_drifted_scenario(project: py
     edit_scenario(project, "lr: 1.0e-3", "lr: 3.0e-3", name="tiny_drift")
 
     serial = project.runpytest_subprocess("--junitxml", "serial.xml", "--precision-artifacts", ".precision/serial")
-    parallel = project.runpytest_subprocess("-n", "2", "--junitxml", "xdist.xml", "--precision-artifacts", ".precision/xdist")
+    parallel = project.runpytest_subprocess(
+        "-n", "2", "--junitxml", "xdist.xml", "--precision-artifacts", ".precision/xdist"
+    )
 
     s, p = verdicts(project.path / "serial.xml"), verdicts(project.path / "xdist.xml")
     assert len(s) == 22 and s == p
@@ -54,4 +63,6 @@ def test_dash_n_defaults_to_loadgroup(project: pytest.Pytester) -> None:
     assert result.ret == 0
     result = project.runpytest_subprocess("-n", "2", "-v", "-k", "metrics")
     result.assert_outcomes(passed=1)  # workers deselect; the controller reports no deselected count
-    result.stdout.fnmatch_lines(["scheduling tests via LoadGroupScheduling", "*PASSED scenarios/tiny_ppo.yaml::metrics@tiny_ppo*"])
+    result.stdout.fnmatch_lines(
+        ["scheduling tests via LoadGroupScheduling", "*PASSED scenarios/tiny_ppo.yaml::metrics@tiny_ppo*"]
+    )

@@ -11,6 +11,7 @@ golden under its own name (the name is not part of the scenario hash). The froze
 step 2 moves only when the changed actor samples other tokens; that is read from the runs'
 ``step_2/log_probs.json`` against the control edit, whose training is unchanged.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,23 +30,62 @@ APPLIED = "grpo_is_token_truncate"  # rollout_is: true, token/truncate, threshol
 METRICS_ONLY = "grpo_is_metrics_only"  # rollout_is: false, token/truncate, threshold 2.0
 
 STEP1_LOGPROB = {"actor_compute_log_prob[step_1]", "ref_compute_log_prob[step_1]"}
-ALL = STEP1_LOGPROB | {"actor_update[step_1]", "actor_compute_log_prob[step_2]", "ref_compute_log_prob[step_2]", "actor_update[step_2]", "metrics"}
+ALL = STEP1_LOGPROB | {
+    "actor_update[step_1]",
+    "actor_compute_log_prob[step_2]",
+    "ref_compute_log_prob[step_2]",
+    "actor_update[step_2]",
+    "metrics",
+}
 #: the weights reach the loss: the actor trains differently from step 1's update on (the frozen
 #: reference at step 2 moves only if the changed actor samples other tokens; checked separately)
 WEIGHTS_MOVE = {"actor_update[step_1]", "actor_compute_log_prob[step_2]", "actor_update[step_2]", "metrics"}
 
 # name: (base scenario, old snippet, new snippet, items that must fail, setting the verdict names)
 EDITS = {
-    "threshold": (APPLIED, "rollout_is_threshold: 2.0", "rollout_is_threshold: 1.0005", WEIGHTS_MOVE, "algorithm.rollout_is_threshold: 2.0 -> 1.0005"),
-    "threshold_lower": (APPLIED, "rollout_is_threshold: 2.0\n", "rollout_is_threshold: 2.0\n  rollout_is_threshold_lower: 0.9995\n", {"metrics"},
-                        "algorithm.rollout_is_threshold_lower: None -> 0.9995"),
-    "level": (APPLIED, "rollout_is_level: token", "rollout_is_level: sequence", WEIGHTS_MOVE, "algorithm.rollout_is_level: token -> sequence"),
-    "mode": (APPLIED, "rollout_is_mode: truncate", "rollout_is_mode: clip", {"metrics"}, "algorithm.rollout_is_mode: truncate -> clip"),
-    "veto": (APPLIED, "rollout_is_veto_threshold: 1.0e-4", "rollout_is_veto_threshold: 0.999", WEIGHTS_MOVE,
-             "algorithm.rollout_is_veto_threshold: 0.0001 -> 0.999"),
+    "threshold": (
+        APPLIED,
+        "rollout_is_threshold: 2.0",
+        "rollout_is_threshold: 1.0005",
+        WEIGHTS_MOVE,
+        "algorithm.rollout_is_threshold: 2.0 -> 1.0005",
+    ),
+    "threshold_lower": (
+        APPLIED,
+        "rollout_is_threshold: 2.0\n",
+        "rollout_is_threshold: 2.0\n  rollout_is_threshold_lower: 0.9995\n",
+        {"metrics"},
+        "algorithm.rollout_is_threshold_lower: None -> 0.9995",
+    ),
+    "level": (
+        APPLIED,
+        "rollout_is_level: token",
+        "rollout_is_level: sequence",
+        WEIGHTS_MOVE,
+        "algorithm.rollout_is_level: token -> sequence",
+    ),
+    "mode": (
+        APPLIED,
+        "rollout_is_mode: truncate",
+        "rollout_is_mode: clip",
+        {"metrics"},
+        "algorithm.rollout_is_mode: truncate -> clip",
+    ),
+    "veto": (
+        APPLIED,
+        "rollout_is_veto_threshold: 1.0e-4",
+        "rollout_is_veto_threshold: 0.999",
+        WEIGHTS_MOVE,
+        "algorithm.rollout_is_veto_threshold: 0.0001 -> 0.999",
+    ),
     "apply": (APPLIED, "rollout_is: true", "rollout_is: false", WEIGHTS_MOVE, "algorithm.rollout_is: True -> False"),
-    "metrics_only_threshold": (METRICS_ONLY, "rollout_is_threshold: 2.0", "rollout_is_threshold: 1.0005", {"metrics"},
-                               "algorithm.rollout_is_threshold: 2.0 -> 1.0005"),
+    "metrics_only_threshold": (
+        METRICS_ONLY,
+        "rollout_is_threshold: 2.0",
+        "rollout_is_threshold: 1.0005",
+        {"metrics"},
+        "algorithm.rollout_is_threshold: 2.0 -> 1.0005",
+    ),
 }
 #: an edit whose actor trains exactly as the golden's: its step-2 samples are the golden's samples
 CONTROL = "mode"

@@ -1,5 +1,6 @@
 """Scale and devices, without running a scenario: world_size in the scenario, rank naming in verdicts,
 cross-device tolerance, concurrent golden writes, and the clear errors when ray / a device is missing."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,10 @@ def test_world_size_is_structural_ray_resources_are_not(tmp_path: Path) -> None:
 
 def test_world_size_must_split_the_mini_batch(tmp_path: Path) -> None:
     # tiny: 4 prompts x n=1, actor mini-batch 2 prompts, micro 2 -> 1 sequence per rank cannot hold a micro-batch of 2
-    with pytest.raises(ScenarioError, match=r"s\.yaml: actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu: 2 must divide the per-rank mini-batch of 2/2 sequences"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"s\.yaml: actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu: 2 must divide the per-rank mini-batch of 2/2 sequences",
+    ):
         load_with(tmp_path, "trainer: {world_size: 2}")
     with pytest.raises(ScenarioError, match=r"trainer\.world_size: 3 must divide the batch of 4 sequences"):
         load_with(tmp_path, "trainer: {world_size: 3}")
@@ -101,7 +105,11 @@ def test_verdict_names_only_the_drifting_rank(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ cross-device
 def test_cross_device_policy_replaces_same_device_rules() -> None:
-    section = {"mode": "exact", "stages": {"actor_update": {"rtol": 0.0}}, "cross_device": {"apis": {"Functional.softmax.*": {"rtol": 0.05}}}}
+    section = {
+        "mode": "exact",
+        "stages": {"actor_update": {"rtol": 0.0}},
+        "cross_device": {"apis": {"Functional.softmax.*": {"rtol": 0.05}}},
+    }
     same = TolerancePolicy.from_config(section)
     cross = TolerancePolicy.cross_device_from_config(section)
     kw = {"stage": "actor_update", "statistic": "Norm"}
@@ -113,7 +121,9 @@ def test_cross_device_policy_replaces_same_device_rules() -> None:
 
 
 def test_cross_device_key_is_validated(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"tolerance\.cross_device: Additional properties are not allowed \('rtl' was unexpected\)"):
+    with pytest.raises(
+        ScenarioError, match=r"tolerance\.cross_device: Additional properties are not allowed \('rtl' was unexpected\)"
+    ):
         load_with(tmp_path, "tolerance: {cross_device: {rtl: 1}}")
 
 
@@ -141,7 +151,10 @@ def test_two_workers_recording_the_same_golden_leave_one_valid_golden(tmp_path: 
 def test_multi_rank_without_ray_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ray_launch, "ray_available", lambda: False)
     scenario = load_with(tmp_path, DP2)
-    with pytest.raises(RunFailedError, match=r"s\.yaml: trainer\.world_size: 2 runs ranks as Ray actors, but ray is not installed; pip install 'pytest-precision\[ray\]'"):
+    with pytest.raises(
+        RunFailedError,
+        match=r"s\.yaml: trainer\.world_size: 2 runs ranks as Ray actors, but ray is not installed; pip install 'pytest-precision\[ray\]'",
+    ):
         launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu")
     with pytest.raises(RunFailedError, match=r"--precision-ray-address 127\.0\.0\.1:1, but ray is not installed"):
         launch.run_scenario(Scenario.load(TINY), out_dir=tmp_path / "run", device="cpu", ray_address="127.0.0.1:1")
@@ -158,7 +171,8 @@ def test_device_check_without_torch_npu_names_the_fix(monkeypatch: pytest.Monkey
 def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
     """shard / gather / gradient mean / metric mean / the rank perturbation hook, on 2 real gloo processes."""
     script = tmp_path / "dp.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, sys, torch
         from precision_harness.runner import distributed as dp
         rank = int(sys.argv[1])
@@ -173,14 +187,24 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
         print(json.dumps({"x": part["x"].tolist(), "adv": part["advantages"].flatten().tolist(), "gathered": gathered[0].tolist(),
                           "grad": p.grad.tolist(), "metrics": m, "per_rank": dp.per_rank(4)}))
         dp.destroy_process_group()
-    """))
+    """)
+    )
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     outs = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)

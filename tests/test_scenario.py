@@ -1,4 +1,5 @@
 """Scenario loading: schema validation, defaults, verl strict semantics, hashes."""
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,10 @@ def test_unknown_stage_not_strict_is_ignored(tmp_path: Path) -> None:
 
 
 def test_stage_that_never_runs_strict(tmp_path: Path) -> None:
-    text = ("algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  rollout:\n    n: 2\n"
-            "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [compute_values]\n")
+    text = (
+        "algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  rollout:\n    n: 2\n"
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [compute_values]\n"
+    )
     with pytest.raises(ScenarioError, match="'compute_values' never runs"):
         Scenario.load(write(tmp_path, text))
 
@@ -101,10 +104,16 @@ def test_profiled_step_past_end(tmp_path: Path) -> None:
 def test_numeric_change_keeps_hash_structural_change_does_not(tmp_path: Path) -> None:
     base = Scenario.load(TINY)
     lr = Scenario.load(write(tmp_path, TINY.read_text().replace("lr: 1.0e-3", "lr: 2.0e-3", 1), "a.yaml"))
-    layers = Scenario.load(write(tmp_path, TINY.read_text().replace("num_hidden_layers: 1", "num_hidden_layers: 2"), "b.yaml"))
+    layers = Scenario.load(
+        write(tmp_path, TINY.read_text().replace("num_hidden_layers: 1", "num_hidden_layers: 2"), "b.yaml")
+    )
     level = Scenario.load(write(tmp_path, TINY.read_text().replace("level: L1", "level: mix"), "c.yaml"))
     assert lr.hash == base.hash
-    assert lr.numeric_settings["actor_rollout_ref.actor.optim.lr"] == 2e-3 != base.numeric_settings["actor_rollout_ref.actor.optim.lr"]
+    assert (
+        lr.numeric_settings["actor_rollout_ref.actor.optim.lr"]
+        == 2e-3
+        != base.numeric_settings["actor_rollout_ref.actor.optim.lr"]
+    )
     assert layers.hash != base.hash
     # the level has its own stale check (and message), so it stays out of the structural hash
     assert level.hash == base.hash and level.level == "mix"
@@ -118,8 +127,20 @@ def test_tolerance_and_description_do_not_change_hash(tmp_path: Path) -> None:
 
 
 def test_msprobe_config_path(tmp_path: Path) -> None:
-    (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "mix", "statistics": {"scope": [], "list": ["linear"], "data_mode": ["forward"], "summary_mode": "statistics"}}))
-    s = Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
+    (tmp_path / "cfg.json").write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "level": "mix",
+                "statistics": {"scope": [], "list": ["linear"], "data_mode": ["forward"], "summary_mode": "statistics"},
+            }
+        )
+    )
+    s = Scenario.load(
+        write(
+            tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"
+        )
+    )
     assert s.level == "mix"
     cfg = s.msprobe_config()
     assert cfg["statistics"]["list"] == ["linear"] and cfg["statistics"]["data_mode"] == ["forward"]
@@ -128,47 +149,82 @@ def test_msprobe_config_path(tmp_path: Path) -> None:
 def test_msprobe_config_with_dump_path_rejected(tmp_path: Path) -> None:
     (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "L1", "dump_path": "/x"}))
     with pytest.raises(ScenarioError, match="dump_path: must not be set"):
-        Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
+        Scenario.load(
+            write(
+                tmp_path,
+                "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n",
+            )
+        )
 
 
 def test_msprobe_config_bad_level_rejected(tmp_path: Path) -> None:
     (tmp_path / "cfg.json").write_text(json.dumps({"task": "statistics", "level": "L9"}))
-    with pytest.raises(ScenarioError, match=r"cfg.json: global_profiler.global_tool_config.precision_debugger.level: 'L9'"):
-        Scenario.load(write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n"))
+    with pytest.raises(
+        ScenarioError, match=r"cfg.json: global_profiler.global_tool_config.precision_debugger.level: 'L9'"
+    ):
+        Scenario.load(
+            write(
+                tmp_path,
+                "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      config_path: cfg.json\n",
+            )
+        )
 
 
 def test_rollout_is_defaults_follow_the_seed(tmp_path: Path) -> None:
     algo = Scenario.load(write(tmp_path, "seed: 1\n")).config["algorithm"]
     assert algo["rollout_is_threshold"] is None and algo["rollout_is"] is False
-    assert algo["rollout_is_veto_threshold"] == 1e-4 and algo["rollout_is_level"] == "token" and algo["rollout_is_mode"] == "truncate"
+    assert (
+        algo["rollout_is_veto_threshold"] == 1e-4
+        and algo["rollout_is_level"] == "token"
+        and algo["rollout_is_mode"] == "truncate"
+    )
 
 
 def test_rollout_is_settings_are_compared_not_stale(tmp_path: Path) -> None:
     base = Scenario.load(REPO / "scenarios" / "grpo_is_token_truncate.yaml")
     text = base.path.read_text()
-    for old, new in (("rollout_is: true", "rollout_is: false"), ("rollout_is_level: token", "rollout_is_level: geometric"),
-                     ("rollout_is_mode: truncate", "rollout_is_mode: clip"), ("rollout_is_threshold: 2.0", "rollout_is_threshold: 3.0"),
-                     ("rollout_is_veto_threshold: 1.0e-4", "rollout_is_veto_threshold: null")):
+    for old, new in (
+        ("rollout_is: true", "rollout_is: false"),
+        ("rollout_is_level: token", "rollout_is_level: geometric"),
+        ("rollout_is_mode: truncate", "rollout_is_mode: clip"),
+        ("rollout_is_threshold: 2.0", "rollout_is_threshold: 3.0"),
+        ("rollout_is_veto_threshold: 1.0e-4", "rollout_is_veto_threshold: null"),
+    ):
         other = Scenario.load(write(tmp_path, text.replace(old, new)))
         assert other.hash == base.hash, old
         assert other.numeric_settings != base.numeric_settings, old
 
 
 def test_rollout_is_without_threshold_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"s.yaml: algorithm.rollout_is: true applies IS weights but algorithm.rollout_is_threshold is null"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"s.yaml: algorithm.rollout_is: true applies IS weights but algorithm.rollout_is_threshold is null",
+    ):
         Scenario.load(write(tmp_path, "algorithm:\n  rollout_is: true\n"))
 
 
 def test_rollout_is_lower_above_upper_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"algorithm.rollout_is_threshold_lower: 3.0 is above rollout_is_threshold=2.0"):
+    with pytest.raises(
+        ScenarioError, match=r"algorithm.rollout_is_threshold_lower: 3.0 is above rollout_is_threshold=2.0"
+    ):
         Scenario.load(write(tmp_path, "algorithm:\n  rollout_is_threshold: 2.0\n  rollout_is_threshold_lower: 3.0\n"))
 
 
-@pytest.mark.parametrize("key,value", [("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-mean"), ("actor_rollout_ref.actor.kl_loss_type", "mse"),
-                                       ("algorithm.kl_penalty", "low_var_kl"), ("algorithm.rollout_is_level", "geometric"),
-                                       ("actor_rollout_ref.actor.dtype", "bfloat16"), ("reward_model.enable", True)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-mean"),
+        ("actor_rollout_ref.actor.kl_loss_type", "mse"),
+        ("algorithm.kl_penalty", "low_var_kl"),
+        ("algorithm.rollout_is_level", "geometric"),
+        ("actor_rollout_ref.actor.dtype", "bfloat16"),
+        ("reward_model.enable", True),
+    ],
+)
 def test_breadth_settings_are_covered_by_a_committed_scenario(key: str, value) -> None:
     """Each verl option the PPO-breadth issue asks for is exercised by at least one gated scenario."""
     from precision_harness.scenario import flatten
 
-    assert any(flatten(Scenario.load(p).config).get(key) == value for p in (REPO / "scenarios").glob("*.yaml")), f"no scenario sets {key}: {value}"
+    assert any(flatten(Scenario.load(p).config).get(key) == value for p in (REPO / "scenarios").glob("*.yaml")), (
+        f"no scenario sets {key}: {value}"
+    )

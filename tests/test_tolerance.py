@@ -1,4 +1,5 @@
 """TolerancePolicy: dtype defaults, override precedence, ratios."""
+
 from __future__ import annotations
 
 import math
@@ -17,17 +18,27 @@ def test_dtype_defaults_are_assert_close_table() -> None:
 
 
 def test_precedence_api_over_statistic_over_stage_over_dtype() -> None:
-    p = TolerancePolicy.from_config({
-        "dtypes": {"float32": {"rtol": 1e-5}},
-        "stages": {"actor_update": {"rtol": 1e-4}},
-        "statistics": {"Mean": {"atol": 1e-3}},
-        "apis": {"Functional.softmax.*": {"rtol": 1e-2}},
-    })
+    p = TolerancePolicy.from_config(
+        {
+            "dtypes": {"float32": {"rtol": 1e-5}},
+            "stages": {"actor_update": {"rtol": 1e-4}},
+            "statistics": {"Mean": {"atol": 1e-3}},
+            "apis": {"Functional.softmax.*": {"rtol": 1e-2}},
+        }
+    )
     kw = dict(dtype="torch.float32")
-    assert p.for_tensor(stage="critic_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw) == Tol(1e-5, 1e-5)
-    assert p.for_tensor(stage="actor_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw) == Tol(1e-4, 1e-5)
-    assert p.for_tensor(stage="actor_update", statistic="Mean", api="Functional.linear.0.forward.output.0", **kw) == Tol(1e-4, 1e-3)
-    assert p.for_tensor(stage="actor_update", statistic="Mean", api="Functional.softmax.1.forward.output.0", **kw) == Tol(1e-2, 1e-3)
+    assert p.for_tensor(
+        stage="critic_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw
+    ) == Tol(1e-5, 1e-5)
+    assert p.for_tensor(stage="actor_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw) == Tol(
+        1e-4, 1e-5
+    )
+    assert p.for_tensor(
+        stage="actor_update", statistic="Mean", api="Functional.linear.0.forward.output.0", **kw
+    ) == Tol(1e-4, 1e-3)
+    assert p.for_tensor(
+        stage="actor_update", statistic="Mean", api="Functional.softmax.1.forward.output.0", **kw
+    ) == Tol(1e-2, 1e-3)
 
 
 def test_exact_mode() -> None:

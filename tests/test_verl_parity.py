@@ -34,7 +34,12 @@ import torch
 
 if os.environ.get("PRECISION_REQUIRE_VERL"):
     # CI's parity job: a broken verl install must fail, not skip
-    for _module in ("verl", "verl.trainer.ppo.core_algos", "verl.utils.torch_functional", "verl.trainer.ppo.rollout_corr_helper"):
+    for _module in (
+        "verl",
+        "verl.trainer.ppo.core_algos",
+        "verl.utils.torch_functional",
+        "verl.trainer.ppo.rollout_corr_helper",
+    ):
         importlib.import_module(_module)
 
 verl = pytest.importorskip(
@@ -124,7 +129,11 @@ def test_logprobs_entropy(shape, dtype):
     g = torch.Generator().manual_seed(2)
     logits = (torch.randn(bs, n, 50, generator=g) * 4).to(dtype)
     labels = torch.randint(0, 50, (bs, n), generator=g)
-    check(f"logprobs_from_logits[{dtype}]", ours.logprobs_from_logits(logits, labels), verl_F.logprobs_from_logits(logits, labels))
+    check(
+        f"logprobs_from_logits[{dtype}]",
+        ours.logprobs_from_logits(logits, labels),
+        verl_F.logprobs_from_logits(logits, labels),
+    )
     check(f"entropy_from_logits[{dtype}]", ours.entropy_from_logits(logits), verl_F.entropy_from_logits(logits))
     mask = make_mask(bs, n, g)
     for mode in ours.LOSS_AGG_MODES:
@@ -230,13 +239,19 @@ def test_apply_kl_penalty(shape, name, ctrl):
 
 # ------------------------------------------------------------------ losses
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 def test_agg_loss(shape, mode):
     g, mask, *_ = batch(shape, 7, empty_row=True)
     loss_mat = torch.randn(shape, generator=g)
     check(f"agg_loss[{mode}]", ours.agg_loss(loss_mat, mask, mode), core_algos.agg_loss(loss_mat, mask, mode))
     kw = {"batch_num_tokens": 37, "global_batch_size": 11, "loss_scale_factor": 5}
-    check(f"agg_loss_global[{mode}]", ours.agg_loss(loss_mat, mask, mode, **kw), core_algos.agg_loss(loss_mat, mask, mode, **kw))
+    check(
+        f"agg_loss_global[{mode}]",
+        ours.agg_loss(loss_mat, mask, mode, **kw),
+        core_algos.agg_loss(loss_mat, mask, mode, **kw),
+    )
 
 
 CLIPS = [
@@ -275,7 +290,9 @@ def test_policy_loss_vanilla(shape, mode, clip, with_is):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 @pytest.mark.parametrize("cliprange_value", [0.2, 0.5])
 def test_value_loss(shape, mode, cliprange_value):
     g, mask, *_ = batch(shape, 9)
@@ -291,18 +308,36 @@ def test_value_loss(shape, mode, cliprange_value):
 # ------------------------------------------------------------------ rollout IS
 # PR metric name -> verl 0.9.1 rollout_corr name, for definitions unchanged between the two.
 MISMATCH_KEYS = [
-    "kl", "k3_kl", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-    "log_ppl_diff", "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio",
+    "kl",
+    "k3_kl",
+    "training_ppl",
+    "training_log_ppl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
 ]
 SHARED_IS_KEYS = [
-    "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low",
-    "rollout_is_seq_fraction_high", "rollout_is_seq_fraction_low",
+    "rollout_is_ratio_fraction_high",
+    "rollout_is_ratio_fraction_low",
+    "rollout_is_seq_fraction_high",
+    "rollout_is_seq_fraction_low",
 ]
 SHARED_IS_KEYS_SEQUENCE = ["rollout_is_max", "rollout_is_min"]
 # Equal only when neither bound is active (0.9.1 measures them after truncation/clamps at 0).
 UNBOUNDED_IS_KEYS = [
-    "rollout_is_mean", "rollout_is_max", "rollout_is_min", "rollout_is_std", "rollout_is_eff_sample_size",
-    "rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min",
+    "rollout_is_mean",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_std",
+    "rollout_is_eff_sample_size",
+    "rollout_is_seq_mean",
+    "rollout_is_seq_std",
+    "rollout_is_seq_max",
+    "rollout_is_seq_min",
     "rollout_is_seq_max_deviation",
 ]
 
@@ -337,8 +372,13 @@ def test_rollout_is_weights_and_metrics(shape, level, mode, upper, lower, scale)
     mask, old, rollout = is_batch(shape, 10, scale)
     eff_lower = 1.0 / upper if lower is None else lower
     w1, m1 = ours_is.compute_rollout_importance_weights(
-        old, rollout, mask, rollout_is_level=level, rollout_is_mode=mode,
-        rollout_is_threshold=upper, rollout_is_threshold_lower=lower,
+        old,
+        rollout,
+        mask,
+        rollout_is_level=level,
+        rollout_is_mode=mode,
+        rollout_is_threshold=upper,
+        rollout_is_threshold_lower=lower,
     )
     w2, m2 = verl_is(old, rollout, mask, level, mode, upper, eff_lower)
     check(f"rollout_is_weights[{level},{mode}]", w1, w2)
@@ -366,13 +406,20 @@ def test_rollout_is_unbounded_metrics(shape, level, mode):
     mask, old, rollout = is_batch(shape, 12, 0.01)
     upper, lower = 1e6, 1e-6  # no bound active: both metric definitions coincide
     w1, m1 = ours_is.compute_rollout_importance_weights(
-        old, rollout, mask, rollout_is_level=level, rollout_is_mode=mode,
-        rollout_is_threshold=upper, rollout_is_threshold_lower=lower,
+        old,
+        rollout,
+        mask,
+        rollout_is_level=level,
+        rollout_is_mode=mode,
+        rollout_is_threshold=upper,
+        rollout_is_threshold_lower=lower,
     )
     w2, m2 = verl_is(old, rollout, mask, level, mode, upper, lower)
     check("rollout_is_weights_unbounded", w1, w2)
     for k in UNBOUNDED_IS_KEYS:
-        check(f"mismatch/{k}[{level},unbounded]", torch.tensor(m1[f"mismatch/{k}"]), torch.tensor(m2[f"rollout_corr/{k}"]))
+        check(
+            f"mismatch/{k}[{level},unbounded]", torch.tensor(m1[f"mismatch/{k}"]), torch.tensor(m2[f"rollout_corr/{k}"])
+        )
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -407,8 +454,13 @@ def test_rollout_is_veto(shape, level, mode):
         old[r, -1] = rollout[r, -1] - 12.0
     veto = 1e-4
     w1, m1 = ours_is.compute_rollout_importance_weights(
-        old, rollout, mask, rollout_is_level=level, rollout_is_mode=mode,
-        rollout_is_threshold=2.0, rollout_is_veto_threshold=veto,
+        old,
+        rollout,
+        mask,
+        rollout_is_level=level,
+        rollout_is_mode=mode,
+        rollout_is_threshold=2.0,
+        rollout_is_veto_threshold=veto,
     )
     w2, _ = verl_is(old, rollout, mask, level, mode, 2.0, 0.5)
     catastrophic = ((old - rollout) < math.log(veto)) & mask.bool()
@@ -423,4 +475,6 @@ def test_report_max_abs_diff():
     if not MAX_ABS_DIFF:
         pytest.skip("no parity comparison ran before this test")
     worst = max(MAX_ABS_DIFF, key=MAX_ABS_DIFF.get)
-    print(f"\n[verl parity] max |ours - verl| = {MAX_ABS_DIFF[worst]:.3e} ({worst}) over {len(MAX_ABS_DIFF)} quantities")
+    print(
+        f"\n[verl parity] max |ours - verl| = {MAX_ABS_DIFF[worst]:.3e} ({worst}) over {len(MAX_ABS_DIFF)} quantities"
+    )

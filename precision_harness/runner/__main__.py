@@ -5,6 +5,7 @@ Runs one scenario in this process and writes, under ``--out``:
 ``metrics.jsonl``, ``run.json``.
 On failure it writes ``error.txt`` (one line, for the caller) and exits 1; the traceback goes to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m precision_harness.runner", description=__doc__.splitlines()[0])
     parser.add_argument("scenario", type=Path, help="scenario YAML file")
     parser.add_argument("--out", type=Path, required=True, help="run directory (created; must be empty or absent)")
-    parser.add_argument("--device", default=None, choices=["cpu", "cuda", "npu"], help="overrides the scenario's device")
-    parser.add_argument("--no-dump", action="store_true", help="run without msprobe (baseline for overhead measurements)")
+    parser.add_argument(
+        "--device", default=None, choices=["cpu", "cuda", "npu"], help="overrides the scenario's device"
+    )
+    parser.add_argument(
+        "--no-dump", action="store_true", help="run without msprobe (baseline for overhead measurements)"
+    )
     parser.add_argument("--rank", type=int, default=0, help="rank passed to PrecisionDebugger.start(rank_id=...)")
     args = parser.parse_args(argv)
     out: Path = args.out
@@ -51,7 +56,9 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
         try:
             import msprobe.pytorch  # noqa: F401
         except ImportError as exc:
-            raise ImportError(f"mindstudio-probe is not importable in the worker ({exc}); pip install mindstudio-probe") from None
+            raise ImportError(
+                f"mindstudio-probe is not importable in the worker ({exc}); pip install mindstudio-probe"
+            ) from None
     from precision_harness.runner import devices
     from precision_harness.runner.trainer import Trainer
 

@@ -374,9 +374,7 @@ def get_adv_estimator_fn(name: str) -> Callable[..., tuple[torch.Tensor, torch.T
     try:
         return ADV_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(
-            f"Unknown advantage estimator {name!r}; known: {', '.join(sorted(ADV_ESTIMATORS))}"
-        ) from None
+        raise ValueError(f"Unknown advantage estimator {name!r}; known: {', '.join(sorted(ADV_ESTIMATORS))}") from None
 
 
 # --------------------------------------------------------------------------------------------

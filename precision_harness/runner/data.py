@@ -1,4 +1,5 @@
 """Built-in deterministic prompts (arithmetic questions) and the rule reward."""
+
 from __future__ import annotations
 
 import random

@@ -4,6 +4,7 @@
 environment, because thread pools and BLAS dispatch are fixed when torch is first imported.
 :func:`setup` runs inside the worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,7 +57,9 @@ def setup(device: str, *, seed: int, num_threads: int) -> Any:
         try:
             import torch_npu  # noqa: F401  (registers the npu device)
         except ImportError:
-            raise RuntimeError("device npu: torch_npu is not installed; pip install 'pytest-precision[npu]' or pick --precision-device cpu") from None
+            raise RuntimeError(
+                "device npu: torch_npu is not installed; pip install 'pytest-precision[npu]' or pick --precision-device cpu"
+            ) from None
         try:
             from msprobe.pytorch import seed_all
 

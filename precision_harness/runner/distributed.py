@@ -20,6 +20,7 @@ byte for byte. The collectives run inside the profiled stages, so msprobe L1 dum
 ``advantages`` of its shard by ``1 + 1e-3``, a change that only touches that rank's data; the
 harness's tests use it to check that a verdict names the rank that diverged first.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,7 +39,9 @@ PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
 PERTURB_SCALE = 1.0 + 1e-3
 
 
-def init_process_group(*, rank: int, world_size: int, master_addr: str, master_port: int, device: str, timeout_s: float = 120.0) -> None:
+def init_process_group(
+    *, rank: int, world_size: int, master_addr: str, master_port: int, device: str, timeout_s: float = 120.0
+) -> None:
     """Join the scenario's process group over a TCP store at ``master_addr:master_port``."""
     global _CPU_GROUP
     backend = BACKENDS[device]
@@ -50,7 +53,10 @@ def init_process_group(*, rank: int, world_size: int, master_addr: str, master_p
 
         torch.npu.set_device(0)  # type: ignore[attr-defined]
     dist.init_process_group(
-        backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
     # metrics are reduced in float64 on CPU (nccl/hccl float64 support varies): a gloo group beside the device group

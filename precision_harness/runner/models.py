@@ -3,6 +3,7 @@
 Built from a Qwen2 config with a fixed seed, so no download is needed; or loaded from a local
 checkpoint directory (``model.path``) with ``local_files_only=True``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -81,7 +82,9 @@ def build_critic(model_cfg: dict[str, Any], tok: ByteTokenizer, *, seed: int) ->
     if model_cfg["path"]:
         from transformers import AutoModelForTokenClassification
 
-        return AutoModelForTokenClassification.from_pretrained(model_cfg["path"], num_labels=1, local_files_only=True, torch_dtype=torch.float32)
+        return AutoModelForTokenClassification.from_pretrained(
+            model_cfg["path"], num_labels=1, local_files_only=True, torch_dtype=torch.float32
+        )
     return _seeded(seed + 1, lambda: Qwen2ForTokenClassification(qwen2_config(model_cfg, tok, num_labels=1)))
 
 
@@ -90,7 +93,9 @@ def build_reward_model(model_cfg: dict[str, Any], tok: ByteTokenizer, *, seed: i
     if model_cfg["path"]:
         from transformers import AutoModelForSequenceClassification
 
-        return AutoModelForSequenceClassification.from_pretrained(model_cfg["path"], num_labels=1, local_files_only=True, torch_dtype=torch.float32)
+        return AutoModelForSequenceClassification.from_pretrained(
+            model_cfg["path"], num_labels=1, local_files_only=True, torch_dtype=torch.float32
+        )
     return _seeded(seed + 2, lambda: Qwen2ForSequenceClassification(qwen2_config(model_cfg, tok, num_labels=1)))
 
 

@@ -4,6 +4,7 @@ msprobe's debugger is a process-wide singleton with one level per process (MSPRO
 so a worker builds one probe and re-points ``service.config.dump_path`` for every stage, as verl's
 ``PrecisionDebuggerProfiler`` does: ``start(model, rank_id) -> stage -> stop -> reset_status``.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 Layout as verl's rollout output: ``input_ids = [prompt (left-padded) | response (right-padded)]``,
 ``position_ids = cumsum(attention_mask) - 1`` clipped at 0.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -81,7 +82,9 @@ def generate(
         if bool(finished.all()):
             responses_left = max_response_length - t - 1
             if responses_left:
-                seq = torch.cat([seq, torch.full((bsz, responses_left), pad_token_id, dtype=torch.long, device=device)], dim=-1)
+                seq = torch.cat(
+                    [seq, torch.full((bsz, responses_left), pad_token_id, dtype=torch.long, device=device)], dim=-1
+                )
                 mask = torch.cat([mask, torch.zeros((bsz, responses_left), dtype=torch.long, device=device)], dim=-1)
             break
     response_mask = mask[:, prompt_ids.shape[1] :].cpu()

@@ -113,9 +113,7 @@ def compute_rollout_importance_weights(
     if rollout_is_threshold is None:
         return None, {}
     if rollout_is_level not in IS_LEVELS:
-        raise ValueError(
-            f"Invalid rollout_is_level: {rollout_is_level}. Must be 'token', 'sequence', or 'geometric'."
-        )
+        raise ValueError(f"Invalid rollout_is_level: {rollout_is_level}. Must be 'token', 'sequence', or 'geometric'.")
     if rollout_is_mode not in IS_MODES:
         raise ValueError(f"Invalid rollout_is_mode: {rollout_is_mode}. Must be 'truncate' or 'clip'.")
 

@@ -10,6 +10,7 @@ With ``trainer.world_size > 1`` the ``dp`` decorators (``runner/distributed.py``
 shard of the batch, gather no-grad results back and all-reduce gradients before every optimizer step;
 mini-batches are then ``ppo_mini_batch_size x n / world_size`` sequences per rank, as in verl.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -36,7 +37,9 @@ def _forward_logits(model: torch.nn.Module, mb: Batch, response_length: int) -> 
     return out.logits[:, -response_length - 1 : -1, :]
 
 
-def forward_log_prob(model: torch.nn.Module, mb: Batch, *, temperature: float, calculate_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_log_prob(
+    model: torch.nn.Module, mb: Batch, *, temperature: float, calculate_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``(b, R)`` of ``mb["responses"]`` under ``model``, and entropy ``(b, R)`` if asked.
 
     Logits are divided by ``temperature`` and taken in fp32 (verl ``DataParallelPPOActor._forward_micro_batch``).
@@ -49,7 +52,9 @@ def forward_log_prob(model: torch.nn.Module, mb: Batch, *, temperature: float, c
 
 @torch.no_grad()
 @dp.dp_compute
-def compute_log_prob(model: torch.nn.Module, batch: Batch, *, micro_batch_size: int, temperature: float, calculate_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def compute_log_prob(
+    model: torch.nn.Module, batch: Batch, *, micro_batch_size: int, temperature: float, calculate_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Micro-batched no-grad log-probs (and entropy), ``(B, R)`` each (verl ``compute_log_prob``)."""
     keys = ("input_ids", "attention_mask", "position_ids", "responses")
     lps, ents = [], []
@@ -78,7 +83,9 @@ def compute_rm_score(reward_model: torch.nn.Module, batch: Batch, *, micro_batch
     """Sequence scores ``(B,)`` from the reward model's last non-pad token (verl ``RewardModelWorker.compute_rm_score``)."""
     keys = ("input_ids", "attention_mask", "position_ids")
     scores = [
-        reward_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"]).logits.squeeze(-1).float()
+        reward_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"])
+        .logits.squeeze(-1)
+        .float()
         for mb in split({k: batch[k] for k in keys}, micro_batch_size)
     ]
     return torch.cat(scores)
@@ -108,7 +115,9 @@ def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
 
 
 @dp.dp_update
-def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int) -> dict[str, float]:
+def critic_update(
+    critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int
+) -> dict[str, float]:
     """PPO value-function update (verl ``DataParallelPPOCritic.update_critic``).
 
     Reads ``values`` (old values), ``returns``, ``response_mask`` ``(B, R)``. Returns metrics
@@ -123,8 +132,12 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
         for mb in split(mini, micro):
             vpreds = _forward_logits(critic, mb, mb["responses"].shape[1]).squeeze(-1).float()
             vf_loss, vf_clipfrac = core_algos.compute_value_loss(
-                vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mb["response_mask"],
-                cliprange_value=cfg["cliprange_value"], loss_agg_mode=cfg["loss_agg_mode"],
+                vpreds=vpreds,
+                returns=mb["returns"],
+                values=mb["values"],
+                response_mask=mb["response_mask"],
+                cliprange_value=cfg["cliprange_value"],
+                loss_agg_mode=cfg["loss_agg_mode"],
             )
             (vf_loss * (mb["responses"].shape[0] / mini["responses"].shape[0])).backward()
             metrics["critic/vf_loss"].append(_scalar(vf_loss))
@@ -136,7 +149,13 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
 
 @dp.dp_update
 def actor_update(
-    actor: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int, temperature: float,
+    actor: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: dict[str, Any],
+    *,
+    n: int,
+    temperature: float,
     trace: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """PPO policy update with dual-clip loss, entropy bonus and optional KL loss (verl ``DataParallelPPOActor.update_policy``).
@@ -152,7 +171,17 @@ def actor_update(
     """
     actor.train()
     mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
-    keys = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages", "ref_log_prob", "rollout_is_weights")
+    keys = (
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "responses",
+        "response_mask",
+        "old_log_probs",
+        "advantages",
+        "ref_log_prob",
+        "rollout_is_weights",
+    )
     entropy_coeff, use_kl_loss = cfg["entropy_coeff"], cfg["use_kl_loss"]
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
@@ -160,13 +189,21 @@ def actor_update(
     for index, mini in enumerate(_mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"])):
         for mb in split(mini, micro):
             mask = mb["response_mask"]
-            log_prob, entropy = forward_log_prob(actor, mb, temperature=temperature, calculate_entropy=entropy_coeff != 0)
+            log_prob, entropy = forward_log_prob(
+                actor, mb, temperature=temperature, calculate_entropy=entropy_coeff != 0
+            )
             if index == 0:
                 first.append(log_prob.detach())
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss_vanilla(
-                old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
-                loss_agg_mode=cfg["loss_agg_mode"], clip_ratio=cfg["clip_ratio"], clip_ratio_low=cfg["clip_ratio_low"],
-                clip_ratio_high=cfg["clip_ratio_high"], clip_ratio_c=cfg["clip_ratio_c"],
+                old_log_prob=mb["old_log_probs"],
+                log_prob=log_prob,
+                advantages=mb["advantages"],
+                response_mask=mask,
+                loss_agg_mode=cfg["loss_agg_mode"],
+                clip_ratio=cfg["clip_ratio"],
+                clip_ratio_low=cfg["clip_ratio_low"],
+                clip_ratio_high=cfg["clip_ratio_high"],
+                clip_ratio_c=cfg["clip_ratio_c"],
                 rollout_is_weights=mb.get("rollout_is_weights"),
             )
             policy_loss = pg_loss
@@ -175,7 +212,9 @@ def actor_update(
                 policy_loss = policy_loss - entropy_coeff * entropy_loss
                 metrics["actor/entropy_loss"].append(_scalar(entropy_loss))
             if use_kl_loss:
-                kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"])
+                kld = core_algos.kl_penalty(
+                    logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"]
+                )
                 kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
                 policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
                 metrics["actor/kl_loss"].append(_scalar(kl_loss))

@@ -6,6 +6,7 @@ advantage -> ``critic_update`` -> ``actor_update``. Profiled (step, stage) pairs
 :class:`StageProbe`; every stage is timed. Writes ``metrics.jsonl``, ``step_<n>/log_probs.json``
 (per-token log-probs for the invariant checks of ``precision_tests/``) and ``run.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,19 +56,31 @@ class Trainer:
             self.critic = models.build_critic(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device)
             self.critic_optim = self._optimizer(self.critic, cfg["critic"]["optim"])
         if self.scenario.use_reward_model:
-            self.reward_model = models.frozen_copy(models.build_reward_model(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device))
+            self.reward_model = models.frozen_copy(
+                models.build_reward_model(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device)
+            )
         algo = cfg["algorithm"]
         kc = algo["kl_ctrl"]
         self.kl_ctrl = (
-            core_algos.FixedKLController(kl_coef=kc["kl_coef"]) if kc["type"] == "fixed"
-            else core_algos.AdaptiveKLController(init_kl_coef=kc["kl_coef"], target_kl=kc["target_kl"], horizon=kc["horizon"])
+            core_algos.FixedKLController(kl_coef=kc["kl_coef"])
+            if kc["type"] == "fixed"
+            else core_algos.AdaptiveKLController(
+                init_kl_coef=kc["kl_coef"], target_kl=kc["target_kl"], horizon=kc["horizon"]
+            )
         )
         # a dedicated CPU generator: sampling is identical on every device
         self.generator = torch.Generator(device="cpu").manual_seed(cfg["seed"])
 
     @staticmethod
     def _optimizer(model: torch.nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(model.parameters(), lr=optim["lr"], betas=tuple(optim["betas"]), weight_decay=optim["weight_decay"], eps=optim["eps"], foreach=False)
+        return torch.optim.AdamW(
+            model.parameters(),
+            lr=optim["lr"],
+            betas=tuple(optim["betas"]),
+            weight_decay=optim["weight_decay"],
+            eps=optim["eps"],
+            foreach=False,
+        )
 
     # ------------------------------------------------------------------------------------ stages
     @contextmanager
@@ -85,14 +98,22 @@ class Trainer:
         actor_cfg, rollout_cfg, algo = ar["actor"], ar["rollout"], cfg["algorithm"]
         n, temperature = rollout_cfg["n"], rollout_cfg["temperature"]
         prompts = data_mod.arithmetic_prompts(seed=cfg["seed"], step=step, batch_size=cfg["data"]["train_batch_size"])
-        encoded = rollout.encode_prompts([p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"])
+        encoded = rollout.encode_prompts(
+            [p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"]
+        )
 
         # rollout: the inference engine holds its own copy of the weights, in rollout.dtype
         t0 = time.perf_counter()
         engine = models.frozen_copy(self.actor, self.rollout_dtype)
         batch = rollout.generate(
-            engine, encoded, n=n, temperature=temperature, max_response_length=cfg["data"]["max_response_length"],
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
+            engine,
+            encoded,
+            n=n,
+            temperature=temperature,
+            max_response_length=cfg["data"]["max_response_length"],
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            generator=self.generator,
         )
         del engine
         self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
@@ -104,11 +125,15 @@ class Trainer:
         # reward: sequence score placed on the last response token
         if self.reward_model is not None:
             with self.stage(step, "compute_rm_score", self.reward_model):
-                scores = stages.compute_rm_score(self.reward_model, batch, micro_batch_size=cfg["reward_model"]["micro_batch_size_per_gpu"])
+                scores = stages.compute_rm_score(
+                    self.reward_model, batch, micro_batch_size=cfg["reward_model"]["micro_batch_size_per_gpu"]
+                )
         else:
             answers = [p.answer for p in prompts for _ in range(n)]
             texts = [tok.decode(row.tolist()) for row in batch["responses"].cpu()]
-            scores = torch.tensor([data_mod.rule_reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32, device=self.device)
+            scores = torch.tensor(
+                [data_mod.rule_reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32, device=self.device
+            )
         last = (mask.sum(-1) - 1).clamp(min=0)
         token_level_scores = torch.zeros_like(batch["rollout_log_probs"])
         token_level_scores[torch.arange(mask.shape[0]), last] = scores
@@ -116,7 +141,11 @@ class Trainer:
         with self.stage(step, "actor_compute_log_prob", self.actor):
             self.actor.eval()
             old_log_probs, entropy = stages.compute_log_prob(
-                self.actor, batch, micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"], temperature=temperature, calculate_entropy=True,
+                self.actor,
+                batch,
+                micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"],
+                temperature=temperature,
+                calculate_entropy=True,
             )
         batch["old_log_probs"] = old_log_probs
         metrics["actor/entropy"] = core_algos.masked_mean(entropy, mask).item()
@@ -124,21 +153,35 @@ class Trainer:
         if self.ref is not None:
             with self.stage(step, "ref_compute_log_prob", self.ref):
                 batch["ref_log_prob"], _ = stages.compute_log_prob(
-                    self.ref, batch, micro_batch_size=ar["ref"]["log_prob_micro_batch_size_per_gpu"], temperature=temperature, calculate_entropy=False,
+                    self.ref,
+                    batch,
+                    micro_batch_size=ar["ref"]["log_prob_micro_batch_size_per_gpu"],
+                    temperature=temperature,
+                    calculate_entropy=False,
                 )
 
         if self.critic is not None:
             with self.stage(step, "compute_values", self.critic):
                 self.critic.eval()
-                batch["values"] = stages.compute_values(self.critic, batch, micro_batch_size=cfg["critic"]["ppo_micro_batch_size_per_gpu"])
+                batch["values"] = stages.compute_values(
+                    self.critic, batch, micro_batch_size=cfg["critic"]["ppo_micro_batch_size_per_gpu"]
+                )
 
         # rollout importance sampling (verl PR: rollout_is_*); metrics always, weights when rollout_is
-        metrics.update(compute_mismatch_metrics(old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask))
+        metrics.update(
+            compute_mismatch_metrics(
+                old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask
+            )
+        )
         if algo["rollout_is_threshold"] is not None:
             weights, is_metrics = compute_rollout_importance_weights(
-                old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask,
-                rollout_is_level=algo["rollout_is_level"], rollout_is_mode=algo["rollout_is_mode"],
-                rollout_is_threshold=algo["rollout_is_threshold"], rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
+                old_log_prob=old_log_probs,
+                rollout_log_prob=batch["rollout_log_probs"],
+                response_mask=mask,
+                rollout_is_level=algo["rollout_is_level"],
+                rollout_is_mode=algo["rollout_is_mode"],
+                rollout_is_threshold=algo["rollout_is_threshold"],
+                rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
                 rollout_is_veto_threshold=algo["rollout_is_veto_threshold"],
             )
             metrics.update(is_metrics)
@@ -147,8 +190,12 @@ class Trainer:
 
         if algo["use_kl_in_reward"]:
             token_level_rewards, kl_metrics = core_algos.apply_kl_penalty(
-                token_level_scores=token_level_scores, old_log_probs=old_log_probs, ref_log_prob=batch["ref_log_prob"],
-                response_mask=mask, kl_ctrl=self.kl_ctrl, kl_penalty=algo["kl_penalty"],
+                token_level_scores=token_level_scores,
+                old_log_probs=old_log_probs,
+                ref_log_prob=batch["ref_log_prob"],
+                response_mask=mask,
+                kl_ctrl=self.kl_ctrl,
+                kl_penalty=algo["kl_penalty"],
             )
             metrics.update(kl_metrics)
         else:
@@ -156,11 +203,18 @@ class Trainer:
 
         if algo["adv_estimator"] == "gae":
             advantages, returns = core_algos.compute_gae_advantage_return(
-                token_level_rewards=token_level_rewards, values=batch["values"], response_mask=mask, gamma=algo["gamma"], lam=algo["lam"],
+                token_level_rewards=token_level_rewards,
+                values=batch["values"],
+                response_mask=mask,
+                gamma=algo["gamma"],
+                lam=algo["lam"],
             )
         else:
             advantages, returns = core_algos.compute_grpo_outcome_advantage(
-                token_level_rewards=token_level_rewards, response_mask=mask, index=uids, norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
+                token_level_rewards=token_level_rewards,
+                response_mask=mask,
+                index=uids,
+                norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
         batch["advantages"], batch["returns"] = advantages, returns
         batch = perturb_for_test(batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
@@ -171,16 +225,22 @@ class Trainer:
 
         trace: dict[str, torch.Tensor] = {}
         with self.stage(step, "actor_update", self.actor):
-            metrics.update(stages.actor_update(self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature, trace=trace))
+            metrics.update(
+                stages.actor_update(
+                    self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature, trace=trace
+                )
+            )
         self._write_log_probs(step, batch, trace["first_mini_batch_log_prob"])
 
-        metrics.update({
-            "critic/score/mean": scores.mean().item(),
-            "critic/rewards/mean": core_algos.masked_sum(token_level_rewards, mask).item() / mask.shape[0],
-            "critic/advantages/mean": core_algos.masked_mean(advantages, mask).item(),
-            "critic/returns/mean": core_algos.masked_mean(returns, mask).item(),
-            "response_length/mean": mask.sum(-1).float().mean().item(),
-        })
+        metrics.update(
+            {
+                "critic/score/mean": scores.mean().item(),
+                "critic/rewards/mean": core_algos.masked_sum(token_level_rewards, mask).item() / mask.shape[0],
+                "critic/advantages/mean": core_algos.masked_mean(advantages, mask).item(),
+                "critic/returns/mean": core_algos.masked_mean(returns, mask).item(),
+                "response_length/mean": mask.sum(-1).float().mean().item(),
+            }
+        )
         if "values" in batch:
             metrics["critic/values/mean"] = core_algos.masked_mean(batch["values"], mask).item()
         return metrics
