@@ -9,8 +9,9 @@ fixture, and the terminal summary. The work is done by
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -25,9 +25,10 @@ the same scales the tolerance uses; changes where the golden is 0 are left to at
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 

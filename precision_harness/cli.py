@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from precision_harness import options as option_table
 from precision_harness.errors import PrecisionError

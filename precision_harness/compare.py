@@ -19,9 +19,10 @@ import io
 import json
 import math
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
 from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
@@ -133,7 +134,7 @@ def count_statistics(dump: dict[str, Any]) -> int:
 
 
 def _float(value: Any) -> float | None:
-    if value is None or isinstance(value, str) and value.strip() in ("N/A", "", "None", "-"):
+    if value is None or (isinstance(value, str) and value.strip() in ("N/A", "", "None", "-")):
         return None
     try:
         return float(value)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 NPU_FIX = (
     "install torch_npu matching your CANN and torch (pip install 'pytest-precision[npu]') or use --precision-device cpu"
@@ -30,7 +30,7 @@ def _has_module(name: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def unavailable_reason(device: str) -> str | None:
     """``None`` if ``device`` can run scenarios in a worker on this machine, else the one-line reason and fix."""
     if device == "cpu":

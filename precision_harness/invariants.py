@@ -26,8 +26,9 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from precision_harness.compare import iter_tensors, load_dump, read_metrics
 from precision_harness.scenario import Scenario
@@ -35,15 +36,15 @@ from precision_harness.tolerance import DTYPE_DEFAULTS, STATISTICS, Tol
 
 __all__ = [
     "HEALTH_RANGES",
+    "InvariantViolation",
     "applies_mismatch_health",
     "applies_same_weights",
-    "load_suite",
-    "InvariantViolation",
     "check_micro_batch_invariance",
     "check_mismatch_health",
     "check_on_policy",
     "check_same_weights",
     "dump_of",
+    "load_suite",
     "log_probs_of",
     "metrics_of",
 ]

@@ -137,7 +137,7 @@ def analyze_failure(target_stage: Path, golden_stage: Path, out_dir: Path, *, gr
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fn()
-        except Exception as exc:  # noqa: BLE001 - msprobe's failure is reported, never raised
+        except Exception as exc:
             message = str(exc).splitlines()[0] if str(exc) else ""
             answer.errors.append(f"{tool}: {type(exc).__name__}: {message} (log: {out_dir / 'msprobe.log'})")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 PROGRESS_FILE = "progress.jsonl"
 
@@ -80,7 +82,7 @@ def follow(
             return
         except FutureTimeout:
             pass
-        except BaseException:  # noqa: BLE001 - the caller gets the run's error from the future itself
+        except BaseException:
             return
         events, offset = read_events(path, offset)
         for e in events:

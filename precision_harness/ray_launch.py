@@ -111,7 +111,7 @@ class RankWorker:
             finally:
                 distributed.destroy_process_group()
             return {"rank": self.rank, "archive": _archive(out, self.rank), "error": None}
-        except BaseException as exc:  # noqa: BLE001 - reported to the driver as one line
+        except BaseException as exc:
             message = str(exc).splitlines()[0] if str(exc) else ""
             return {
                 "rank": self.rank,
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         run_driver(args.scenario, out=args.out, device=args.device, address=args.address, dump=not args.no_dump)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
         reason = (
             message

@@ -11,7 +11,7 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ DEFAULTS: dict[str, Any] = {
 MSPROBE_KEYS = ("task", "level", "scope", "list", "data_mode", "summary_mode")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_schema(name: str) -> dict[str, Any]:
     """Return the JSON Schema ``schemas/<name>.schema.json`` shipped with the package."""
     text = resources.files("precision_harness.schemas").joinpath(f"{name}.schema.json").read_text("utf-8")

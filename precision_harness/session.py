@@ -14,16 +14,16 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from precision_harness import churn as churn_mod
-from precision_harness import progress
-from precision_harness import report
+from precision_harness import progress, report
 from precision_harness.check import Outcome, check_metrics, check_stage
 from precision_harness.errors import GoldenCorruptError, PrecisionError, ProbeUnavailableError, ScenarioError
 from precision_harness.golden import Golden, GoldenStore, update_command

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 STATISTICS = ("Max", "Min", "Mean", "Norm")
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_golden import fake_run
 
+from conftest import TINY
 from precision_harness.calibrate import DEFAULT_K, variant_file, variations
 from precision_harness.errors import ScenarioError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
-
-from conftest import TINY
-from test_golden import fake_run
 
 NOISE = {
     "runs": 4,
@@ -27,7 +26,7 @@ def test_noise_only_widens() -> None:
     policy = TolerancePolicy().with_noise(NOISE)
     tol = lambda stat, stage="actor_update": (
         policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol
-    )  # noqa: E731
+    )
     assert tol("Max") == pytest.approx(3e-5)  # 3 x 1e-5 above the fp32 floor
     assert tol("Norm") == 1.3e-6  # 3 x 2e-7 = 6e-7 is below the floor: the floor stays
     assert tol("Min") == 1.3e-6 and tol("Max", stage="critic_update") == 1.3e-6

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from conftest import base_data, tensor, write_dump
 from precision_harness.churn import churn_table, stage_churn
 from precision_harness.compare import sha256_file
-
-from conftest import base_data, tensor, write_dump
 
 
 def test_unchanged_by_sha256_without_parsing(tmp_path: Path) -> None:

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_dump
 from precision_harness.cli import main
 from precision_harness.compare import sha256_file
 from precision_harness.options import OPTIONS
-
-from conftest import write_dump
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -181,10 +180,10 @@ def test_options_defined_once() -> None:
     from precision_harness.cli import build_parser
 
     parser = build_parser()
-    subs = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    subs = parser._subparsers._group_actions[0].choices
     for opt in OPTIONS:
         for command in opt.cli:
             sub = (
                 subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]
-            )  # noqa: SLF001
+            )
             assert f"--{opt.name}" in sub.format_help(), (opt.name, command)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import base_data, tensor, write_dump
 from precision_harness.compare import (
     compare_metrics,
     compare_stage,
@@ -19,8 +20,6 @@ from precision_harness.compare import (
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.report import stage_text
 from precision_harness.tolerance import TolerancePolicy
-
-from conftest import base_data, tensor, write_dump
 
 POLICY = TolerancePolicy()
 

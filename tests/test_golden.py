@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY, base_data, write_dump
 from precision_harness import golden as golden_mod
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
-
-from conftest import TINY, base_data, write_dump
 
 
 @pytest.fixture

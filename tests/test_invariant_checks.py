@@ -6,9 +6,8 @@ import copy
 
 import pytest
 
-from precision_harness import invariants as inv
-
 from conftest import base_data
+from precision_harness import invariants as inv
 
 
 def dump(data):

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from precision_harness.msprobe_tools import analyze_failure
-
 from conftest import base_data, write_dump
+from precision_harness.msprobe_tools import analyze_failure
 
 
 def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> None:

@@ -7,10 +7,9 @@ import shutil
 
 import pytest
 
+from conftest import make_project
 from precision_harness import device_check
 from precision_harness.compare import sha256_file
-
-from conftest import make_project
 
 
 def _assert_one_line_usage_error(result: pytest.RunResult, pattern: str) -> None:

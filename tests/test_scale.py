@@ -11,15 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_golden import fake_run
 
+from conftest import TINY, base_data, write_dump
 from precision_harness import compare, device_check, launch, ray_launch, report
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
-
-from conftest import TINY, base_data, write_dump
-from test_golden import fake_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

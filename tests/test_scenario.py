@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY
 from precision_harness.errors import ScenarioError
 from precision_harness.scenario import STAGES, Scenario
-
-from conftest import TINY
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         run(args.scenario, out=out, device=args.device, dump=not args.no_dump, rank=args.rank)
-    except BaseException as exc:  # noqa: BLE001 - the worker reports every failure the same way
+    except BaseException as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
         (out / "error.txt").write_text(f"{type(exc).__name__}: {message}\n", encoding="utf-8")
         traceback.print_exc()

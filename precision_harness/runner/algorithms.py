@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "KL_PENALTY_TYPES",
+    "LOSS_AGG_MODES",
     "AdaptiveKLController",
     "FixedKLController",
-    "LOSS_AGG_MODES",
-    "KL_PENALTY_TYPES",
     "agg_loss",
     "apply_kl_penalty",
     "clip_by_value",

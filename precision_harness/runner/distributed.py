@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

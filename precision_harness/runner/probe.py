@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 #: msprobe's path check (``check_path_pattern_valid``) rejects anything else in dump paths.
 MSPROBE_PATH_RE = re.compile(r"^[a-zA-Z0-9_.:/-]+$")

@@ -14,7 +14,8 @@ mini-batches are then ``ppo_mini_batch_size x n / world_size`` sequences per ran
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
