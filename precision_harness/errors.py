@@ -1,17 +1,26 @@
 """Errors a user can cause. Each renders as one line: file, field, what was expected, what to do.
 
-The pytest plugin shows these without a traceback; the CLI prints them and exits 2.
+The pytest plugin shows these without a traceback. ``precision-harness`` prints them and exits with
+the class's :attr:`PrecisionError.exit_code`: 2 (:data:`EXIT_USAGE`) when the input is wrong (a
+scenario file, a missing golden, an unsafe name), 1 (:data:`EXIT_DRIFT`) when a run failed or a
+golden is corrupt or stale.
 """
 
 from __future__ import annotations
+
+EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
 
 
 class PrecisionError(Exception):
     """Base class: a user-facing error whose ``str()`` is the whole, one-line message."""
 
+    exit_code = EXIT_DRIFT
+
 
 class ScenarioError(PrecisionError):
     """A scenario YAML file is malformed, violates the schema, or names an unknown stage."""
+
+    exit_code = EXIT_USAGE
 
 
 class GoldenError(PrecisionError):
@@ -20,6 +29,8 @@ class GoldenError(PrecisionError):
 
 class GoldenMissingError(GoldenError):
     """No golden exists for a scenario/device (or for one of its steps or stages)."""
+
+    exit_code = EXIT_USAGE
 
 
 class GoldenCorruptError(GoldenError):
@@ -32,6 +43,12 @@ class GoldenStaleError(GoldenError):
 
 class ProbeUnavailableError(PrecisionError):
     """mindstudio-probe (msprobe) is not importable in the interpreter that needs it."""
+
+
+class UnsafePathError(PrecisionError):
+    """A name from user input would place a file outside ``golden/`` or the artifacts folder."""
+
+    exit_code = EXIT_USAGE
 
 
 class RunFailedError(PrecisionError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 
 from precision_harness.errors import ScenarioError
+from precision_harness.paths import display_path
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
@@ -211,6 +214,7 @@ class Scenario:
             raise ScenarioError(
                 f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
             )
+        check_name(raw.get("name", path.stem), source=path, field_name="name" if "name" in raw else "name (file stem)")
         validate(raw, "scenario", source=path)
         config = _merge(DEFAULTS, raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
@@ -284,7 +288,10 @@ class Scenario:
         return int(self.config["trainer"]["world_size"])
 
     def ray_resources(self, device: str) -> dict[str, Any]:
-        """``ray.remote`` options for one rank's actor: ``num_cpus``, ``num_gpus`` on cuda, ``resources`` (``{"NPU": 1}`` on npu by default)."""
+        """``ray.remote`` options for one rank's actor.
+
+        ``num_cpus``, ``num_gpus`` on cuda, and ``resources`` (``{"NPU": 1}`` on npu by default).
+        """
         ray_cfg = self.config["trainer"]["ray"]
         resources = dict(ray_cfg["resources"])
         if device == "npu":
@@ -316,100 +323,181 @@ class Scenario:
             },
         }
 
+    # ------------------------------------------------------------------------------ variants
+    def with_overrides(
+        self, overrides: Mapping[str, Any], *, directory: Path, name: str | None = None, tag: str | None = None
+    ) -> Scenario:
+        """This scenario with ``overrides`` (``{"dotted.key": value}``, verl key names) applied, as a new scenario.
+
+        The variant is written to ``<directory>/<self.name>.<tag>.yaml`` and loaded from there, so it
+        is validated like any scenario file. ``tag`` defaults to a digest of the overrides, ``name``
+        to ``<self.name>.<tag>``; a variant has its own golden folder unless it keeps this name.
+
+        Raises:
+            ScenarioError: an override names an unknown key or a bad value (the message names the
+                variant file and the field), or crosses a key that is not a mapping.
+        """
+        tag = tag or hashlib.sha256(canonical_json(dict(overrides)).encode()).hexdigest()[:10]
+        name = name or f"{self.name}.{tag}"
+        raw = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
+        for dotted, value in overrides.items():
+            _set_dotted(raw, dotted, value, source=self.path)
+        raw["name"] = name
+        pd = raw.get("global_profiler", {}).get("global_tool_config", {}).get("precision_debugger", {})
+        if pd.get("config_path"):  # keep it relative to the original scenario file
+            pd["config_path"] = str((self.path.parent / pd["config_path"]).resolve())
+        path = Path(directory) / f"{self.name}.{tag}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = f"# variant of {display_path(self.path)}: {canonical_json(dict(overrides))}\n"
+        text = header + yaml.safe_dump(raw, sort_keys=False)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        return Scenario.load(path)
+
     # ------------------------------------------------------------------------------ validation
     def _check_consistency(self) -> None:
-        cfg, where = self.config, self.path
-        pd = self.profiler
-        unknown = [s for s in pd["stages"] if s not in STAGES]
-        if unknown and pd["strict"]:
-            raise ScenarioError(
-                f"{where}: global_profiler.global_tool_config.precision_debugger.stages: unknown stage "
-                f"{unknown[0]!r} (strict: true); expected one of {', '.join(STAGES)}"
-            )
-        not_run = [s for s in pd["stages"] if s in STAGES and s not in self.executed_stages]
-        if not_run and pd["strict"]:
-            raise ScenarioError(
-                f"{where}: global_profiler.global_tool_config.precision_debugger.stages: stage {not_run[0]!r} "
-                f"never runs in this scenario (strict: true); enable its role or remove it from stages"
-            )
-        total = cfg["trainer"]["total_training_steps"]
-        bad_steps = [s for s in self.steps if s > total]
-        if bad_steps:
-            raise ScenarioError(
-                f"{where}: global_profiler.steps: step {bad_steps[0]} is past trainer.total_training_steps={total}"
-            )
-        n_seq = cfg["data"]["train_batch_size"] * cfg["actor_rollout_ref"]["rollout"]["n"]
-        for role_key, role in (
-            ("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]),
-            ("critic", cfg["critic"]),
-        ):
-            if role_key == "critic" and not self.use_critic:
-                continue
-            mini = role["ppo_mini_batch_size"]
-            if cfg["data"]["train_batch_size"] % mini:
-                raise ScenarioError(
-                    f"{where}: {role_key}.ppo_mini_batch_size: {mini} must divide data.train_batch_size="
-                    f"{cfg['data']['train_batch_size']} (verl counts mini-batches in prompts)"
-                )
-            mini_seqs = mini * cfg["actor_rollout_ref"]["rollout"]["n"]
-            if mini_seqs % role["ppo_micro_batch_size_per_gpu"]:
-                raise ScenarioError(
-                    f"{where}: {role_key}.ppo_micro_batch_size_per_gpu: {role['ppo_micro_batch_size_per_gpu']} must "
-                    f"divide the mini-batch of {mini_seqs} sequences (ppo_mini_batch_size x rollout.n)"
-                )
-        algo = cfg["algorithm"]
-        if algo["rollout_is"] and algo["rollout_is_threshold"] is None:
-            raise ScenarioError(
-                f"{where}: algorithm.rollout_is: true applies IS weights but algorithm.rollout_is_threshold is null "
-                f"(rollout IS off); set a threshold such as 2.0, or rollout_is: false"
-            )
-        lower, upper = algo["rollout_is_threshold_lower"], algo["rollout_is_threshold"]
-        if lower is not None and upper is not None and lower > upper:
-            raise ScenarioError(
-                f"{where}: algorithm.rollout_is_threshold_lower: {lower} is above rollout_is_threshold={upper}; "
-                f"expected lower <= upper (null defaults to 1/upper)"
-            )
-        self._check_world_size()
-        if cfg["algorithm"]["adv_estimator"] == "grpo" and cfg["actor_rollout_ref"]["rollout"]["n"] < 2:
-            raise ScenarioError(f"{where}: actor_rollout_ref.rollout.n: GRPO needs n >= 2 responses per prompt, got 1")
-        m = cfg["model"]
-        if m["path"] is None and m["num_attention_heads"] % m["num_key_value_heads"]:
-            raise ScenarioError(f"{where}: model.num_key_value_heads: must divide num_attention_heads")
-        if n_seq <= 0:  # pragma: no cover - schema forbids it
-            raise ScenarioError(f"{where}: data.train_batch_size: must be positive")
-
-    def _check_world_size(self) -> None:
-        """Every data-parallel split must be whole: the batch, each role's mini-batch, and micro-batches per rank."""
-        cfg, where, w = self.config, self.path, self.world_size
-        if w == 1:
-            return
-        n = cfg["actor_rollout_ref"]["rollout"]["n"]
-        n_seq = cfg["data"]["train_batch_size"] * n
-        if n_seq % w:
-            raise ScenarioError(
-                f"{where}: trainer.world_size: {w} must divide the batch of {n_seq} sequences (data.train_batch_size x rollout.n)"
-            )
-        for role_key, role in (
-            ("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]),
-            ("critic", cfg["critic"]),
-        ):
-            if role_key == "critic" and not self.use_critic:
-                continue
-            mini_seqs = role["ppo_mini_batch_size"] * n
-            if mini_seqs % w or (mini_seqs // w) % role["ppo_micro_batch_size_per_gpu"]:
-                raise ScenarioError(
-                    f"{where}: {role_key}.ppo_micro_batch_size_per_gpu: {role['ppo_micro_batch_size_per_gpu']} must divide the "
-                    f"per-rank mini-batch of {mini_seqs}/{w} sequences (ppo_mini_batch_size x rollout.n / trainer.world_size)"
-                )
+        """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
+        for check in _CONSISTENCY_CHECKS:
+            check(self)
 
 
-def display_path(path: str | Path) -> str:
-    """``path`` relative to the working directory when it lies below it (for messages)."""
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, *, source: Path) -> None:
+    node = raw
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ScenarioError(f"{display_path(source)}: {dotted}: {key} is not a mapping; cannot override")
+    node[leaf] = value
+
+
+_STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
+
+
+def _check_stages(s: Scenario) -> None:
+    """With ``strict: true`` every listed stage is one of verl's and runs in this scenario."""
+    pd = s.profiler
+    if not pd["strict"]:
+        return
+    unknown = [x for x in pd["stages"] if x not in STAGES]
+    if unknown:
+        raise ScenarioError(
+            f"{s.path}: {_STAGES_KEY}: unknown stage {unknown[0]!r} (strict: true); expected one of {', '.join(STAGES)}"
+        )
+    not_run = [x for x in pd["stages"] if x not in s.executed_stages]
+    if not_run:
+        raise ScenarioError(
+            f"{s.path}: {_STAGES_KEY}: stage {not_run[0]!r} never runs in this scenario (strict: true); "
+            "enable its role or remove it from stages"
+        )
+
+
+def _check_steps(s: Scenario) -> None:
+    total = s.config["trainer"]["total_training_steps"]
+    bad_steps = [x for x in s.steps if x > total]
+    if bad_steps:
+        raise ScenarioError(
+            f"{s.path}: global_profiler.steps: step {bad_steps[0]} is past trainer.total_training_steps={total}"
+        )
+
+
+def _training_roles(s: Scenario) -> list[tuple[str, dict[str, Any]]]:
+    """``(config key, section)`` of every role that runs PPO updates: the actor, and the critic when it runs."""
+    roles = [("actor_rollout_ref.actor", s.config["actor_rollout_ref"]["actor"])]
+    return roles + ([("critic", s.config["critic"])] if s.use_critic else [])
+
+
+def _check_batches(s: Scenario) -> None:
+    """Mini-batches divide the batch (in prompts, as verl counts them); micro-batches divide mini-batches."""
+    batch, n = s.config["data"]["train_batch_size"], s.config["actor_rollout_ref"]["rollout"]["n"]
+    for role_key, role in _training_roles(s):
+        mini = role["ppo_mini_batch_size"]
+        if batch % mini:
+            raise ScenarioError(
+                f"{s.path}: {role_key}.ppo_mini_batch_size: {mini} must divide data.train_batch_size={batch} "
+                "(verl counts mini-batches in prompts)"
+            )
+        micro = role["ppo_micro_batch_size_per_gpu"]
+        if (mini * n) % micro:
+            raise ScenarioError(
+                f"{s.path}: {role_key}.ppo_micro_batch_size_per_gpu: {micro} must divide the mini-batch of "
+                f"{mini * n} sequences (ppo_mini_batch_size x rollout.n)"
+            )
+
+
+def _check_world_size(s: Scenario) -> None:
+    """Every data-parallel split must be whole: the batch, each role's mini-batch, and micro-batches per rank."""
+    w = s.world_size
+    if w == 1:
+        return
+    n = s.config["actor_rollout_ref"]["rollout"]["n"]
+    n_seq = s.config["data"]["train_batch_size"] * n
+    if n_seq % w:
+        raise ScenarioError(
+            f"{s.path}: trainer.world_size: {w} must divide the batch of {n_seq} sequences "
+            "(data.train_batch_size x rollout.n)"
+        )
+    for role_key, role in _training_roles(s):
+        mini_seqs, micro = role["ppo_mini_batch_size"] * n, role["ppo_micro_batch_size_per_gpu"]
+        if mini_seqs % w or (mini_seqs // w) % micro:
+            raise ScenarioError(
+                f"{s.path}: {role_key}.ppo_micro_batch_size_per_gpu: {micro} must divide the per-rank mini-batch "
+                f"of {mini_seqs}/{w} sequences (ppo_mini_batch_size x rollout.n / trainer.world_size)"
+            )
+
+
+def _check_rollout_is(s: Scenario) -> None:
+    algo = s.config["algorithm"]
+    if algo["rollout_is"] and algo["rollout_is_threshold"] is None:
+        raise ScenarioError(
+            f"{s.path}: algorithm.rollout_is: true applies IS weights but algorithm.rollout_is_threshold is null "
+            "(rollout IS off); set a threshold such as 2.0, or rollout_is: false"
+        )
+    lower, upper = algo["rollout_is_threshold_lower"], algo["rollout_is_threshold"]
+    if lower is not None and upper is not None and lower > upper:
+        raise ScenarioError(
+            f"{s.path}: algorithm.rollout_is_threshold_lower: {lower} is above rollout_is_threshold={upper}; "
+            "expected lower <= upper (null defaults to 1/upper)"
+        )
+
+
+def _check_algorithm(s: Scenario) -> None:
+    if s.config["algorithm"]["adv_estimator"] == "grpo" and s.config["actor_rollout_ref"]["rollout"]["n"] < 2:
+        raise ScenarioError(f"{s.path}: actor_rollout_ref.rollout.n: GRPO needs n >= 2 responses per prompt, got 1")
+
+
+def _check_model(s: Scenario) -> None:
+    m = s.config["model"]
+    if m["path"] is None and m["num_attention_heads"] % m["num_key_value_heads"]:
+        raise ScenarioError(f"{s.path}: model.num_key_value_heads: must divide num_attention_heads")
+
+
+_CONSISTENCY_CHECKS: tuple[Callable[[Scenario], None], ...] = (
+    _check_stages,
+    _check_steps,
+    _check_batches,
+    _check_rollout_is,
+    _check_world_size,
+    _check_algorithm,
+    _check_model,
+)
+
+#: a scenario name is one folder under golden/ and the artifacts folder: no separators, no leading dot
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def check_name(name: Any, *, source: str | Path, field_name: str = "name") -> str:
+    """Return ``name`` if it is a safe folder name, else raise ScenarioError naming ``source`` and the field.
+
+    ``.``, ``..``, a path separator or a leading dot would place the golden or the run outside
+    ``golden/`` and the artifacts folder (or hide it).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ScenarioError(
+            f"{source}: {field_name}: {name!r} is not a valid scenario name; expected letters, digits, '_', '-' "
+            "and '.', not starting with '.' (it names the folders golden/<name>/ and <artifacts>/<name>/)"
+        )
+    return name
 
 
 def _load_msprobe_config(scenario_path: Path, config_path: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -518,7 +606,11 @@ def numeric_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _scenario_hash(config: dict[str, Any]) -> str:
-    """sha256 over the structural settings: model, data, shapes, algorithm choices, seed, msprobe level."""
+    """sha256 over the structural settings: model, data, shapes, algorithm choices, seed, msprobe config.
+
+    The msprobe ``level`` is left out: :meth:`GoldenStore.load` compares it on its own, so a stale
+    golden's message can say "recorded at L0, now L1" instead of an opaque hash change.
+    """
     structural, _ = _split_settings(config)
     if structural.get("trainer.world_size") == 1:
         del structural[

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import TINY, base_data, write_dump
 from precision_harness import golden as golden_mod
-from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError
+from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
 
@@ -117,7 +117,8 @@ def test_crash_between_renames_is_recovered(tmp_path: Path, scenario: Scenario) 
 def test_missing_golden_names_command(tmp_path: Path, scenario: Scenario) -> None:
     with pytest.raises(
         GoldenMissingError,
-        match=r"no golden for scenario tiny_ppo on cpu; record it with: pytest .*tiny_ppo.yaml --precision-golden missing",
+        match=r"no golden for scenario tiny_ppo on cpu; "
+        r"record it with: pytest .*tiny_ppo.yaml --precision-golden missing",
     ):
         GoldenStore(tmp_path / "golden").load(scenario, "cpu")
 
@@ -140,7 +141,7 @@ def test_edited_golden_file_fails_sha256(tmp_path: Path, scenario: Scenario) -> 
     g = store.load(scenario, "cpu")
     rel = "step_1/actor_update/step0/rank0/dump.json"
     (g.path / rel).write_text((g.path / rel).read_text().replace("12.5", "12.6"))
-    with pytest.raises(GoldenCorruptError, match="sha256 differs from manifest.json"):
+    with pytest.raises(GoldenCorruptError, match=r"sha256 differs from manifest\.json"):
         g.verify_file(rel)
 
 
@@ -157,3 +158,38 @@ def test_stale_scenario_hash_and_level(tmp_path: Path, scenario: Scenario) -> No
     msg = str(exc.value)
     assert "golden is stale" in msg and "msprobe level L1 (now mix)" in msg and "scenario hash" in msg
     assert "--precision-golden update" in msg
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("files", "../outside.json"), ("files", "/etc/hostname"), ("files", "step_1/../../x"), ("metrics", "../m.jsonl")],
+)
+def test_manifest_path_outside_golden_is_corrupt_and_never_read(
+    tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch, field: str, value: str
+) -> None:
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
+    manifest_path = store.path("tiny_ppo", "cpu") / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    if field == "files":
+        manifest["files"][value] = {"sha256": "0" * 64, "bytes": 1}
+    else:
+        manifest["metrics"] = value
+    manifest_path.write_text(json.dumps(manifest))
+    opened: list[str] = []
+    monkeypatch.setattr(golden_mod, "sha256_file", lambda p: opened.append(str(p)) or "0" * 64)
+    with pytest.raises(GoldenCorruptError) as err:
+        store.load(scenario, "cpu")
+    assert f"manifest.json: {field}: {value!r} is not a relative path inside the golden" in str(err.value)
+    assert "\n" not in str(err.value) and "re-record with: pytest" in str(err.value)
+    assert opened == []
+    problems = golden_mod.verify_golden(store.path("tiny_ppo", "cpu"))
+    assert len(problems) == 1 and "is not a relative path inside the golden" in problems[0] and opened == []
+
+
+@pytest.mark.parametrize(
+    ("name", "device"), [("..", "cpu"), (".", "cpu"), ("a/b", "cpu"), ("tiny_ppo", ".."), ("x", "")]
+)
+def test_store_refuses_names_that_leave_the_golden_root(tmp_path: Path, name: str, device: str) -> None:
+    with pytest.raises(UnsafePathError, match="would leave"):
+        GoldenStore(tmp_path / "golden").path(name, device)

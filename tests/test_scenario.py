@@ -63,13 +63,19 @@ def test_top_level_must_be_mapping(tmp_path: Path) -> None:
 
 
 def test_unknown_stage_strict_is_error(tmp_path: Path) -> None:
-    text = "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [actor_update, rollout_generate]\n"
+    text = (
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
+        "      strict: true\n      stages: [actor_update, rollout_generate]\n"
+    )
     with pytest.raises(ScenarioError, match="unknown stage 'rollout_generate' \\(strict: true\\)"):
         Scenario.load(write(tmp_path, text))
 
 
 def test_unknown_stage_not_strict_is_ignored(tmp_path: Path) -> None:
-    text = "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: false\n      stages: [actor_update, rollout_generate]\n"
+    text = (
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
+        "      strict: false\n      stages: [actor_update, rollout_generate]\n"
+    )
     s = Scenario.load(write(tmp_path, text))
     assert s.stages == ("actor_update",)
     assert s.ignored_stages == ("rollout_generate",)
@@ -78,25 +84,26 @@ def test_unknown_stage_not_strict_is_ignored(tmp_path: Path) -> None:
 def test_stage_that_never_runs_strict(tmp_path: Path) -> None:
     text = (
         "algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  rollout:\n    n: 2\n"
-        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [compute_values]\n"
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
+        "      strict: true\n      stages: [compute_values]\n"
     )
     with pytest.raises(ScenarioError, match="'compute_values' never runs"):
         Scenario.load(write(tmp_path, text))
 
 
 def test_grpo_needs_group(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match="rollout.n: GRPO needs n >= 2"):
+    with pytest.raises(ScenarioError, match=r"rollout\.n: GRPO needs n >= 2"):
         Scenario.load(write(tmp_path, "algorithm:\n  adv_estimator: grpo\n"))
 
 
 def test_mini_batch_must_divide(tmp_path: Path) -> None:
     text = "data:\n  train_batch_size: 4\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 3\n"
-    with pytest.raises(ScenarioError, match="ppo_mini_batch_size: 3 must divide data.train_batch_size=4"):
+    with pytest.raises(ScenarioError, match=r"ppo_mini_batch_size: 3 must divide data\.train_batch_size=4"):
         Scenario.load(write(tmp_path, text))
 
 
 def test_profiled_step_past_end(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match="step 3 is past trainer.total_training_steps=2"):
+    with pytest.raises(ScenarioError, match=r"step 3 is past trainer\.total_training_steps=2"):
         Scenario.load(write(tmp_path, "global_profiler:\n  steps: [1, 3]\n"))
 
 
@@ -227,3 +234,30 @@ def test_breadth_settings_are_covered_by_a_committed_scenario(key: str, value) -
     assert any(flatten(Scenario.load(p).config).get(key) == value for p in (REPO / "scenarios").glob("*.yaml")), (
         f"no scenario sets {key}: {value}"
     )
+
+
+@pytest.mark.parametrize("name", [".", "..", "../elsewhere", "a/b", ".hidden", "", "x y"])
+def test_name_that_would_leave_golden_is_rejected(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: {json.dumps(name)}\n")
+    with pytest.raises(ScenarioError) as err:
+        Scenario.load(path)
+    assert str(err.value).startswith(f"{path}: name: {name!r} is not a valid scenario name")
+
+
+def test_file_stem_that_would_leave_golden_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "..yaml"  # stem "."
+    path.write_text("seed: 1\n")
+    with pytest.raises(ScenarioError, match=r"name \(file stem\): '\.' is not a valid scenario name"):
+        Scenario.load(path)
+
+
+def test_with_overrides_writes_a_validated_variant(tmp_path: Path) -> None:
+    scenario = Scenario.load(TINY)
+    variant = scenario.with_overrides({"actor_rollout_ref.actor.optim.lr": 0.002}, directory=tmp_path, tag="lr")
+    assert variant.name == "tiny_ppo.lr" and variant.path == tmp_path / "tiny_ppo.lr.yaml"
+    assert variant.config["actor_rollout_ref"]["actor"]["optim"]["lr"] == 0.002 and variant.hash == scenario.hash
+    with pytest.raises(
+        ScenarioError, match=r"tiny_ppo\.bad\.yaml: actor_rollout_ref\.actor: .*'optimm' was unexpected"
+    ):
+        scenario.with_overrides({"actor_rollout_ref.actor.optimm.lr": 1.0}, directory=tmp_path, tag="bad")
