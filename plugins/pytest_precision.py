@@ -8,7 +8,6 @@ fixture, and the terminal summary. The work is done by
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,13 @@ from typing import Any
 import pytest
 
 from precision_harness import device_check, options
+from precision_harness.check import METRICS_ITEM, ItemKey
 from precision_harness.errors import PrecisionError
 from precision_harness.launch import RunResult
+from precision_harness.options import PrecisionOptions
+from precision_harness.report import ItemRecord
 from precision_harness.scenario import Scenario
-from precision_harness.session import PrecisionOptions, PrecisionSession
+from precision_harness.session import PrecisionSession
 
 _SESSION_KEY = pytest.StashKey[PrecisionSession]()
 _RECORD_KEY = pytest.StashKey[dict]()
@@ -40,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Create the run's PrecisionSession."""
     config.addinivalue_line("markers", "precision_scenario(name): item of a pytest-precision scenario")
-    precision_options = PrecisionOptions(**options.from_pytest(config))
+    precision_options = PrecisionOptions.from_pytest(config)
     _check_device_options(precision_options, is_worker=_is_xdist_worker(config))
     if getattr(config, "workerinput", {}).get("precision_dist") == "loadgroup":
         config.option.loadgroup = True  # read by xdist's worker when it collects
@@ -103,35 +105,36 @@ class _RecordCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "precision_record", None)
         if record is not None and report.when == "call":
-            self.precision.records.append(record)
+            self.precision.report.records.append(ItemRecord.from_json(record))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Unused goldens, --precision-prune and --precision-report (an xdist worker hands its collection to the controller)."""
+    """Unused goldens, --precision-prune and --precision-report.
+
+    An xdist worker only hands what it collected to the controller, which finishes the run.
+    """
     config = session.config
     precision = config.stash[_SESSION_KEY]
     if _is_xdist_worker(config):
         config.workeroutput["precision_usage"] = precision.usage.to_json()  # type: ignore[attr-defined]
-        config.workeroutput["precision_summary"] = json.dumps(precision.summary_data())  # type: ignore[attr-defined]
         return
     if config.option.collectonly:
         return
     try:
         precision.finish(scenario_dirs=config.getini("precision_scenario_dirs"))
     except PrecisionError as exc:
-        precision.finish_lines.append(f"precision report failed: {exc}")
+        precision.report.notes.append(f"precision report failed: {exc}")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: merge what a worker collected (each worker collects every scenario) and its
-    summary (as syrupy merges its snapshot reports)."""
+    """xdist controller: merge which scenarios a worker collected (each worker collects every scenario).
+
+    Item records need no merging: they reach the controller on each TestReport.
+    """
     output = getattr(node, "workeroutput", {})
-    precision = node.config.stash[_SESSION_KEY]
     if output.get("precision_usage") is not None:
-        precision.usage.merge(output["precision_usage"])
-    if output.get("precision_summary"):
-        precision.merge_summary(json.loads(output["precision_summary"]))
+        node.config.stash[_SESSION_KEY].usage.merge(output["precision_usage"])
 
 
 def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None:
@@ -222,7 +225,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Goldens recorded, items identical/compared/failed, run times."""
-    lines = config.stash[_SESSION_KEY].summary_lines()
+    lines = list(config.stash[_SESSION_KEY].report.lines)
     if lines:
         terminalreporter.write_sep("-", "precision")
         for line in lines:
@@ -282,7 +285,8 @@ class ScenarioFile(pytest.File):
         for stage in scenario.ignored_stages:
             self.warn(
                 pytest.PytestWarning(
-                    f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; ignored (strict: false)"
+                    f"precision_debugger.stages: {stage!r} is unknown or never runs in this scenario; "
+                    "ignored (strict: false)"
                 )
             )
         for step in scenario.steps:
@@ -305,28 +309,16 @@ class PrecisionItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(name=scenario.name))
         self.add_marker(pytest.mark.precision_scenario(scenario.name))
 
-    def _verdict(self, **where: Any) -> None:
+    def _verdict(self, key: ItemKey) -> None:
         __tracebackhide__ = True
         precision = self.config.stash[_SESSION_KEY]
         reason = precision.device_unavailable(self.scenario)
         if reason:
             pytest.skip(f"{self.scenario.name}: {reason}")
-        outcome = precision.outcome(self.scenario, **where)
-        record = self.stash[_RECORD_KEY] = precision.record(
-            nodeid=self.nodeid,
-            scenario=self.scenario,
-            step=where.get("step"),
-            stage=where.get("stage"),
-            outcome=outcome,
-        )
-        self.user_properties.append(("precision_verdict", outcome.kind))
-        if outcome.verdict is not None and hasattr(outcome.verdict, "worst_ratio"):
-            self.user_properties.append(("precision_worst_ratio", f"{outcome.verdict.worst_ratio:.6g}"))
-        first = record["first_divergence"]
-        if first is not None:
-            self.user_properties.append(("precision_first_divergence", f"{first['tensor']} {first['statistic']}"))
-        elif record["problems"] and not outcome.passed:
-            self.user_properties.append(("precision_first_divergence", record["problems"][0]))
+        outcome = precision.outcome(self.scenario, key)
+        record = precision.record(outcome, nodeid=self.nodeid, scenario=self.scenario, key=key)
+        self.stash[_RECORD_KEY] = record.to_json()
+        self.user_properties.extend(record.user_properties())
         if not outcome.passed:
             raise PrecisionFailure(outcome.text)
 
@@ -347,11 +339,11 @@ class StageItem(PrecisionItem):
         self.step, self.stage = step, stage
 
     def runtest(self) -> None:
-        self._verdict(step=self.step, stage=self.stage)
+        self._verdict(ItemKey(self.step, self.stage))
 
 
 class MetricsItem(PrecisionItem):
     """Compare the scenario's metrics.jsonl against the golden's."""
 
     def runtest(self) -> None:
-        self._verdict()
+        self._verdict(METRICS_ITEM)

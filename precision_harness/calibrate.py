@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from precision_harness.churn import stage_churn
 from precision_harness.golden import Golden
 from precision_harness.launch import RunResult, run_scenario
@@ -60,18 +58,14 @@ def variations(scenario: Scenario, runs: int) -> list[Variation]:
     return [Variation(cycle[i % len(cycle)]) for i in range(runs)]
 
 
-def variant_file(scenario: Scenario, variation: Variation, directory: Path) -> Path:
-    """A copy of the scenario YAML with the variation applied (same name; msprobe config path made absolute)."""
-    raw = yaml.safe_load(scenario.path.read_text(encoding="utf-8")) or {}
-    raw["name"] = scenario.name
-    raw.setdefault("trainer", {})["num_threads"] = variation.num_threads
-    pd = raw.get("global_profiler", {}).get("global_tool_config", {}).get("precision_debugger", {})
-    if pd.get("config_path"):
-        pd["config_path"] = str((scenario.path.parent / pd["config_path"]).resolve())
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{scenario.name}.{variation.num_threads}threads.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-    return path
+def variant(scenario: Scenario, variation: Variation, directory: Path) -> Scenario:
+    """The scenario under ``variation``, written to ``directory`` (same name, so the same golden)."""
+    return scenario.with_overrides(
+        {"trainer.num_threads": variation.num_threads},
+        directory=directory,
+        name=scenario.name,
+        tag=f"{variation.num_threads}threads",
+    )
 
 
 def _round(x: float) -> float:
@@ -116,8 +110,12 @@ def calibrate(
     """
     results = []
     for i, variation in enumerate(variations(scenario, runs)):
-        variant = Scenario.load(variant_file(scenario, variation, work_dir / "scenarios"))
-        result = run_scenario(variant, out_dir=work_dir / f"run_{i}", device=device, timeout=timeout)
+        result = run_scenario(
+            variant(scenario, variation, work_dir / "scenarios"),
+            out_dir=work_dir / f"run_{i}",
+            device=device,
+            timeout=timeout,
+        )
         results.append(result)
         if on_run is not None:
             on_run(i, variation, result)
@@ -127,3 +125,22 @@ def calibrate(
         "variations": [f"{v}, process restart" for v in variations(scenario, runs)],
         "stages": observed_noise(results, golden, scenario),
     }
+
+
+def noise_table(scenario: Scenario, noise: dict[str, Any]) -> list[str]:
+    """Lines of the observed noise per stage and statistic, and the fp32 rtol the gate now uses."""
+    from precision_harness.tolerance import TolerancePolicy
+
+    policy = TolerancePolicy.from_config(scenario.config["tolerance"]).with_noise(noise)
+    lines = [
+        f"observed noise over {noise['runs']} reruns (relative change vs golden) -> "
+        f"fp32 rtol = max({noise['k']:g} x observed, floor):",
+        "  " + "stage".ljust(24) + "".join(s.ljust(20) for s in STATISTICS),
+    ]
+    for stage, stats in noise["stages"].items():
+        cells = [
+            f"{stats[s]:.2g} -> {policy.for_tensor(dtype='torch.float32', stage=stage, statistic=s, api='').rtol:.2g}"
+            for s in STATISTICS
+        ]
+        lines.append("  " + stage.ljust(24) + "".join(c.ljust(20) for c in cells))
+    return lines

@@ -37,6 +37,12 @@ class ChurnRow:
         d["max_rel"] = {k: (v if math.isfinite(v) else None) for k, v in self.max_rel.items()}
         return d
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChurnRow:
+        """Inverse of :meth:`to_json` (``None`` in ``max_rel`` is an infinite change)."""
+        max_rel = {k: (math.inf if v is None else v) for k, v in data["max_rel"].items()}
+        return cls(**{**data, "max_rel": max_rel})
+
 
 def _numel(shape: Any) -> int:
     return int(math.prod(shape)) if isinstance(shape, list) and shape else 1
@@ -121,7 +127,10 @@ def stage_churn(
 def run_churn(
     scenario: str, run_dir: Path, golden: Any | None, steps: tuple[int, ...], stages: tuple[str, ...]
 ) -> list[ChurnRow]:
-    """Churn of every profiled (step, stage) of ``run_dir`` against ``golden`` (a :class:`~precision_harness.golden.Golden` or None)."""
+    """Churn of every profiled (step, stage) of ``run_dir`` against ``golden``.
+
+    ``golden`` is a :class:`~precision_harness.golden.Golden`, or None for a first recording.
+    """
     rows = []
     for step in steps:
         for stage in stages:
@@ -159,6 +168,6 @@ def churn_table(rows: list[ChurnRow], *, markdown: bool = False) -> list[str]:
         return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
             "| " + " | ".join(b) + " |" for b in body
         ]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
+    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return [fmt(header)] + [fmt(b) for b in body]

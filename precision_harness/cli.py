@@ -1,15 +1,18 @@
 """``precision-harness``: the gate outside pytest.
 
 - ``run SCENARIO --out DIR``: one scenario run into a verl-layout directory (progress shown);
-- ``compare TARGET GOLDEN``: every ``step_<n>/<stage>`` of two verl-layout directories (a golden,
-  a run, or a real verl ``outputs/profile``) with the plugin's tolerance policy, verdicts and
-  msprobe analysis (:mod:`precision_harness.check`); ``--report DIR`` as ``--precision-report``;
+- ``compare TARGET GOLDEN``: every ``step_<n>/<stage>`` and the metrics of a verl-layout directory
+  (our run, or verl's ``global_profiler.save_path``) against a golden or another such directory,
+  through :func:`precision_harness.check.check_items`, the path the pytest items take (same
+  tolerance, sha256 checks, cross-device rules, verdicts, msprobe analysis); ``--report DIR`` as
+  ``--precision-report``;
 - ``golden verify`` (schema, sha256, NaN/Inf lint) and ``golden list``;
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`).
 
-Exit codes: 0 pass, 1 drift (or a bad golden, a failed run), 2 usage (bad arguments or paths).
-The compare path imports neither torch nor msprobe.pytorch. Options shared with the plugin come
-from :mod:`precision_harness.options`.
+Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
+file, a missing golden, an unsafe path): each error class carries its ``exit_code``
+(:mod:`precision_harness.errors`). The compare path imports neither torch nor msprobe.pytorch.
+Options shared with the plugin come from :mod:`precision_harness.options`.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from precision_harness import options as option_table
-from precision_harness.errors import PrecisionError
+from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError
+from precision_harness.options import PrecisionOptions
 
-EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
+#: problems listed per golden by ``golden verify`` before "... and N more"
+MAX_LISTED = 20
 
 
 class UsageError(Exception):
@@ -41,16 +46,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from precision_harness.scenario import Scenario
 
     scenario = Scenario.load(args.scenario)
-    opts = option_table.from_cli(args)
-    device = scenario.config["device"] if opts.get("device", "auto") == "auto" else opts["device"]
+    opts = PrecisionOptions.from_cli(args)
+    device = opts.device_for(scenario)
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(
             run_scenario,
             scenario,
             out_dir=args.out,
             device=device,
-            timeout=opts.get("timeout"),
-            ray_address=opts.get("ray_address"),
+            timeout=opts.timeout,
+            ray_address=opts.ray_address,
         )
         progress.follow(
             args.out,
@@ -60,217 +65,165 @@ def cmd_run(args: argparse.Namespace) -> int:
             total_steps=scenario.config["trainer"]["total_training_steps"],
         )
         run = future.result()
-    _print(
-        f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({progress.timing_line(run.manifest)}) -> {run.run_dir}"
-    )
+    timing = progress.timing_line(run.manifest)
+    _print(f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({timing}) -> {run.run_dir}")
     return EXIT_PASS
 
 
 # -------------------------------------------------------------------------------------- compare
-def stage_pairs(target: Path, golden: Path) -> list[tuple[int, str]]:
-    """Sorted ``(step, stage)`` with a ``step0/rank*/dump.json`` on either side."""
-    found = set()
-    for root in (target, golden):
-        for dump in root.glob("step_*/*/step0/rank*/dump.json"):
-            step_dir = dump.parents[3].name
-            if step_dir[5:].isdigit():
-                found.add((int(step_dir[5:]), dump.parents[2].name))
-    from precision_harness.scenario import STAGES
+def _compare_golden(path: Path):
+    """A recorded golden (validated manifest, sha256 checked on use), else any verl-layout directory."""
+    from precision_harness.golden import MANIFEST, Golden
 
-    return sorted(found, key=lambda p: (p[0], STAGES.index(p[1]) if p[1] in STAGES else len(STAGES), p[1]))
+    return Golden.from_dir(path) if (path / MANIFEST).is_file() else Golden.from_run_dir(path)
+
+
+def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
+    """``--device``, else the device our runner wrote into the target's run.json (None: unknown)."""
+    import json
+
+    if opts.device != "auto":
+        return opts.device
+    try:
+        return json.loads((target / "run.json").read_text(encoding="utf-8")).get("device")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    import json
-
-    from precision_harness import report
-    from precision_harness.check import check_metrics, check_stage
-    from precision_harness.golden import MANIFEST, Golden
+    from precision_harness.check import CheckSettings, check_items, items_of
+    from precision_harness.paths import join_inside
+    from precision_harness.report import ItemRecord, PrecisionReport
     from precision_harness.runner.probe import check_dump_path
-    from precision_harness.scenario import Scenario, validate
+    from precision_harness.scenario import Scenario
     from precision_harness.tolerance import TolerancePolicy
 
-    target, golden_dir = Path(args.target), Path(args.golden)
-    for p, what in ((target, "TARGET"), (golden_dir, "GOLDEN")):
+    target, opts = Path(args.target), PrecisionOptions.from_cli(args)
+    for p, what in ((target, "TARGET"), (Path(args.golden), "GOLDEN")):
         if not p.is_dir():
             raise UsageError(
                 f"{p}: {what} is not a directory (expected verl's layout: step_<n>/<stage>/step0/rank<r>/dump.json)"
             )
-    pairs = stage_pairs(target, golden_dir)
-    if not pairs:
+    golden = _compare_golden(Path(args.golden))
+    keys = items_of(target, golden)
+    if not any(not k.is_metrics for k in keys):
         raise UsageError(
-            f"{target}, {golden_dir}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; "
-            "point at a run directory, a golden, or verl's global_profiler.save_path (outputs/profile)"
+            f"{target}, {args.golden}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; point at a "
+            "run directory, a golden, or verl's global_profiler.save_path (outputs/profile)"
         )
-    policy = TolerancePolicy()
-    if args.scenario:
-        policy = TolerancePolicy.from_config(Scenario.load(args.scenario).config["tolerance"])
-    golden = None
-    if (golden_dir / MANIFEST).is_file():
-        manifest = json.loads((golden_dir / MANIFEST).read_text(encoding="utf-8"))
-        validate(manifest, "golden_manifest", source=golden_dir / MANIFEST)
-        golden = Golden(path=golden_dir, manifest=manifest)
-        policy = policy.with_noise(manifest.get("noise"))
-    opts = option_table.from_cli(args)
-    artifacts = opts.get("artifacts", Path(".precision/compare"))
     try:
-        check_dump_path(artifacts)
+        check_dump_path(opts.artifacts)
     except ValueError as exc:
         raise UsageError(f"--artifacts: {exc}") from None
-    name = golden.manifest["scenario"] if golden else target.name
-    records, failed = [], 0
-    for step, stage in pairs:
-        level = _dump_level(target, golden_dir, step, stage)
-        out = check_stage(
-            target / f"step_{step}" / stage,
-            golden_dir / f"step_{step}" / stage,
-            scenario=name,
-            step=step,
-            stage=stage,
-            policy=policy,
-            golden_sha256=golden.sha256(step, stage) if golden else None,
-            golden_statistics=golden.statistics(step, stage) if golden else None,
-            artifacts=artifacts / f"step_{step}" / stage,
-            level=level,
-        )
-        failed += not out.passed
+    tolerance = Scenario.load(args.scenario).config["tolerance"] if args.scenario else None
+    device = _target_device(target, opts)
+    cross = device is not None and golden.device is not None and device != golden.device
+    settings = CheckSettings(
+        scenario=golden.scenario,
+        policy=TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross),
+        artifacts=join_inside(opts.artifacts, golden.scenario, what="artifacts <scenario>"),
+    )
+    report = PrecisionReport(mode="compare")
+    for key, out in check_items(target, golden, keys, settings):
         _print(("PASS " if out.passed else "FAIL ") + out.text)
-        records.append(
-            report.item_record(
-                nodeid=f"{target}::step_{step}/{stage}", scenario=name, step=step, stage=stage, outcome=out
-            )
+        nodeid = f"{target}::{'metrics' if key.is_metrics else f'step_{key.step}/{key.stage}'}"
+        report.records.append(
+            ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=key.step, stage=key.stage)
         )
-    t_metrics, g_metrics = target / "metrics.jsonl", golden_dir / "metrics.jsonl"
-    if t_metrics.is_file() and g_metrics.is_file():
-        out = check_metrics(t_metrics, g_metrics, scenario=name, policy=policy)
-        failed += not out.passed
-        _print(("PASS " if out.passed else "FAIL ") + out.text)
-        records.append(
-            report.item_record(nodeid=f"{target}::metrics", scenario=name, step=None, stage=None, outcome=out)
-        )
-    _print(f"{len(records)} compared, {len(records) - failed} passed, {failed} failed")
-    if opts.get("report") is not None:
-        paths = report.write_report(opts["report"], report.build_report(records, mode="compare"))
-        _print(f"precision report: {', '.join(map(str, paths))}")
-    return EXIT_DRIFT if failed else EXIT_PASS
-
-
-def _dump_level(target: Path, golden: Path, step: int, stage: str) -> str | None:
-    """msprobe level recorded in the stage's dump.json (``"level"``), target side first."""
-    import json
-
-    for root in (target, golden):
-        for dump in sorted((root / f"step_{step}" / stage).glob("step0/rank*/dump.json")):
-            try:
-                with open(dump, encoding="utf-8") as fh:
-                    head = fh.read(4096)
-                start = head.find('"level"')
-                if start >= 0:
-                    return json.loads("{" + head[start:].split(",", 1)[0] + "}")["level"]
-            except (OSError, ValueError):
-                continue
-    return None
+    _print(f"{report.num_items} compared, {report.num_items - report.num_failed} passed, {report.num_failed} failed")
+    if opts.report is not None:
+        _print(f"precision report: {', '.join(map(str, report.write(opts.report)))}")
+    return EXIT_DRIFT if report.num_failed else EXIT_PASS
 
 
 # --------------------------------------------------------------------------------------- golden
-def _golden_root(args: argparse.Namespace) -> Path:
-    root = Path(args.golden_dir)
+def _golden_store(args: argparse.Namespace):
+    from precision_harness.golden import GoldenStore
+
+    root = PrecisionOptions.from_cli(args).golden_dir
     if not root.is_dir():
         raise UsageError(f"{root}: no golden directory here (--golden-dir)")
-    return root
+    return GoldenStore(root)
 
 
 def cmd_golden_verify(args: argparse.Namespace) -> int:
-    from precision_harness.golden import GoldenStore, verify_golden
+    from precision_harness.golden import verify_golden
 
-    store = GoldenStore(_golden_root(args))
+    store = _golden_store(args)
     goldens = store.list()
     bad = 0
     for name, device in goldens:
         problems = verify_golden(store.path(name, device))
-        if problems:
-            bad += 1
-            _print(f"FAIL {store.path(name, device)}: {len(problems)} problem(s)")
-            for p in problems[:20]:
-                _print(f"  {p}")
-            if len(problems) > 20:
-                _print(f"  ... and {len(problems) - 20} more")
-        else:
-            _print(f"ok   {store.path(name, device)}")
+        bad += bool(problems)
+        _print(
+            f"{'FAIL' if problems else 'ok  '} {store.path(name, device)}"
+            + (f": {len(problems)} problem(s)" if problems else "")
+        )
+        for p in problems[:MAX_LISTED]:
+            _print(f"  {p}")
+        if len(problems) > MAX_LISTED:
+            _print(f"  ... and {len(problems) - MAX_LISTED} more")
     _print(f"{len(goldens)} goldens verified, {bad} with problems")
     return EXIT_DRIFT if bad else EXIT_PASS
 
 
 def cmd_golden_list(args: argparse.Namespace) -> int:
-    import json
+    from precision_harness.errors import GoldenError
+    from precision_harness.golden import Golden
 
-    from precision_harness.golden import MANIFEST, GoldenStore
-
-    store = GoldenStore(_golden_root(args))
+    store = _golden_store(args)
     rows = [("scenario", "device", "level", "steps", "stages", "files", "MiB", "calibrated")]
     for name, device in store.list():
         try:
-            m = json.loads((store.path(name, device) / MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            g = Golden.from_dir(store.path(name, device))
+        except GoldenError:
             rows.append((name, device, "?", "?", "?", "?", "?", "unreadable manifest"))
             continue
-        size = sum(f.get("bytes", 0) for f in m.get("files", {}).values()) / 2**20
-        noise = m.get("noise")
+        m, noise = g.manifest, g.noise
+        steps, stages = ",".join(map(str, m["steps"])), str(len(m["stages"]))
+        calibrated = f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no"
         rows.append(
             (
                 name,
                 device,
-                m.get("level", "?"),
-                ",".join(map(str, m.get("steps", []))),
-                str(len(m.get("stages", []))),
-                str(len(m.get("files", {}))),
-                f"{size:.1f}",
-                f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no",
+                g.level or "?",
+                steps,
+                stages,
+                str(len(m["files"])),
+                f"{g.size_bytes / 2**20:.1f}",
+                calibrated,
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        _print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        _print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return EXIT_PASS
 
 
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from precision_harness.calibrate import calibrate
+    from precision_harness.calibrate import calibrate, noise_table
     from precision_harness.golden import GoldenStore
     from precision_harness.scenario import Scenario
-    from precision_harness.tolerance import STATISTICS, TolerancePolicy
 
     if args.runs < 2:
         raise UsageError(f"--runs {args.runs}: calibration needs at least 2 reruns")
     scenario = Scenario.load(args.scenario)
-    opts = option_table.from_cli(args)
-    device = scenario.config["device"] if opts.get("device", "auto") == "auto" else opts["device"]
-    store = GoldenStore(Path(opts.get("golden_dir", "golden")))
+    opts = PrecisionOptions.from_cli(args)
+    device = opts.device_for(scenario)
+    store = GoldenStore(opts.golden_dir)
     golden = store.load(scenario, device)  # GoldenMissingError names the command that records it
     work = Path(args.work_dir or f".precision/calibrate/{scenario.name}")
+
+    def on_run(i, variation, run) -> None:
+        _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({variation}) {run.wall_s:.1f} s")
+
     noise = calibrate(
-        scenario,
-        golden,
-        runs=args.runs,
-        device=device,
-        work_dir=work,
-        k=args.k,
-        timeout=opts.get("timeout"),
-        on_run=lambda i, v, r: _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({v}) {r.wall_s:.1f} s"),
+        scenario, golden, runs=args.runs, device=device, work_dir=work, k=args.k, timeout=opts.timeout, on_run=on_run
     )
     changed = store.set_noise(scenario.name, device, noise)
-    policy = TolerancePolicy.from_config(scenario.config["tolerance"]).with_noise(noise)
-    _print(
-        f"observed noise over {args.runs} reruns (relative change vs golden) -> fp32 rtol = max({args.k:g} x observed, floor):"
-    )
-    _print("  " + "stage".ljust(24) + "".join(s.ljust(20) for s in STATISTICS))
-    for stage, stats in noise["stages"].items():
-        cells = [
-            f"{stats[s]:.2g} -> {policy.for_tensor(dtype='torch.float32', stage=stage, statistic=s, api='').rtol:.2g}"
-            for s in STATISTICS
-        ]
-        _print("  " + stage.ljust(24) + "".join(c.ljust(20) for c in cells))
+    for line in noise_table(scenario, noise):
+        _print(line)
     _print(f"golden {'updated' if changed else 'unchanged'}: {store.path(scenario.name, device) / 'manifest.json'}")
     return EXIT_PASS
 
@@ -329,9 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except PrecisionError as exc:
         print(f"precision-harness {args.command}: {exc}", file=sys.stderr)
-        from precision_harness.errors import GoldenMissingError, ScenarioError
-
-        return EXIT_USAGE if isinstance(exc, (ScenarioError, GoldenMissingError)) else EXIT_DRIFT
+        return exc.exit_code
 
 
 if __name__ == "__main__":

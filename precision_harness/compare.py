@@ -87,6 +87,13 @@ class StageVerdict:
         ranks = {d.rank for d in self.drifts} | {p.split(":", 1)[0] for p in self.problems if p.startswith("rank")}
         return sorted(ranks, key=lambda r: (len(r), r))
 
+    def add(self, rank: RankVerdict) -> None:
+        """Take in one rank's result."""
+        self.checked += rank.checked
+        self.drifts += rank.drifts
+        self.problems += rank.problems
+        self.profile += rank.profile
+
     @property
     def largest(self) -> Drift | None:
         return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
@@ -220,78 +227,106 @@ def _row_statistics(item: dict[str, Any]) -> dict[str, float | None]:
     return {s: _float(item.get(s)) for s in STATISTICS}
 
 
-def compare_rank(
-    target: Path,
-    golden: Path,
-    *,
-    policy: TolerancePolicy,
-    stage: str,
-    rank: str,
-    verdict: StageVerdict,
-    table_path: Path | None = None,
-) -> None:
-    """Compare one rank's ``dump.json`` pair into ``verdict`` (drifts, problems, checked count).
+@dataclass
+class RankVerdict:
+    """Outcome of comparing one rank's ``dump.json`` pair (its share of a :class:`StageVerdict`)."""
 
-    Rows are msprobe's (``read_op``); the tolerance is ours. When the rank fails and
-    ``table_path`` is given, msprobe's full compare table (with its own Result column) is written
-    there for reading beside our verdict.
+    rank: str
+    checked: int = 0
+    drifts: list[Drift] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    #: ``(rank, order, tensor, worst ratio)`` of every compared row, in execution order
+    profile: list[tuple[str, int, str, float]] = field(default_factory=list)
+    _nan_reported: bool = field(default=False, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifts and not self.problems
+
+
+def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: str, rank: str) -> RankVerdict:
+    """Compare one rank's ``dump.json`` pair: key sets, then every statistic of every row.
+
+    Rows are msprobe's (``read_op``), named as msprobe's compare table names them; the tolerance is
+    ours. msprobe drops golden-only rows silently, so API and row key sets are checked here.
+
+    Raises:
+        GoldenCorruptError: either file is not a readable dump.json.
     """
     t_dump, g_dump = load_dump(target), load_dump(golden)
-    only_golden = [a for a in g_dump["data"] if a not in t_dump["data"]]
-    only_target = [a for a in t_dump["data"] if a not in g_dump["data"]]
-    if only_golden:
-        verdict.problems.append(
-            f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}"
-        )
-    if only_target:
-        verdict.problems.append(f"{rank}: {len(only_target)} API(s) not in the golden, first {only_target[0]}")
+    verdict = RankVerdict(rank)
+    verdict.problems += _api_key_problems(rank, t_dump["data"], g_dump["data"])
     t_rows, g_rows = flatten_dump(t_dump), flatten_dump(g_dump)
-    failed_before = len(verdict.drifts) + len(verdict.problems)
-    nan_reported = False
     for order, (name, t_item) in enumerate(t_rows.items()):
         g_item = g_rows.get(name)
         if g_item is None:
             if t_item["api"] in g_dump["data"]:  # same API, different tensors: a structural change
                 verdict.problems.append(f"{rank}: {name}: not in the golden")
             continue
-        t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
-        if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
-            verdict.problems.append(
-                f"{rank}: {name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}"
-            )
-            continue
-        t_stats, g_stats = _row_statistics(t_item), _row_statistics(g_item)
-        numel = _numel(t_item.get("shape"))
-        golden_norm = g_stats.get("Norm")
-        row_worst = 0.0
-        for stat, g_val in g_stats.items():
-            t_val = t_stats.get(stat)
-            if t_val is None and g_val is None:
-                continue
-            verdict.checked += 1
-            if t_val is None or g_val is None:
-                verdict.problems.append(f"{rank}: {name} {stat}: {g_val} -> {t_val}")
-                continue
-            if not math.isfinite(t_val) and math.isfinite(g_val) and not nan_reported:
-                verdict.problems.append(f"{rank}: {name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
-                nan_reported = True
-            tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=name)
-            scale = None
-            if stat == "Mean" and golden_norm is not None and math.isfinite(golden_norm):
-                scale = golden_norm / math.sqrt(max(numel, 1))
-            ratio = tolerance_ratio(t_val, g_val, tol, scale=scale)
-            row_worst = max(row_worst, ratio)
-            if ratio > 1.0:
-                verdict.drifts.append(
-                    Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, rank)
-                )
-        verdict.profile.append((rank, order, name, row_worst))
+        _compare_row(verdict, name, order, t_item, g_item, policy=policy, stage=stage)
     for name, g_item in g_rows.items():
         if name not in t_rows and g_item["api"] in t_dump["data"]:
             verdict.problems.append(f"{rank}: {name}: in the golden but missing from this run")
-    if table_path is not None and len(verdict.drifts) + len(verdict.problems) > failed_before:
-        write_msprobe_table(target, golden, table_path)
-        verdict.table_paths.append(table_path)
+    return verdict
+
+
+def _api_key_problems(rank: str, target: dict[str, Any], golden: dict[str, Any]) -> list[str]:
+    only_golden = [a for a in golden if a not in target]
+    only_target = [a for a in target if a not in golden]
+    problems = []
+    if only_golden:
+        problems.append(
+            f"{rank}: {len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}"
+        )
+    if only_target:
+        problems.append(f"{rank}: {len(only_target)} API(s) not in the golden, first {only_target[0]}")
+    return problems
+
+
+def _compare_row(
+    v: RankVerdict,
+    name: str,
+    order: int,
+    t_item: dict[str, Any],
+    g_item: dict[str, Any],
+    *,
+    policy: TolerancePolicy,
+    stage: str,
+) -> None:
+    """Check one tensor row (dtype, shape, each statistic) into ``v``; add its worst ratio to the profile.
+
+    Mean is judged against ``Norm / sqrt(numel)`` of the golden (the RMS), since a mean near zero
+    has no useful relative error (docs/tolerance.md).
+    """
+    t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
+    if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
+        v.problems.append(
+            f"{v.rank}: {name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}"
+        )
+        return
+    t_stats, g_stats = _row_statistics(t_item), _row_statistics(g_item)
+    golden_norm = g_stats.get("Norm")
+    rms = None
+    if golden_norm is not None and math.isfinite(golden_norm):
+        rms = golden_norm / math.sqrt(max(_numel(t_item.get("shape")), 1))
+    row_worst = 0.0
+    for stat, g_val in g_stats.items():
+        t_val = t_stats.get(stat)
+        if t_val is None and g_val is None:
+            continue
+        v.checked += 1
+        if t_val is None or g_val is None:
+            v.problems.append(f"{v.rank}: {name} {stat}: {g_val} -> {t_val}")
+            continue
+        if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
+            v.problems.append(f"{v.rank}: {name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+            v._nan_reported = True
+        tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=name)
+        ratio = tolerance_ratio(t_val, g_val, tol, scale=rms if stat == "Mean" else None)
+        row_worst = max(row_worst, ratio)
+        if ratio > 1.0:
+            v.drifts.append(Drift(name, stat, g_val, t_val, ratio, relative_change(t_val, g_val), tol, order, v.rank))
+    v.profile.append((v.rank, order, name, row_worst))
 
 
 def write_msprobe_table(target: Path, golden: Path, path: Path) -> Path:
@@ -352,10 +387,13 @@ def compare_stage(
         )
         return verdict
     for rank in shared:
-        table = artifacts / f"compare_result_{rank}.csv" if artifacts is not None else None
-        compare_rank(
-            t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank, verdict=verdict, table_path=table
-        )
+        rv = compare_rank(t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank)
+        verdict.add(rv)
+        if artifacts is not None and not rv.passed:
+            # msprobe's own table (with its Result column), for reading beside our verdict
+            verdict.table_paths.append(
+                write_msprobe_table(t_ranks[rank], g_ranks[rank], artifacts / f"compare_result_{rank}.csv")
+            )
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     return verdict
 

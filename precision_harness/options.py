@@ -1,10 +1,11 @@
 """Options defined once, read by both the pytest plugin and ``precision-harness`` (as pytest-benchmark).
 
-Each :class:`Option` says how it appears to pytest (``--precision-<name>`` or an ini key) and to
-the CLI (``--<name>`` on the listed subcommands). :func:`add_pytest_options` and
-:func:`add_cli_options` register the same definitions, so the flag, its choices, default and help
-never drift apart; :func:`from_pytest` and :func:`from_cli` read them back into the keyword
-arguments of :class:`~precision_harness.session.PrecisionOptions`.
+Each :class:`Option` says how it appears to pytest (``--precision-<name>`` or an ini key), to the
+CLI (``--<name>`` on the listed subcommands), which :class:`PrecisionOptions` field it fills, its one
+default and how a raw value becomes that field. :func:`add_pytest_options` and
+:func:`add_cli_options` register the same definitions, and :meth:`PrecisionOptions.from_pytest` and
+:meth:`PrecisionOptions.from_cli` read them back through the same table, so a flag, its choices,
+default and help never drift apart.
 """
 
 from __future__ import annotations
@@ -12,17 +13,40 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from precision_harness.scenario import Scenario
 
 GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 
 
+def _path_or_none(value: Any) -> Path | None:
+    return Path(value) if value else None
+
+
+def _timeout(value: Any) -> float | None:
+    return float(value or 0) or None
+
+
+def _jobs(value: Any) -> int:
+    return int(value) if value else max(1, os.cpu_count() or 1)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
-    """One option. ``pytest`` is ``"option"`` (``--precision-<name>``), ``"ini"`` (``precision_<name>``) or None."""
+    """One option: its flag or ini key, its CLI subcommands, its :class:`PrecisionOptions` field.
+
+    ``pytest`` is ``"option"`` (``--precision-<name>``), ``"ini"`` (``precision_<name>``) or None.
+    ``default`` is the raw default (as typed); ``convert`` turns a raw value into the field's value.
+    """
 
     name: str
     help: str
@@ -33,10 +57,20 @@ class Option:
     flag: bool = False  #: store_true
     pytest: str | None = "option"
     cli: tuple[str, ...] = ()  #: subcommands of ``precision-harness`` that take ``--<name>``
+    field: str = ""  #: the PrecisionOptions field (default: the name with ``_``)
+    convert: Callable[[Any], Any] = _same
 
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
+
+    @property
+    def target(self) -> str:
+        return self.field or self.dest
+
+    def value(self, raw: Any) -> Any:
+        """The field value of ``raw`` (None: this option's default)."""
+        return self.convert(self.default if raw is None else raw)
 
     def argparse_kwargs(self) -> dict[str, Any]:
         if self.flag:
@@ -55,28 +89,44 @@ OPTIONS: tuple[Option, ...] = (
         "(prints the churn against the previous one); missing: record only goldens that do not exist yet",
         default="check",
         choices=GOLDEN_MODES,
+        field="golden_mode",
     ),
     Option(
         "device",
-        "device scenarios run on; auto uses each scenario's 'device' key (default cpu)",
+        "device scenarios run on; auto uses each scenario's 'device' key (default cpu). For compare: the "
+        "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate"),
+        cli=("run", "calibrate", "compare"),
     ),
     Option(
         "artifacts",
         "where runs and compare tables go (default: .precision/artifacts under rootdir)",
+        default=".precision/artifacts",
         metavar="DIR",
         cli=("compare",),
+        convert=Path,
     ),
-    Option("jobs", "scenario runs in parallel in this process (default: CPU count)", type=int, metavar="N"),
+    Option(
+        "jobs",
+        "scenario runs in parallel in this process (default: CPU count)",
+        type=int,
+        metavar="N",
+        convert=_jobs,
+    ),
     Option(
         "report",
         "write report.json, report.md and report.html (drift heatmap, drift plots) into DIR",
         metavar="DIR",
         cli=("compare",),
+        convert=_path_or_none,
     ),
-    Option("prune", "remove goldens whose scenario was not collected (only on a full, unfiltered run)", flag=True),
+    Option(
+        "prune",
+        "remove goldens whose scenario was not collected (only on a full, unfiltered run)",
+        flag=True,
+        convert=bool,
+    ),
     Option(
         "ray-address",
         "submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
@@ -98,15 +148,68 @@ OPTIONS: tuple[Option, ...] = (
         default="golden",
         pytest="ini",
         cli=("golden", "calibrate"),
+        convert=Path,
     ),
     Option(
-        "timeout", "seconds a scenario run may take (0: no limit)", default="0", pytest="ini", cli=("run", "calibrate")
+        "timeout",
+        "seconds a scenario run may take (0: no limit)",
+        default="0",
+        pytest="ini",
+        cli=("run", "calibrate"),
+        convert=_timeout,
     ),
 )
 
 
 def get(name: str) -> Option:
     return next(o for o in OPTIONS if o.name == name)
+
+
+def _default(name: str) -> Any:
+    """The :class:`PrecisionOptions` default of option ``name`` (its raw default, converted)."""
+    return get(name).value(None)
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """Options of one gate run, shared by the pytest plugin and the CLI (defaults from :data:`OPTIONS`)."""
+
+    golden_mode: str = field(default=_default("golden"))
+    device: str = field(default=_default("device"))
+    artifacts: Path = field(default=_default("artifacts"))
+    jobs: int = field(default=_default("jobs"))
+    report: Path | None = field(default=_default("report"))  #: directory for report.json/.md/.html
+    prune: bool = field(default=_default("prune"))  #: remove unused goldens on a full run
+    ray_address: str | None = field(default=_default("ray-address"))  #: None: local subprocess / local Ray
+    golden_device: str | None = field(default=_default("golden-device"))  #: compare against this device's golden
+    golden_dir: Path = field(default=_default("golden-dir"))
+    timeout: float | None = field(default=_default("timeout"))
+    #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
+    #: by an explicit ``--dist load`` cannot race on one run directory
+    worker_id: str | None = None
+
+    @classmethod
+    def from_pytest(cls, config: Any) -> PrecisionOptions:
+        """The options of a pytest ``Config`` (``--precision-*`` flags and ``precision_*`` ini keys)."""
+        values = {}
+        for opt in OPTIONS:
+            if opt.pytest == "option":
+                raw = config.getoption(f"precision_{opt.dest}")
+            elif opt.pytest == "ini":
+                raw = config.getini(f"precision_{opt.dest}")
+            else:
+                raw = None
+            values[opt.target] = opt.value(raw)
+        return cls(**values, worker_id=getattr(config, "workerinput", {}).get("workerid"))
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace) -> PrecisionOptions:
+        """The options of parsed ``precision-harness`` arguments (options a subcommand lacks keep defaults)."""
+        return cls(**{opt.target: opt.value(getattr(args, opt.dest, None)) for opt in OPTIONS})
+
+    def device_for(self, scenario: Scenario) -> str:
+        """Where ``scenario`` runs: ``--precision-device``, or the scenario's ``device`` key under ``auto``."""
+        return scenario.config["device"] if self.device == "auto" else self.device
 
 
 # ------------------------------------------------------------------------------------- pytest
@@ -119,50 +222,9 @@ def add_pytest_options(group: Any, parser: Any) -> None:
             parser.addini(f"precision_{opt.dest}", opt.help, default=opt.default)
 
 
-def _timeout(value: Any) -> float | None:
-    return float(value or 0) or None
-
-
-def from_pytest(config: Any) -> dict[str, Any]:
-    """``PrecisionOptions`` keyword arguments from a pytest ``Config``."""
-    get_opt = lambda name: config.getoption(f"precision_{name}")  # noqa: E731
-    report = get_opt("report")
-    return {
-        "golden_mode": get_opt("golden"),
-        "device": get_opt("device"),
-        "artifacts": Path(get_opt("artifacts") or ".precision/artifacts"),
-        "golden_dir": Path(config.getini("precision_golden_dir")),
-        "jobs": get_opt("jobs") or max(1, os.cpu_count() or 1),
-        "timeout": _timeout(config.getini("precision_timeout")),
-        "report": Path(report) if report else None,
-        "prune": bool(get_opt("prune")),
-        "ray_address": get_opt("ray_address"),
-        "golden_device": get_opt("golden_device"),
-        "worker_id": getattr(config, "workerinput", {}).get("workerid"),
-    }
-
-
 # ---------------------------------------------------------------------------------------- CLI
 def add_cli_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Add the options shared with the plugin that ``command`` takes, as ``--<name>``."""
     for opt in OPTIONS:
         if command in opt.cli:
             parser.add_argument(f"--{opt.name}", dest=opt.dest, **opt.argparse_kwargs())
-
-
-def from_cli(args: argparse.Namespace) -> dict[str, Any]:
-    """``PrecisionOptions`` keyword arguments from parsed CLI arguments (absent options keep defaults)."""
-    out: dict[str, Any] = {}
-    if getattr(args, "device", None):
-        out["device"] = args.device
-    if getattr(args, "artifacts", None):
-        out["artifacts"] = Path(args.artifacts)
-    if getattr(args, "report", None):
-        out["report"] = Path(args.report)
-    if getattr(args, "golden_dir", None):
-        out["golden_dir"] = Path(args.golden_dir)
-    if getattr(args, "timeout", None) is not None:
-        out["timeout"] = _timeout(args.timeout)
-    if getattr(args, "ray_address", None):
-        out["ray_address"] = args.ray_address
-    return out

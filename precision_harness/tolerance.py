@@ -112,7 +112,9 @@ class TolerancePolicy:
 
     @classmethod
     def cross_device_from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
-        """Policy against a golden recorded on another device: ``tolerance.cross_device`` over :data:`CROSS_DEVICE_DTYPES`.
+        """Policy against a golden recorded on another device.
+
+        ``tolerance.cross_device`` over :data:`CROSS_DEVICE_DTYPES`.
 
         The same-device rules are not inherited (a bitwise or tight same-device rule says nothing
         about another device's kernels); ``mode`` defaults to ``tolerance``.
@@ -129,6 +131,16 @@ class TolerancePolicy:
                 **{k: v for k, v in CROSS_DEVICE_METRICS.items() if k not in cross.get("metrics", {})},
             },
         )
+
+    @classmethod
+    def for_golden(
+        cls, section: Mapping[str, Any] | None, *, noise: Mapping[str, Any] | None, cross_device: bool
+    ) -> TolerancePolicy:
+        """The policy a check against a golden uses: the scenario's ``tolerance`` section (its
+        ``cross_device`` rules when the golden was recorded on another device), widened by the
+        golden's calibrated ``noise``."""
+        base = cls.cross_device_from_config(section) if cross_device else cls.from_config(section)
+        return base.with_noise(noise)
 
     @property
     def exact(self) -> bool:

@@ -8,7 +8,7 @@ import pytest
 from test_golden import fake_run
 
 from conftest import TINY
-from precision_harness.calibrate import DEFAULT_K, variant_file, variations
+from precision_harness.calibrate import DEFAULT_K, variant, variations
 from precision_harness.errors import ScenarioError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
@@ -24,9 +24,10 @@ NOISE = {
 
 def test_noise_only_widens() -> None:
     policy = TolerancePolicy().with_noise(NOISE)
-    tol = lambda stat, stage="actor_update": (
-        policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol
-    )
+
+    def tol(stat: str, stage: str = "actor_update") -> float:
+        return policy.for_tensor(dtype="torch.float32", stage=stage, statistic=stat, api="x").rtol
+
     assert tol("Max") == pytest.approx(3e-5)  # 3 x 1e-5 above the fp32 floor
     assert tol("Norm") == 1.3e-6  # 3 x 2e-7 = 6e-7 is below the floor: the floor stays
     assert tol("Min") == 1.3e-6 and tol("Max", stage="critic_update") == 1.3e-6
@@ -59,6 +60,7 @@ def test_set_noise_validates_and_survives_rerecord(tmp_path: Path) -> None:
 def test_variations_cycle_thread_counts(tmp_path: Path) -> None:
     scenario = Scenario.load(TINY)
     assert [v.num_threads for v in variations(scenario, 5)] == [1, 2, 4, 3, 1]
-    variant = Scenario.load(variant_file(scenario, variations(scenario, 2)[1], tmp_path))
-    assert variant.name == "tiny_ppo" and variant.config["trainer"]["num_threads"] == 2
+    rerun = variant(scenario, variations(scenario, 2)[1], tmp_path)
+    assert rerun.name == "tiny_ppo" and rerun.config["trainer"]["num_threads"] == 2
+    assert rerun.path == tmp_path / "tiny_ppo.2threads.yaml"
     assert DEFAULT_K == 3.0

@@ -37,7 +37,8 @@ def golden_copy(recorded_project: Path, tmp_path: Path) -> Path:
 def test_compare_golden_with_itself_passes_without_torch(golden_copy: Path, tmp_path: Path) -> None:
     code = (
         "import sys; from precision_harness.cli import main; rc = main(['compare', sys.argv[1], sys.argv[1]]); "
-        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch') if m in sys.modules)); sys.exit(rc)"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch') if m in sys.modules)); "
+        "sys.exit(rc)"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(golden_copy)], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -58,7 +59,8 @@ def test_compare_drift_exit_1_with_report(dumps, tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert doc["mode"] == "compare" and doc["summary"]["failed"] == 1
     assert doc["items"][0]["first_divergence"]["tensor"] == "Functional.linear.0.forward.output.0"
-    assert (tmp_path / "art" / "step_1" / "actor_update" / "verdict.txt").is_file()
+    # the plugin's layout: <artifacts>/<scenario>/step_<n>/<stage>/ (a plain directory's scenario is its name)
+    assert (tmp_path / "art" / "golden" / "step_1" / "actor_update" / "verdict.txt").is_file()
 
 
 def test_compare_verl_multi_rank_layout(tmp_path: Path) -> None:
@@ -187,3 +189,46 @@ def test_options_defined_once() -> None:
                 subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]
             )
             assert f"--{opt.name}" in sub.format_help(), (opt.name, command)
+
+
+def _scale_first_norm(dump_path: Path, factor: float) -> None:
+    """Multiply the first output Norm of the first API in an msprobe dump.json by ``factor``."""
+    dump = json.loads(dump_path.read_text())
+    api = next(a for a in dump["data"].values() if a.get("output"))
+    out = api["output"][0]
+    out["Norm"] *= factor
+    dump_path.write_text(json.dumps(dump))
+
+
+def test_compare_verifies_golden_sha256(golden_copy: Path, tmp_path: Path) -> None:
+    """The CLI checks every golden file against its manifest, as the plugin does."""
+    target = tmp_path / "target"
+    shutil.copytree(golden_copy, target)
+    dump = golden_copy / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json"
+    dump.write_text(dump.read_text().replace('"Max"', '"Max" ', 1))  # same numbers, other bytes
+    proc = cli("compare", str(target), str(golden_copy), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "FAIL " in proc.stdout
+        and "actor_update/step0/rank0/dump.json: sha256 differs from manifest.json" in proc.stdout
+    )
+    assert "PASS actor_update @ step_2" in proc.stdout  # only the edited file fails
+
+
+def test_compare_cross_device_rules_from_target_device(golden_copy: Path, tmp_path: Path) -> None:
+    """A target from another device than the golden's is judged with tolerance.cross_device (fp32 rtol 1e-3)."""
+    target = tmp_path / "target"
+    shutil.copytree(golden_copy, target)
+    (target / "manifest.json").unlink()
+    _scale_first_norm(target / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json", 1 + 1e-4)
+    same = cli("compare", str(target), str(golden_copy), cwd=tmp_path)
+    assert same.returncode == 1, same.stdout + same.stderr
+    assert "FAIL actor_update @ step_1, rank0: 1 of " in same.stdout and "fp32: rtol 1.3e-06" in same.stdout
+    (target / "run.json").write_text(json.dumps({"device": "npu"}))  # as our runner writes it
+    cross = cli("compare", str(target), str(golden_copy), cwd=tmp_path)
+    assert cross.returncode == 0, cross.stdout + cross.stderr
+    assert (
+        "PASS actor_update @ step_1, rank0: " in cross.stdout and "within tolerance (fp32: rtol 0.001" in cross.stdout
+    )
+    flag = cli("compare", str(target), str(golden_copy), "--device", "cpu", cwd=tmp_path)
+    assert flag.returncode == 1  # --device overrides run.json: same device, same-device rules

@@ -18,8 +18,8 @@ from precision_harness.compare import (
     sha256_file,
 )
 from precision_harness.errors import GoldenCorruptError
-from precision_harness.report import stage_text
 from precision_harness.tolerance import TolerancePolicy
+from precision_harness.verdict_text import stage_text
 
 POLICY = TolerancePolicy()
 

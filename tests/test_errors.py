@@ -37,7 +37,8 @@ def test_schema_violation_names_field(pytester: pytest.Pytester) -> None:
 def test_unknown_stage_strict(pytester: pytest.Pytester) -> None:
     make_project(
         pytester.path,
-        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n      strict: true\n      stages: [actor_updat]\n",
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
+        "      strict: true\n      stages: [actor_updat]\n",
     )
     result = pytester.runpytest_subprocess("--collect-only")
     assert_one_line_error(result, "*unknown stage 'actor_updat' (strict: true); expected one of *")
@@ -52,9 +53,24 @@ def test_unknown_stage_not_strict_warns(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*tiny_ppo.yaml::actor_update[[]step_1[]]*"])
     result.stdout.fnmatch_lines(
         [
-            "*PytestWarning: precision_debugger.stages: 'actor_updat' is unknown or never runs in this scenario; ignored (strict: false)"
+            "*PytestWarning: precision_debugger.stages: 'actor_updat' is unknown or never runs in this scenario; "
+            "ignored (strict: false)"
         ]
     )
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_scenario_name_cannot_leave_golden(pytester: pytest.Pytester, name: str) -> None:
+    """``name: ..`` once wrote the golden to ``<rootdir>/cpu`` and replaced what was there: now nothing is written."""
+    make_project(pytester.path, f"name: {json.dumps(name)}\n")
+    mine = pytester.path / "cpu" / "keep.txt"
+    mine.parent.mkdir()
+    mine.write_text("mine")
+    result = pytester.runpytest_subprocess("--precision-golden", "update")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert_one_line_error(result, f"*tiny_ppo.yaml: name: {name!r} is not a valid scenario name*")
+    assert mine.read_text() == "mine" and sorted(p.name for p in mine.parent.iterdir()) == ["keep.txt"]
+    assert not (pytester.path / "golden").exists() and not (pytester.path / ".precision").exists()
 
 
 def test_corrupt_golden_file_named(project: pytest.Pytester) -> None:
@@ -73,7 +89,8 @@ def test_corrupt_manifest_named(project: pytest.Pytester) -> None:
     result.assert_outcomes(failed=11)
     assert_one_line_error(
         result,
-        "golden/tiny_ppo/cpu/manifest.json: unreadable manifest*re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
+        "golden/tiny_ppo/cpu/manifest.json: unreadable manifest*"
+        "re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
     )
 
 
@@ -83,7 +100,8 @@ def test_stale_golden_says_rerecord(project: pytest.Pytester) -> None:
     result.assert_outcomes(failed=11)
     assert_one_line_error(
         result,
-        "golden/tiny_ppo/cpu/manifest.json: golden is stale, recorded under msprobe level L1 (now mix); re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
+        "golden/tiny_ppo/cpu/manifest.json: golden is stale, recorded under msprobe level L1 (now mix); "
+        "re-record with: pytest scenarios/tiny_ppo.yaml --precision-golden update",
     )
     assert not (project.path / ".precision/artifacts/tiny_ppo/run").exists()
 
@@ -133,7 +151,8 @@ def test_worker_failure_is_one_line_with_log(project: pytest.Pytester) -> None:
     result.assert_outcomes(failed=1, deselected=10)
     assert_one_line_error(
         result,
-        "*tiny_ppo.yaml: scenario run failed: ValueError: data.max_prompt_length: prompt * needs more than 3 tokens (log: *worker.log)",
+        "*tiny_ppo.yaml: scenario run failed: ValueError: data.max_prompt_length: prompt * needs more than 3 tokens "
+        "(log: *worker.log)",
     )
 
 
