@@ -1,13 +1,13 @@
-# pytest-precision: set up .venv and run the gate, the tests, or the benchmarks.
-# The CPU install path pins torch (CPU wheel) and transformers through constraints/cpu.txt;
-# NPU/GPU users install their own torch (+ torch_npu) first and run pip without the constraints.
+# pytest-precision: set up .venv and run the gate, the tests, the linters or the benchmarks.
+# The CPU install path pins torch (CPU wheel), transformers and every other package through
+# constraints/cpu.txt; NPU/GPU users install their own torch (+ torch_npu) and run pip without it.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints/cpu.txt
 
-.PHONY: gate test update-golden benchmarks lock clean
+.PHONY: gate test lint format update-golden benchmarks lock clean
 
 $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 	touch $@
 
 $(VENV)/.test: $(VENV)/.gate
-	$(PIP) -e ".[test,verl,ray]"
+	$(PIP) -e ".[test,verl]"
 	touch $@
 
 gate: $(VENV)/.gate          ## the main job: every scenario against golden/, plus the invariants
@@ -23,6 +23,14 @@ gate: $(VENV)/.gate          ## the main job: every scenario against golden/, pl
 
 test: $(VENV)/.test          ## everything: gate, invariants, harness tests, verl parity
 	$(BIN)/pytest -p no:cacheprovider
+
+lint: $(VENV)/.test          ## ruff lint and format check (configured in pyproject.toml)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.test        ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 update-golden: $(VENV)/.gate ## re-record every golden (review the churn, then commit golden/)
 	$(BIN)/pytest scenarios --precision-golden update

@@ -160,14 +160,14 @@ def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any
         )
     checked, diffs = 0, []
     for family in compared:
-        for (name, a_entry), (_, r_entry) in zip(fa[family], fr[family]):
+        for (name, a_entry), (_, r_entry) in zip(fa[family], fr[family], strict=False):
             a_t, r_t = dict(iter_tensors(a_entry)), dict(iter_tensors(r_entry))
             for path in sorted(set(a_t) | set(r_t)):
                 a, r = a_t.get(path), r_t.get(path)
                 if a is None or r is None or a["dtype"] != r["dtype"] or a["shape"] != r["shape"]:
-                    diffs.append(
-                        f"{name}.{path} dtype/shape {None if a is None else (a['dtype'], a['shape'])} vs {None if r is None else (r['dtype'], r['shape'])}"
-                    )
+                    ours = None if a is None else (a["dtype"], a["shape"])
+                    ref = None if r is None else (r["dtype"], r["shape"])
+                    diffs.append(f"{name}.{path} dtype/shape {ours} vs {ref}")
                     continue
                 for stat in STATISTICS:
                     checked += 1
@@ -192,8 +192,8 @@ def _max_diff(
     """(tokens compared, tokens beyond ``tol`` (any difference if None), max |a - b|, its (row, token))."""
     count = bad = 0
     worst, at = 0.0, (0, 0)
-    for i, (ra, rb, rm) in enumerate(zip(a, b, mask)):
-        for j, (x, y, m) in enumerate(zip(ra, rb, rm)):
+    for i, (ra, rb, rm) in enumerate(zip(a, b, mask, strict=False)):
+        for j, (x, y, m) in enumerate(zip(ra, rb, rm, strict=False)):
             if not m:
                 continue
             count += 1
@@ -225,7 +225,8 @@ def check_on_policy(log_probs: Mapping[str, Any], *, where: str = "") -> int:
         raise InvariantViolation(
             f"{where}: actor_update's first mini-batch recomputes log-probs that differ from old_log_prob at {bad} of "
             f"{count} tokens (max |diff| {worst:.3g} at row {i}, token {j}; micro-batches: actor_compute_log_prob "
-            f"{mbs.get('actor_compute_log_prob')}, actor_update {mbs.get('actor_update')}): the on-policy PPO ratio is not 1"
+            f"{mbs.get('actor_compute_log_prob')}, actor_update {mbs.get('actor_update')}): "
+            "the on-policy PPO ratio is not 1"
         )
     return count
 
@@ -256,8 +257,9 @@ def check_micro_batch_invariance(
     count, bad, worst, (i, j) = _max_diff(a[key], b[key], a["response_mask"], tol)
     if bad:
         raise InvariantViolation(
-            f"{where}: {key} of actor_compute_log_prob differs between micro-batch sizes {mbs_a.get('actor_compute_log_prob')} "
-            f"and {mbs_b.get('actor_compute_log_prob')} at {bad} of {count} tokens beyond {tol} (max |diff| {worst:.3g} at row {i}, token {j})"
+            f"{where}: {key} of actor_compute_log_prob differs between micro-batch sizes "
+            f"{mbs_a.get('actor_compute_log_prob')} and {mbs_b.get('actor_compute_log_prob')} at {bad} of {count} "
+            f"tokens beyond {tol} (max |diff| {worst:.3g} at row {i}, token {j})"
         )
     return count
 
@@ -288,9 +290,8 @@ def check_mismatch_health(
                 continue
             checked += 1
             if (low is not None and not value >= low) or (high is not None and not value <= high):
-                problems.append(
-                    f"step {step}: {name} = {value:.6g} outside [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
-                )
+                bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+                problems.append(f"step {step}: {name} = {value:.6g} outside {bounds}")
     if problems:
         raise InvariantViolation(
             f"{where}: rollout/training mismatch unhealthy: {problems[0]}"

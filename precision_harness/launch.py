@@ -3,8 +3,8 @@
 msprobe's debugger is a process-wide singleton, so every run gets a fresh interpreter; the
 calling process (pytest, the CLI) never imports torch. The worker's stdout/stderr go to
 ``RUN_DIR/worker.log``; multi-rank and cluster runs go through a Ray driver process
-(``ray_launch``) instead, with the same contract. A failure is raised as :class:`RunFailedError` with the worker's one-line
-reason and the log's path.
+(``ray_launch``) instead, with the same contract. A failure is raised as :class:`RunFailedError`
+with the worker's one-line reason and the log's path.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import RunFailedError
+from precision_harness.paths import display_path
 from precision_harness.runner.devices import determinism_env
-from precision_harness.scenario import Scenario, display_path
+from precision_harness.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from precision_harness.runner.devices import determinism_env
 
 #: environment variables forwarded from the caller to every rank (test hooks, msprobe/torch knobs).
 FORWARDED_ENV_PREFIXES = ("PRECISION_TEST_", "ASCEND_", "HCCL_", "NCCL_", "GLOO_")
-RAY_INSTALL_HINT = "pip install 'pytest-precision[ray]' (ray[default])"
+RAY_INSTALL_HINT = "pip install 'ray[default]>=2.40' (a dependency of pytest-precision: reinstall it with pip)"
 
 
 def ray_available() -> bool:
@@ -87,7 +87,9 @@ class RankWorker:
     def run(
         self, scenario: Any, *, world_size: int, master_addr: str, master_port: int, device: str, dump: bool
     ) -> dict[str, Any]:
-        """Run the scenario as rank ``self.rank``; return ``{"rank", "archive": tar.gz bytes | None, "error": str | None}``.
+        """Run the scenario as rank ``self.rank``.
+
+        Returns ``{"rank", "archive": tar.gz bytes | None, "error": str | None}``.
 
         Rank 0's archive holds the whole run directory; rank ``r > 0``'s only its ``rank<r>`` dump folders.
         """
@@ -240,7 +242,8 @@ def _check_feasible(
         have = ", ".join(f"{k}={cluster.get(k, 0):g}" for k in short)
         want = ", ".join(f"{k}={v:g}" for k, v in short.items())
         raise RuntimeError(
-            f"{scenario.path.name}: trainer.ray: {world_size} rank(s) need {want} but the Ray cluster ({where}) has {have}; "
+            f"{scenario.path.name}: trainer.ray: {world_size} rank(s) need {want} "
+            f"but the Ray cluster ({where}) has {have}; "
             "connect to a cluster with those resources or change trainer.ray / trainer.world_size"
         )
 

@@ -49,7 +49,7 @@ def ratio_colour(ratio: float | None, passed: bool, kind: str) -> str:
 
 
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
-    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(a, b))
+    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(a, b, strict=True))
 
 
 def _slug(*parts: Any) -> str:
@@ -88,9 +88,9 @@ def heatmap(sc: dict[str, Any]) -> str:
                 else ""
             )
             cls = ' class="fail"' if not c["passed"] else ""
-            out.append(
-                f'<td{cls} style="background:{colour};color:{fg}" title="worst tolerance ratio">{link}{_cell_text(c)}{"</a>" if link else ""}</td>'
-            )
+            close = "</a>" if link else ""
+            style = f"background:{colour};color:{fg}"
+            out.append(f'<td{cls} style="{style}" title="worst tolerance ratio">{link}{_cell_text(c)}{close}</td>')
         out.append("</tr>")
     out.append("</table>")
     return "".join(out)
@@ -120,12 +120,13 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
         xs = [p[1] for p in pts]
         ys = [max(p[3], floor) if p[3] is not None else 1e6 for p in pts]
         suffix = f" {rank}" if len(ranks) > 1 else ""
-        ok = [(x, y) for x, y in zip(xs, ys) if y <= 1]
-        bad = [(x, y) for x, y in zip(xs, ys) if y > 1]
+        ok = [(x, y) for x, y in zip(xs, ys, strict=True) if y <= 1]
+        bad = [(x, y) for x, y in zip(xs, ys, strict=True) if y > 1]
         if ok:
-            ax.scatter(*zip(*ok), s=4, color="#9e9e9e", label=f"within tolerance{suffix}")
+            ax.scatter(*zip(*ok, strict=True), s=4, color="#9e9e9e", label=f"within tolerance{suffix}")
         if bad:
-            ax.scatter(*zip(*bad), s=6, color="#d32f2f", zorder=3, label=f"beyond tolerance{suffix} ({len(bad)})")
+            label = f"beyond tolerance{suffix} ({len(bad)})"
+            ax.scatter(*zip(*bad, strict=True), s=6, color="#d32f2f", zorder=3, label=label)
         count, cum = 0, []
         for y in ys:
             count += y > 1
@@ -145,7 +146,7 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
             color="#d32f2f",
         )
     names = {_op_name(p[2]): p[1] for p in reversed(record["profile"])}
-    for rank, op in record.get("msprobe_first_diff", {}).items():
+    for op in record.get("msprobe_first_diff", {}).values():
         if op in names:
             ax.axvline(names[op], color="#1565c0", lw=0.8, ls=":")
             ax.annotate(
@@ -179,7 +180,8 @@ def html_report(doc: dict[str, Any]) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-precision report</title>',
         f"<style>{CSS}</style></head><body>",
         f"<h1>pytest-precision ({html.escape(doc['mode'])}): {html.escape(head)}</h1>",
-        f"<p>{s['items']} items: {s['identical']} identical to golden, {s['recorded']} recorded, {s['failed']} failed.</p>",
+        f"<p>{s['items']} items: {s['identical']} identical to golden, {s['recorded']} recorded, "
+        f"{s['failed']} failed.</p>",
         '<section id="heatmap"><h2>Drift heatmap: worst tolerance ratio, stage x step (&gt; 1 fails)</h2>',
         '<p class="legend">'
         + "".join(
@@ -209,7 +211,8 @@ def html_report(doc: dict[str, Any]) -> str:
                 anchor = _slug(r["scenario"], "step_" + str(r["step"]), r["stage"])
                 parts.append(
                     f'<figure class="drift-plot" id="plot-{anchor}">'
-                    f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}</figcaption></figure>"
+                    f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}"
+                    "</figcaption></figure>"
                 )
         parts.append("</section>")
     if doc["churn"]:

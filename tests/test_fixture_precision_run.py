@@ -73,7 +73,8 @@ def test_unknown_scenario_and_bad_override_are_one_line(pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(
         [
             "*no_such_scenario: no scenario file no_such_scenario.yaml under scenarios/ in *",
-            "*variants/tiny_ppo.*.yaml: algorithm: Additional properties are not allowed ('rollout_is_levle' was unexpected)*",
+            "*variants/tiny_ppo.*.yaml: algorithm: Additional properties are not allowed "
+            "('rollout_is_levle' was unexpected)*",
             "WORKER-RUNS: [[][]]",
         ]
     )

@@ -26,7 +26,8 @@ def test_same_weights_fails_on_one_statistic() -> None:
     ref["Functional.linear.0.forward"]["input_args"][1]["Norm"] = 2.0000001
     with pytest.raises(
         inv.InvariantViolation,
-        match=r"differ in 1 of \d+ statistics.*Functional.linear.0.forward.input_args.1 Norm 2.0 \(actor\) vs 2.0000001 \(ref\)",
+        match=r"differ in 1 of \d+ statistics.*"
+        r"Functional.linear.0.forward.input_args.1 Norm 2.0 \(actor\) vs 2.0000001 \(ref\)",
     ):
         inv.check_same_weights(dump(actor), dump(ref), where="s step_1")
 
@@ -36,12 +37,12 @@ def test_same_weights_fails_when_ref_runs_more_or_nothing_is_compared() -> None:
     ref["Functional.linear.1.forward"] = copy.deepcopy(ref["Functional.linear.0.forward"])
     with pytest.raises(
         inv.InvariantViolation,
-        match="ref_compute_log_prob calls Functional.linear.forward 2 times, actor_compute_log_prob 1",
+        match=r"ref_compute_log_prob calls Functional\.linear\.forward 2 times, actor_compute_log_prob 1",
     ):
         inv.check_same_weights(dump(actor), dump(ref))
     actor = base_data()
     actor["Functional.linear.1.forward"] = copy.deepcopy(actor["Functional.linear.0.forward"])
-    with pytest.raises(inv.InvariantViolation, match="no Functional.linear.forward call to compare"):
+    with pytest.raises(inv.InvariantViolation, match=r"no Functional\.linear\.forward call to compare"):
         inv.check_same_weights(dump(actor), dump(base_data()))
 
 
@@ -62,7 +63,8 @@ def test_on_policy_is_exact_on_response_tokens_only() -> None:
     assert inv.check_on_policy(log_probs(old, [[-1.0, -9.0]], mask=[[1, 0], [1, 0]])) == 1  # padding ignored
     with pytest.raises(
         inv.InvariantViolation,
-        match=r"differ from old_log_prob at 1 of 2 tokens \(max \|diff\| 5.96e-08 at row 0, token 1; micro-batches: actor_compute_log_prob 4, actor_update 2\)",
+        match=r"differ from old_log_prob at 1 of 2 tokens \(max \|diff\| 5.96e-08 at row 0, token 1; "
+        r"micro-batches: actor_compute_log_prob 4, actor_update 2\)",
     ):
         inv.check_on_policy(log_probs(old, [[-1.0, -2.0 + 5.96e-8]]), where="s step_1")
 

@@ -18,8 +18,10 @@ def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> 
     target, golden = dumps(tmp_path, triple)
     code = (
         f"import sys, json; from pathlib import Path; from precision_harness.msprobe_tools import analyze_failure; "
-        f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), Path({str(tmp_path / 'art')!r}), graph=False); "
-        f"print(json.dumps([a.first_diff, a.errors, sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules)]))"
+        f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), "
+        f"Path({str(tmp_path / 'art')!r}), graph=False); "
+        "heavy = sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules); "
+        "print(json.dumps([a.first_diff, a.errors, heavy]))"
     )
     out = (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

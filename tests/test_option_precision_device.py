@@ -24,7 +24,8 @@ def test_npu_without_torch_npu_is_a_usage_error_naming_the_fix(pytester: pytest.
     result = pytester.runpytest_subprocess("--precision-device", "npu")
     _assert_one_line_usage_error(
         result,
-        "ERROR: --precision-device npu: torch_npu is not installed; install torch_npu *(pip install 'pytest-precision[[]npu[]]') or use --precision-device cpu",
+        "ERROR: --precision-device npu: torch_npu is not installed; "
+        "install torch_npu *(pip install 'pytest-precision[[]npu[]]') or use --precision-device cpu",
     )
 
 
@@ -55,7 +56,8 @@ def test_golden_device_cannot_be_combined_with_update(pytester: pytest.Pytester)
     result = pytester.runpytest_subprocess("--precision-golden-device", "npu", "--precision-golden", "update")
     _assert_one_line_usage_error(
         result,
-        "ERROR: --precision-golden-device npu compares against another device's golden; it cannot be combined with --precision-golden update*",
+        "ERROR: --precision-golden-device npu compares against another device's golden; "
+        "it cannot be combined with --precision-golden update*",
     )
 
 

@@ -90,7 +90,7 @@ def test_remote_run_is_compared_locally_and_matches_the_local_golden(
 
 
 def test_cli_run_with_ray_address(project: pytest.Pytester, ray_cluster: str) -> None:
-    """``precision-harness run --ray-address`` runs on the cluster; ``compare`` then finds it identical to the golden."""
+    """``precision-harness run --ray-address`` runs on the cluster; ``compare`` finds it identical to the golden."""
     cli = [sys.executable, "-m", "precision_harness.cli"]
     proc = subprocess.run(
         [*cli, "run", "scenarios/tiny_ppo.yaml", "--out", "remote_run", "--ray-address", ray_cluster],
@@ -115,7 +115,10 @@ def test_cli_run_with_ray_address(project: pytest.Pytester, ray_cluster: str) ->
 
 
 def test_resources_the_cluster_lacks_fail_clearly(pytester: pytest.Pytester, ray_cluster: str) -> None:
-    """A scenario asking for {"NPU": 1} on a CPU-only cluster fails at once, naming the resource (Ray alone would wait forever)."""
+    """A scenario asking for {"NPU": 1} on a CPU-only cluster fails at once, naming the resource.
+
+    Ray alone would wait forever for the resource.
+    """
     make_project(pytester.path)
     path = pytester.path / "scenarios/tiny_ppo.yaml"
     path.write_text(
@@ -131,7 +134,8 @@ def test_resources_the_cluster_lacks_fail_clearly(pytester: pytest.Pytester, ray
     result.assert_outcomes(failed=1, deselected=10)
     result.stdout.fnmatch_lines(
         [
-            f"*tiny_ppo.yaml: scenario run failed: tiny_ppo.yaml: trainer.ray: 1 rank(s) need NPU=1 but the Ray cluster ({ray_cluster}) has NPU=0; *(log: *worker.log)"
+            "*tiny_ppo.yaml: scenario run failed: tiny_ppo.yaml: trainer.ray: 1 rank(s) need NPU=1 "
+            f"but the Ray cluster ({ray_cluster}) has NPU=0; *(log: *worker.log)"
         ]
     )
 

@@ -43,7 +43,8 @@ def lr_changed(recorded_project: Path, tmp_path_factory: pytest.TempPathFactory)
     (root / "conftest.py").write_text(
         "import sys\n"
         "def pytest_terminal_summary(terminalreporter):\n"
-        "    heavy = sorted(m for m in ('torch', 'transformers', 'msprobe.pytorch', 'matplotlib') if m in sys.modules)\n"
+        "    heavy = ('torch', 'transformers', 'msprobe.pytorch', 'matplotlib')\n"
+        "    heavy = sorted(m for m in heavy if m in sys.modules)\n"
         "    terminalreporter.write_line(f'HEAVY-MODULES: {heavy}')\n"
     )
     check = _pytest(root, "--precision-report", "rep", "--junitxml", "junit.xml")

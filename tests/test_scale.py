@@ -14,7 +14,7 @@ import pytest
 from test_golden import fake_run
 
 from conftest import TINY, base_data, write_dump
-from precision_harness import compare, device_check, launch, ray_launch, report
+from precision_harness import compare, device_check, launch, ray_launch, verdict_text
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: tiny_ppo on 2 ranks: 4 sequences, mini-batch 2 sequences -> 1 per rank, so micro-batches of 1
 DP2 = """
 trainer: {total_training_steps: 2, world_size: 2}
-actor_rollout_ref: {actor: {ppo_mini_batch_size: 1, ppo_micro_batch_size_per_gpu: 1, optim: {lr: 1.0e-3}}, rollout: {n: 2}}
+actor_rollout_ref:
+  actor: {ppo_mini_batch_size: 1, ppo_micro_batch_size_per_gpu: 1, optim: {lr: 1.0e-3}}
+  rollout: {n: 2}
 critic: {ppo_mini_batch_size: 1, ppo_micro_batch_size_per_gpu: 1, optim: {lr: 1.0e-3}}
 """
 
@@ -60,7 +62,8 @@ def test_world_size_must_split_the_mini_batch(tmp_path: Path) -> None:
     # tiny: 4 prompts x n=1, actor mini-batch 2 prompts, micro 2 -> 1 sequence per rank cannot hold a micro-batch of 2
     with pytest.raises(
         ScenarioError,
-        match=r"s\.yaml: actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu: 2 must divide the per-rank mini-batch of 2/2 sequences",
+        match=r"s\.yaml: actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu: 2 "
+        r"must divide the per-rank mini-batch of 2/2 sequences",
     ):
         load_with(tmp_path, "trainer: {world_size: 2}")
     with pytest.raises(ScenarioError, match=r"trainer\.world_size: 3 must divide the batch of 4 sequences"):
@@ -91,7 +94,7 @@ def test_verdict_names_the_rank_that_diverged_first(tmp_path: Path) -> None:
     v = compare.compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=TolerancePolicy())
     assert v.first_divergence is not None and v.first_divergence.rank == "rank1"
     assert v.failing_ranks == ["rank0", "rank1"]
-    text = report.stage_text(v)
+    text = verdict_text.stage_text(v)
     assert text.splitlines()[0].startswith("actor_update @ step_1, rank1 (differs on rank0, rank1 of 2 ranks)")
     assert "first divergence  rank1 Functional.embedding.0.forward.output.0" in text
 
@@ -99,7 +102,7 @@ def test_verdict_names_the_rank_that_diverged_first(tmp_path: Path) -> None:
 def test_verdict_names_only_the_drifting_rank(tmp_path: Path) -> None:
     target, golden = _two_rank_dumps(tmp_path, rank1_early=False)
     v = compare.compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=TolerancePolicy())
-    assert report.stage_text(v).startswith("actor_update @ step_1, rank0 (differs on rank0 of 2 ranks)")
+    assert verdict_text.stage_text(v).startswith("actor_update @ step_1, rank0 (differs on rank0 of 2 ranks)")
 
 
 # ------------------------------------------------------------------------------ cross-device
@@ -152,7 +155,8 @@ def test_multi_rank_without_ray_is_a_one_line_error(tmp_path: Path, monkeypatch:
     scenario = load_with(tmp_path, DP2)
     with pytest.raises(
         RunFailedError,
-        match=r"s\.yaml: trainer\.world_size: 2 runs ranks as Ray actors, but ray is not installed; pip install 'pytest-precision\[ray\]'",
+        match=r"s\.yaml: trainer\.world_size: 2 runs ranks as Ray actors, but ray is not installed; "
+        r"pip install 'ray\[default\]>=2\.40' \(a dependency of pytest-precision",
     ):
         launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu")
     with pytest.raises(RunFailedError, match=r"--precision-ray-address 127\.0\.0\.1:1, but ray is not installed"):
@@ -176,15 +180,17 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
         from precision_harness.runner import distributed as dp
         rank = int(sys.argv[1])
         os.environ[dp.PERTURB_ENV] = "1"
-        dp.init_process_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=int(sys.argv[2]), device="cpu")
+        port = int(sys.argv[2])
+        dp.init_process_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, device="cpu")
         batch = {"x": torch.arange(8.0).reshape(4, 2), "advantages": torch.ones(4, 1)}
         part = dp.shard(dp.perturb_for_test(batch))
         gathered = dp.dp_compute(lambda model, b: (b["x"] * 2, None))(None, batch)
         p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.full((2,), float(rank + 1))
         dp.average_gradients([p])
         m = dp.reduce_metrics({"loss": float(rank), "same": 0.1, "step": 1})
-        print(json.dumps({"x": part["x"].tolist(), "adv": part["advantages"].flatten().tolist(), "gathered": gathered[0].tolist(),
-                          "grad": p.grad.tolist(), "metrics": m, "per_rank": dp.per_rank(4)}))
+        print(json.dumps({"x": part["x"].tolist(), "adv": part["advantages"].flatten().tolist(),
+                          "gathered": gathered[0].tolist(), "grad": p.grad.tolist(), "metrics": m,
+                          "per_rank": dp.per_rank(4)}))
         dp.destroy_process_group()
     """)
     )
