@@ -153,60 +153,15 @@ def run_driver(
     from precision_harness.scenario import Scenario
 
     scenario = Scenario.load(scenario_path)
-    world_size = scenario.world_size
-    actor_options = scenario.ray_resources(device)
-    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"])}
-    env.update({k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)})
-    runtime_env: dict[str, Any] = {"env_vars": env}
+    world_size, actor_options = scenario.world_size, scenario.ray_resources(device)
     t0 = time.perf_counter()
-    if address:
-        # ship this checkout's engine to the cluster's nodes (they need torch, transformers, msprobe installed)
-        import precision_harness
-
-        runtime_env["py_modules"] = [str(Path(precision_harness.__file__).parent)]
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-    else:
-        cpus = max(world_size * actor_options["num_cpus"], 1)
-        ray.init(
-            address="local",
-            num_cpus=int(cpus + 0.999),
-            include_dashboard=False,
-            runtime_env=runtime_env,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=True,
-            configure_logging=False,
-        )
+    _init_ray(scenario, device=device, address=address, num_cpus=world_size * actor_options["num_cpus"])
     startup_s = time.perf_counter() - t0
     try:
-        _check_feasible(
-            actor_options, world_size, ray.cluster_resources(), where=address or "local instance", scenario=scenario
-        )
-        remote_cls = ray.remote(RankWorker)
-        actors = [remote_cls.options(**actor_options).remote(rank) for rank in range(world_size)]
-        master_addr, master_port = ray.get(actors[0].master_address.remote())
+        where = address or "local instance"
+        _check_feasible(actor_options, world_size, ray.cluster_resources(), where=where, scenario=scenario)
         t_run = time.perf_counter()
-        pending = {
-            a.run.remote(
-                scenario,
-                world_size=world_size,
-                master_addr=master_addr,
-                master_port=master_port,
-                device=device,
-                dump=dump,
-            ): rank
-            for rank, a in enumerate(actors)
-        }
-        results: dict[int, dict[str, Any]] = {}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                res = ray.get(ref)
-                results[pending.pop(ref)] = res
-                if res["error"] is not None:
-                    sys.stderr.write(res.get("traceback", ""))
-                    for a in actors:  # the other ranks would wait in a collective until its timeout
-                        ray.kill(a)
-                    raise RuntimeError(res["error"])
+        results = _run_ranks(scenario, actor_options, device=device, dump=dump)
         run_s = time.perf_counter() - t_run
         for rank in sorted(results):
             with tarfile.open(fileobj=io.BytesIO(results[rank]["archive"]), mode="r:gz") as tar:
@@ -223,6 +178,59 @@ def run_driver(
         return manifest
     finally:
         ray.shutdown()
+
+
+def _init_ray(scenario: Any, *, device: str, address: str | None, num_cpus: float) -> None:
+    """Connect to the cluster at ``address``, or start a loopback-only local instance of ``num_cpus``."""
+    import ray
+
+    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"])}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)})
+    runtime_env: dict[str, Any] = {"env_vars": env}
+    if address:
+        # ship this checkout's engine to the cluster's nodes (they need torch, transformers, msprobe installed)
+        import precision_harness
+
+        runtime_env["py_modules"] = [str(Path(precision_harness.__file__).parent)]
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return
+    ray.init(
+        address="local",
+        num_cpus=int(max(num_cpus, 1) + 0.999),
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+        configure_logging=False,
+    )
+
+
+def _run_ranks(scenario: Any, actor_options: dict[str, Any], *, device: str, dump: bool) -> dict[int, dict[str, Any]]:
+    """One RankWorker actor per rank, run together; the first failing rank stops them all.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback goes to stderr, the worker log).
+    """
+    import ray
+
+    world_size = scenario.world_size
+    remote_cls = ray.remote(RankWorker)
+    actors = [remote_cls.options(**actor_options).remote(rank) for rank in range(world_size)]
+    master_addr, master_port = ray.get(actors[0].master_address.remote())
+    kwargs = {"world_size": world_size, "master_addr": master_addr, "master_port": master_port}
+    pending = {a.run.remote(scenario, device=device, dump=dump, **kwargs): rank for rank, a in enumerate(actors)}
+    results: dict[int, dict[str, Any]] = {}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            res = ray.get(ref)
+            results[pending.pop(ref)] = res
+            if res["error"] is not None:
+                sys.stderr.write(res.get("traceback", ""))
+                for a in actors:  # the other ranks would wait in a collective until its timeout
+                    ray.kill(a)
+                raise RuntimeError(res["error"])
+    return results
 
 
 def _check_feasible(

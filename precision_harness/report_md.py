@@ -19,47 +19,53 @@ def _ratio_text(r: float | None, passed: bool, kind: str, structural: bool = Tru
 
 def markdown_report(doc: dict[str, Any]) -> str:
     """report.md: a pull-request comment (summary, failing items, heatmaps, churn, unused goldens)."""
+    lines = _summary(doc) + _failures(doc) + _heatmaps(doc) + _churn(doc) + _goldens(doc)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(doc: dict[str, Any]) -> list[str]:
     s = doc["summary"]
     head = "passed" if not s["failed"] else f"{s['failed']} of {s['items']} failed"
-    lines = [
+    within = s["passed"] - s["identical"] - s["recorded"]
+    return [
         f"## pytest-precision ({doc['mode']}): {head}",
         "",
-        f"{s['items']} items: {s['identical']} identical to golden, "
-        f"{s['passed'] - s['identical'] - s['recorded']} within tolerance, "
+        f"{s['items']} items: {s['identical']} identical to golden, {within} within tolerance, "
         f"{s['recorded']} recorded, {s['failed']} failed",
         "",
     ]
+
+
+def _failures(doc: dict[str, Any]) -> list[str]:
+    """A table row per failing item, then each verdict's full text in a collapsed block."""
     failing = [r for r in doc["items"] if not r["passed"]]
-    if failing:
-        lines += [
-            "### Failures",
-            "",
-            "| scenario | step | stage | worst ratio | first divergence | msprobe first diff |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in failing:
-            fd = r["first_divergence"]
-            first = f"`{fd['tensor']}` {fd['statistic']}" if fd else (r["problems"][0] if r["problems"] else "")
-            ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
-            lines.append(
-                f"| {r['scenario']} | {r['step'] if r['step'] is not None else ''} | {r['stage'] or 'metrics'} | "
-                f"{_ratio_text(r['worst_ratio'], r['passed'], r['kind'], bool(r['problems']))} | "
-                f"{first.replace('|', '/')} | {ms} |"
-            )
-        lines.append("")
-        for r in failing:
-            lines += [
-                "<details><summary>"
-                + (f"{r['scenario']} {r['stage']} step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics")
-                + "</summary>",
-                "",
-                "```",
-                r["text"],
-                "```",
-                "",
-                "</details>",
-                "",
-            ]
+    if not failing:
+        return []
+    lines = [
+        "### Failures",
+        "",
+        "| scenario | step | stage | worst ratio | first divergence | msprobe first diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in failing:
+        fd = r["first_divergence"]
+        first = f"`{fd['tensor']}` {fd['statistic']}" if fd else (r["problems"][0] if r["problems"] else "")
+        ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
+        step = r["step"] if r["step"] is not None else ""
+        ratio = _ratio_text(r["worst_ratio"], r["passed"], r["kind"], bool(r["problems"]))
+        lines.append(
+            f"| {r['scenario']} | {step} | {r['stage'] or 'metrics'} | {ratio} | {first.replace('|', '/')} | {ms} |"
+        )
+    lines.append("")
+    for r in failing:
+        title = f"{r['scenario']} {r['stage']} step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics"
+        lines += [f"<details><summary>{title}</summary>", "", "```", r["text"], "```", "", "</details>", ""]
+    return lines
+
+
+def _heatmaps(doc: dict[str, Any]) -> list[str]:
+    """Per scenario, the worst tolerance ratio of each (stage, step), failing cells marked."""
+    lines: list[str] = []
     for sc in doc["scenarios"]:
         if not sc["cells"]:
             continue
@@ -71,37 +77,43 @@ def markdown_report(doc: dict[str, Any]) -> str:
         ]
         cells = {(c["stage"], c["step"]): c for c in sc["cells"]}
         for stage in sc["stages"]:
-            row = []
-            for st in sc["steps"]:
-                c = cells.get((stage, st))
-                row.append(
-                    ""
-                    if c is None
-                    else ("❌ " if not c["passed"] else "")
-                    + _ratio_text(c["ratio"], c["passed"], c["kind"], c["structural"])
-                )
+            row = [_cell(cells.get((stage, st))) for st in sc["steps"]]
             lines.append(f"| {stage} | " + " | ".join(row) + " |")
         lines.append("")
-    if doc["churn"]:
-        lines += [
-            "### Golden churn against the previous golden",
-            "",
-            "Largest relative change per statistic (Mean: relative to RMS).",
-            "",
-        ]
-        for name in sorted({c["scenario"] for c in doc["churn"]}):
-            rows = [ChurnRow.from_json(c) for c in doc["churn"] if c["scenario"] == name]
-            changed = [r for r in rows if r.status != "unchanged"]
-            lines.append(f"**{name}**: {len(changed)} of {len(rows)} stage dumps changed")
-            lines.append("")
-            if changed:
-                lines += [*churn_table(changed, markdown=True), ""]
+    return lines
+
+
+def _cell(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return ""
+    mark = "❌ " if not c["passed"] else ""
+    return mark + _ratio_text(c["ratio"], c["passed"], c["kind"], c["structural"])
+
+
+def _churn(doc: dict[str, Any]) -> list[str]:
+    if not doc["churn"]:
+        return []
+    lines = [
+        "### Golden churn against the previous golden",
+        "",
+        "Largest relative change per statistic (Mean: relative to RMS).",
+        "",
+    ]
+    for name in sorted({c["scenario"] for c in doc["churn"]}):
+        rows = [ChurnRow.from_json(c) for c in doc["churn"] if c["scenario"] == name]
+        changed = [r for r in rows if r.status != "unchanged"]
+        lines += [f"**{name}**: {len(changed)} of {len(rows)} stage dumps changed", ""]
+        if changed:
+            lines += [*churn_table(changed, markdown=True), ""]
+    return lines
+
+
+def _goldens(doc: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     if doc["unused_goldens"]:
-        lines += (
-            ["### Unused goldens", ""]
-            + [f"- `{u['path']}` (no collected scenario {u['scenario']})" for u in doc["unused_goldens"]]
-            + [""]
-        )
+        lines += ["### Unused goldens", ""]
+        lines += [f"- `{u['path']}` (no collected scenario {u['scenario']})" for u in doc["unused_goldens"]]
+        lines.append("")
     if doc["pruned"]:
-        lines += ["### Pruned goldens", ""] + [f"- `{p}`" for p in doc["pruned"]] + [""]
-    return "\n".join(lines).rstrip() + "\n"
+        lines += ["### Pruned goldens", "", *[f"- `{p}`" for p in doc["pruned"]], ""]
+    return lines
