@@ -271,11 +271,11 @@ def test_is_token_truncate_vs_clip():
 
 
 def test_is_sequence_and_geometric_levels():
-    w_seq, m_seq = _is(level="sequence", rollout_is_threshold=2.0)
+    w_seq, _m_seq = _is(level="sequence", rollout_is_threshold=2.0)
     close(w_seq, [[1.125] * 3])  # 3 * .25 * 1.5 = 1.125 (< 2, untouched)
     w_seq_pad, _ = _is(level="sequence", rollout_is_threshold=2.0, mask=[1, 1, 0])
     close(w_seq_pad, [[0.75, 0.75, 0.0]])  # product over valid tokens, zero on padding
-    w_geo, m_geo = _is(level="geometric", rollout_is_threshold=2.0)
+    w_geo, _m_geo = _is(level="geometric", rollout_is_threshold=2.0)
     close(w_geo, [[1.125 ** (1 / 3)] * 3])
     w_big, m_big = _is(level="sequence", rollout_is_threshold=2.0, lr=[math.log(3.0), math.log(3.0), 0.0])
     close(w_big, [[2.0] * 3])
@@ -368,7 +368,7 @@ def test_mismatch_metrics_by_hand():
     assert m["mismatch/mismatch_training_ppl"] == pytest.approx((math.exp(1.5) + math.exp(1.0)) / 2, rel=1e-5)
     assert m["mismatch/mismatch_training_log_ppl"] == pytest.approx(1.25, rel=1e-5)
     assert m["mismatch/mismatch_rollout_ppl"] == pytest.approx((math.exp(1.75) + math.exp(1.0)) / 2, rel=1e-5)
-    diffs = [r - tr for r, tr in zip(m_roll, m_train)]
+    diffs = [r - tr for r, tr in zip(m_roll, m_train, strict=True)]
     assert m["mismatch/mismatch_log_ppl_diff"] == pytest.approx(sum(diffs) / 2, rel=1e-5)
     assert m["mismatch/mismatch_log_ppl_abs_diff"] == pytest.approx(0.125, rel=1e-5)
     assert m["mismatch/mismatch_log_ppl_diff_min"] == pytest.approx(-0.25, rel=1e-5)

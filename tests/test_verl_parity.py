@@ -111,7 +111,7 @@ def actor_config(**kw):
 # ------------------------------------------------------------------ torch_functional
 @pytest.mark.parametrize("shape", SHAPES)
 def test_masked_stats(shape):
-    g, mask, old, *_ = batch(shape, 1, empty_row=True)
+    _g, mask, old, *_ = batch(shape, 1, empty_row=True)
     vals = old * 7 + 1
     check("masked_sum", ours.masked_sum(vals, mask), verl_F.masked_sum(vals, mask))
     check("masked_mean", ours.masked_mean(vals, mask), verl_F.masked_mean(vals, mask))
@@ -148,7 +148,7 @@ def test_logprobs_entropy(shape, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
 def test_gae(shape, gamma, lam):
-    g, mask, old, *_ = batch(shape, 3)
+    g, mask, _old, *_ = batch(shape, 3)
     rewards = torch.randn(shape, generator=g) * mask
     values = torch.randn(shape, generator=g)
     a1, r1 = ours.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
@@ -193,7 +193,7 @@ KL_NAMES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+", "l
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", KL_NAMES)
 def test_kl_penalty(shape, name):
-    _, mask, old, new, ref, _ = batch(shape, 5)
+    _, mask, old, _new, ref, _ = batch(shape, 5)
     ref = ref.clone()
     ref[0, 0] = old[0, 0] + 25.0  # exercises the [-20, 20] / [-10, 10] clamps
     ref[-1, -1] = old[-1, -1] - 25.0

@@ -43,5 +43,5 @@ def rule_reward(response: str, answer: str) -> float:
     if start is None:
         return 0.0
     candidate = response[start : start + len(answer)]
-    matched = sum(1 for x, y in zip(candidate, answer) if x == y)
+    matched = sum(1 for x, y in zip(candidate, answer, strict=False) if x == y)
     return 0.1 + 0.9 * matched / len(answer)

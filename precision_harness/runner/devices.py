@@ -58,7 +58,8 @@ def setup(device: str, *, seed: int, num_threads: int) -> Any:
             import torch_npu  # noqa: F401  (registers the npu device)
         except ImportError:
             raise RuntimeError(
-                "device npu: torch_npu is not installed; pip install 'pytest-precision[npu]' or pick --precision-device cpu"
+                "device npu: torch_npu is not installed; "
+                "pip install 'pytest-precision[npu]' or pick --precision-device cpu"
             ) from None
         try:
             from msprobe.pytorch import seed_all

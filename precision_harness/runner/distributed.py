@@ -85,7 +85,9 @@ def rank() -> int:
 
 
 def shard(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """This rank's contiguous chunk of every ``(B, ...)`` tensor: rows ``[r*B/W, (r+1)*B/W)`` (verl ``DataProto.chunk``).
+    """This rank's contiguous chunk of every ``(B, ...)`` tensor: rows ``[r*B/W, (r+1)*B/W)``.
+
+    As verl's ``DataProto.chunk``.
 
     Raises:
         ValueError: ``B`` is not divisible by the world size (``Scenario`` checks this at load time).
@@ -123,7 +125,9 @@ def all_gather_rows(local: torch.Tensor) -> torch.Tensor:
 
 
 def dp_compute(fn: F) -> F:
-    """Decorate a no-grad stage ``fn(model, batch, **kw) -> Tensor | tuple[Tensor | None, ...]``: shard, compute, gather."""
+    """Decorate a no-grad stage ``fn(model, batch, **kw) -> Tensor | tuple[Tensor | None, ...]``.
+
+    Each rank computes its shard; the outputs are gathered back in rank order."""
 
     @functools.wraps(fn)
     def wrapper(model: Any, batch: dict[str, torch.Tensor], **kwargs: Any) -> Any:
@@ -150,7 +154,9 @@ def dp_update(fn: F) -> F:
 
 
 def per_rank(n_sequences: int) -> int:
-    """A global count of sequences (e.g. a mini-batch) divided over the ranks (verl normalises ppo_mini_batch_size so)."""
+    """A global count of sequences (e.g. a mini-batch) divided over the ranks.
+
+    verl normalises ``ppo_mini_batch_size`` the same way."""
     return n_sequences // world_size()
 
 
@@ -183,5 +189,5 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     vec = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=_CPU_GROUP)
     out = dict(metrics)
-    out.update({k: float(v) / w for k, v in zip(keys, vec.tolist())})
+    out.update({k: float(v) / w for k, v in zip(keys, vec.tolist(), strict=True)})
     return out

@@ -22,7 +22,7 @@ def encode_prompts(texts: list[str], tok: ByteTokenizer, *, max_prompt_length: i
         ValueError: a prompt is longer than ``max_prompt_length`` tokens.
     """
     ids = [tok.encode(t) for t in texts]
-    too_long = [t for t, i in zip(texts, ids) if len(i) > max_prompt_length]
+    too_long = [t for t, i in zip(texts, ids, strict=True) if len(i) > max_prompt_length]
     if too_long:
         raise ValueError(f"data.max_prompt_length: prompt {too_long[0]!r} needs more than {max_prompt_length} tokens")
     input_ids = torch.full((len(ids), max_prompt_length), tok.pad_token_id, dtype=torch.long)

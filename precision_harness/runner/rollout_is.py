@@ -1,8 +1,7 @@
 """Rollout importance sampling (IS): correct the rollout/training policy mismatch.
 
-Spec: the verl PR "Rollout Importance Sampling Framework" (seed
-``/work/shared/seeds/003_ee7923dfcebf6870.txt``; implementation
-``verl/trainer/ppo/mismatch_helper.py`` of that PR, functions
+Spec: the verl pull request "Rollout Importance Sampling Framework" (volcengine/verl, the
+module ``verl/trainer/ppo/mismatch_helper.py`` it added, functions
 ``compute_rollout_importance_weights``, ``compute_is_metrics`` and
 ``compute_mismatch_metrics``). Background: Liu, Li et al. 2025, "When Speed Kills Stability:
 Demystifying RL Collapse from the Inference-Training Mismatch".
@@ -116,80 +115,88 @@ def compute_rollout_importance_weights(
         raise ValueError(f"Invalid rollout_is_level: {rollout_is_level}. Must be 'token', 'sequence', or 'geometric'.")
     if rollout_is_mode not in IS_MODES:
         raise ValueError(f"Invalid rollout_is_mode: {rollout_is_mode}. Must be 'truncate' or 'clip'.")
-
-    upper_threshold = float(rollout_is_threshold)
-    lower_threshold = (
-        float(rollout_is_threshold_lower) if rollout_is_threshold_lower is not None else 1.0 / upper_threshold
-    )
+    upper = float(rollout_is_threshold)
+    lower = float(rollout_is_threshold_lower) if rollout_is_threshold_lower is not None else 1.0 / upper
 
     log_ratio = old_log_prob - rollout_log_prob
-    device = old_log_prob.device
-    log_threshold_upper = torch.log(torch.tensor(upper_threshold, device=device))
-    log_threshold_lower = torch.log(torch.tensor(lower_threshold, device=device))
-
-    # Step 1: raw weights; keep the unclamped log value for the metrics.
-    if rollout_is_level == "token":
-        log_ratio_for_metrics = log_ratio
-        weights = torch.exp(torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND))
-    elif rollout_is_level == "sequence":
-        log_ratio_sum = masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
-        log_ratio_for_metrics = log_ratio_sum
-        weights = torch.exp(torch.clamp(log_ratio_sum, min=-SAFETY_BOUND, max=SAFETY_BOUND)).expand_as(old_log_prob)
-    else:  # geometric
-        log_ratio_mean = masked_mean(log_ratio, response_mask, axis=-1).unsqueeze(-1)
-        log_ratio_for_metrics = log_ratio_mean
-        weights = torch.exp(torch.clamp(log_ratio_mean, min=-SAFETY_BOUND, max=SAFETY_BOUND)).expand_as(old_log_prob)
-
-    # Step 1.5: per-token veto, in log space.
-    if rollout_is_veto_threshold is not None:
-        log_veto_threshold = torch.log(torch.tensor(rollout_is_veto_threshold, device=device))
-        catastrophic_tokens = (log_ratio < log_veto_threshold) & response_mask.bool()
-        has_catastrophic = catastrophic_tokens.any(dim=-1, keepdim=True)
-        veto_mask = (~has_catastrophic).float()
-    else:
-        catastrophic_tokens = torch.zeros_like(response_mask, dtype=torch.bool)
-        has_catastrophic = torch.zeros((old_log_prob.size(0), 1), dtype=torch.bool, device=device)
-        veto_mask = torch.ones((old_log_prob.size(0), 1), dtype=torch.float32, device=device)
-
-    # Step 2: metrics on the pre-bounding weights.
+    weights, log_ratio_for_metrics = _raw_weights(log_ratio, response_mask, rollout_is_level)
+    catastrophic_tokens, has_catastrophic, veto_mask = _veto(log_ratio, response_mask, rollout_is_veto_threshold)
+    # metrics on the pre-bounding weights, so rollout_is_max shows the true maximum
     metrics = _compute_is_metrics(
         rollout_is_weights=weights,
         log_ratio_for_metrics=log_ratio_for_metrics,
         response_mask=response_mask,
         rollout_is_level=rollout_is_level,
-        rollout_is_threshold=upper_threshold,
-        rollout_is_threshold_lower=lower_threshold,
-        log_threshold_upper=log_threshold_upper,
-        log_threshold_lower=log_threshold_lower,
+        rollout_is_threshold=upper,
+        rollout_is_threshold_lower=lower,
         has_catastrophic=has_catastrophic,
         catastrophic_tokens=catastrophic_tokens,
     )
-
-    # Step 3: bounding.
-    if rollout_is_mode == "truncate":
-        weights = weights.clamp(max=upper_threshold)
-    else:  # clip
-        clip_mask = ((weights >= lower_threshold) & (weights <= upper_threshold)).float()
-        metrics["rollout_is_clipped_fraction"] = masked_mean(1 - clip_mask, response_mask)
-        if rollout_is_level in ("sequence", "geometric"):
-            seq_weights = weights[:, 0]
-            seq_clipped = ((seq_weights < lower_threshold) | (seq_weights > upper_threshold)).float()
-            metrics["rollout_is_seq_clipped_fraction"] = seq_clipped.mean()
-        else:
-            seq_has_clipped = masked_sum(1 - clip_mask, response_mask, axis=-1) > 0
-            metrics["rollout_is_seq_clipped_fraction"] = seq_has_clipped.float().mean()
-        weights = weights * clip_mask
-
+    weights = _bound(
+        weights, response_mask, metrics, mode=rollout_is_mode, level=rollout_is_level, lower=lower, upper=upper
+    )
     weights = weights * veto_mask  # zero whole sequences with a catastrophic token
     weights = weights * response_mask  # zero padding
     weights = weights.detach()
 
-    metrics["rollout_is_threshold_upper"] = upper_threshold
-    metrics["rollout_is_threshold_lower"] = lower_threshold
-
+    metrics["rollout_is_threshold_upper"] = upper
+    metrics["rollout_is_threshold_lower"] = lower
     out = {f"{_PREFIX}{k}": _to_float(v) for k, v in metrics.items()}
     out.update(compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask))
     return weights, out
+
+
+def _raw_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights (bs, R), log ratio kept for the metrics)`` before bounding, at ``level``.
+
+    token: ``exp(clamp(lr_t))``; sequence: ``exp(clamp(sum_t lr_t))`` and geometric:
+    ``exp(clamp(mean_t lr_t))``, each broadcast over the row. The metrics get the unclamped log value.
+    """
+    if level == "token":
+        return torch.exp(torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND)), log_ratio
+    reduce = masked_sum if level == "sequence" else masked_mean
+    per_seq = reduce(log_ratio, mask, axis=-1).unsqueeze(-1)
+    weights = torch.exp(torch.clamp(per_seq, min=-SAFETY_BOUND, max=SAFETY_BOUND)).expand_as(log_ratio)
+    return weights, per_seq
+
+
+def _veto(
+    log_ratio: torch.Tensor, mask: torch.Tensor, veto_threshold: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(catastrophic tokens (bs, R), sequences holding one (bs, 1), veto mask (bs, 1))``, tested in log space."""
+    device = log_ratio.device
+    if veto_threshold is None:
+        none = torch.zeros((log_ratio.size(0), 1), dtype=torch.bool, device=device)
+        keep = torch.ones((log_ratio.size(0), 1), dtype=torch.float32, device=device)
+        return torch.zeros_like(mask, dtype=torch.bool), none, keep
+    log_veto_threshold = torch.log(torch.tensor(veto_threshold, device=device))
+    catastrophic_tokens = (log_ratio < log_veto_threshold) & mask.bool()
+    has_catastrophic = catastrophic_tokens.any(dim=-1, keepdim=True)
+    return catastrophic_tokens, has_catastrophic, (~has_catastrophic).float()
+
+
+def _bound(
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    metrics: dict[str, Any],
+    *,
+    mode: str,
+    level: str,
+    lower: float,
+    upper: float,
+) -> torch.Tensor:
+    """truncate (TIS): ``min(w, upper)``; clip (CIS): 0 outside ``[lower, upper]`` (adds the clipped fractions)."""
+    if mode == "truncate":
+        return weights.clamp(max=upper)
+    clip_mask = ((weights >= lower) & (weights <= upper)).float()
+    metrics["rollout_is_clipped_fraction"] = masked_mean(1 - clip_mask, mask)
+    if level in ("sequence", "geometric"):
+        seq_weights = weights[:, 0]
+        metrics["rollout_is_seq_clipped_fraction"] = ((seq_weights < lower) | (seq_weights > upper)).float().mean()
+    else:
+        seq_has_clipped = masked_sum(1 - clip_mask, mask, axis=-1) > 0
+        metrics["rollout_is_seq_clipped_fraction"] = seq_has_clipped.float().mean()
+    return weights * clip_mask
 
 
 def _compute_is_metrics(
@@ -199,8 +206,6 @@ def _compute_is_metrics(
     rollout_is_level: str,
     rollout_is_threshold: float,
     rollout_is_threshold_lower: float,
-    log_threshold_upper: torch.Tensor,
-    log_threshold_lower: torch.Tensor,
     has_catastrophic: torch.Tensor,
     catastrophic_tokens: torch.Tensor,
 ) -> dict[str, Any]:
@@ -209,82 +214,97 @@ def _compute_is_metrics(
     Sequence/geometric max/min/fractions come from the unclamped log values; mean, std and ESS
     use the safety-clamped weights, std/ESS additionally clamped to ``[lower, upper]``.
     """
-    metrics: dict[str, Any] = {}
-    device = rollout_is_weights.device
-    any_valid = bool(response_mask.any())
-
-    metrics["rollout_is_veto_fraction"] = has_catastrophic.float().mean()
-    metrics["rollout_is_catastrophic_token_fraction"] = masked_mean(catastrophic_tokens.float(), response_mask)
-
+    w, mask = rollout_is_weights, response_mask
+    lower, upper = rollout_is_threshold_lower, rollout_is_threshold
+    metrics: dict[str, Any] = {
+        "rollout_is_veto_fraction": has_catastrophic.float().mean(),
+        "rollout_is_catastrophic_token_fraction": masked_mean(catastrophic_tokens.float(), mask),
+    }
     if rollout_is_level in ("sequence", "geometric"):
-        log_max = log_ratio_for_metrics.max()
-        log_min = log_ratio_for_metrics.min()
-        metrics["rollout_is_max"] = torch.exp(torch.clamp(log_max, max=SAFETY_BOUND))
-        metrics["rollout_is_min"] = torch.exp(log_min)
-        metrics["rollout_is_mean"] = masked_mean(rollout_is_weights, response_mask)
-
-        exceeds_upper = log_ratio_for_metrics > log_threshold_upper
-        below_lower = log_ratio_for_metrics < log_threshold_lower
-        if rollout_is_level == "sequence":
-            metrics["rollout_is_ratio_fraction_high"] = exceeds_upper.float().mean()
-            metrics["rollout_is_ratio_fraction_low"] = below_lower.float().mean()
-        else:
-            metrics["rollout_is_ratio_fraction_high"] = masked_mean(
-                exceeds_upper.expand_as(response_mask).float(), response_mask
-            )
-            metrics["rollout_is_ratio_fraction_low"] = masked_mean(
-                below_lower.expand_as(response_mask).float(), response_mask
-            )
+        metrics.update(_sequence_ratio_metrics(w, log_ratio_for_metrics, mask, rollout_is_level, lower, upper))
     else:
-        metrics["rollout_is_mean"] = masked_mean(rollout_is_weights, response_mask)
-        metrics["rollout_is_ratio_fraction_high"] = masked_mean(
-            (rollout_is_weights > rollout_is_threshold).float(), response_mask
-        )
-        metrics["rollout_is_ratio_fraction_low"] = masked_mean(
-            (rollout_is_weights < rollout_is_threshold_lower).float(), response_mask
-        )
-        if any_valid:
-            mask_bool = response_mask.bool()
-            metrics["rollout_is_max"] = rollout_is_weights.masked_fill(~mask_bool, float("-inf")).max()
-            metrics["rollout_is_min"] = rollout_is_weights.masked_fill(~mask_bool, float("inf")).min()
-        else:
-            metrics["rollout_is_max"] = torch.tensor(0.0, device=device)
-            metrics["rollout_is_min"] = torch.tensor(0.0, device=device)
-
-    # Standard deviation and effective sample size on [lower, upper]-clamped weights.
-    if any_valid and response_mask.sum() > 1:
-        weights_for_std = rollout_is_weights.clamp(min=rollout_is_threshold_lower, max=rollout_is_threshold)
-        var = masked_mean(weights_for_std.square(), response_mask) - metrics["rollout_is_mean"].square()
-        metrics["rollout_is_std"] = torch.sqrt(torch.clamp(var, min=0.0))
-    else:
-        metrics["rollout_is_std"] = torch.tensor(0.0, device=device)
-
-    if any_valid:
-        weights_for_ess = rollout_is_weights.clamp(min=rollout_is_threshold_lower, max=rollout_is_threshold)
-        normalized = weights_for_ess / (metrics["rollout_is_mean"] + 1e-8)
-        metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalized.square(), response_mask)
-    else:
-        metrics["rollout_is_eff_sample_size"] = torch.tensor(1.0, device=device)
-
-    if rollout_is_weights.dim() > 1 and any_valid:
-        seq_mean_weights = masked_mean(rollout_is_weights, response_mask, axis=-1)
-        metrics["rollout_is_seq_mean"] = seq_mean_weights.mean()
-        metrics["rollout_is_seq_std"] = (
-            seq_mean_weights.std() if seq_mean_weights.numel() > 1 else torch.tensor(0.0, device=device)
-        )
-        metrics["rollout_is_seq_max"] = seq_mean_weights.max()
-        metrics["rollout_is_seq_min"] = seq_mean_weights.min()
-        metrics["rollout_is_seq_max_deviation"] = (seq_mean_weights - 1.0).abs().max()
-        metrics["rollout_is_seq_fraction_high"] = (seq_mean_weights > rollout_is_threshold).float().mean()
-        metrics["rollout_is_seq_fraction_low"] = (seq_mean_weights < rollout_is_threshold_lower).float().mean()
-
-    if any_valid:
-        flat_weights = rollout_is_weights[response_mask.bool()]
+        metrics.update(_token_ratio_metrics(w, mask, lower, upper))
+    metrics.update(_spread_metrics(w, mask, metrics["rollout_is_mean"], lower, upper))
+    if w.dim() > 1 and bool(mask.any()):
+        metrics.update(_per_sequence_metrics(w, mask, lower, upper))
+    if bool(mask.any()):
+        flat_weights = w[mask.bool()]
         if flat_weights.numel() > 0:
             for name, q in (("p25", 0.25), ("p50", 0.50), ("p75", 0.75), ("p95", 0.95), ("p99", 0.99)):
                 metrics[f"rollout_is_{name}"] = torch.quantile(flat_weights, q)
-
     return metrics
+
+
+def _sequence_ratio_metrics(
+    w: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, level: str, lower: float, upper: float
+) -> dict[str, Any]:
+    """max/min/mean and the fractions beyond the thresholds, from each sequence's log ratio ``(bs, 1)``."""
+    device = w.device
+    log_threshold_upper = torch.log(torch.tensor(upper, device=device))
+    log_threshold_lower = torch.log(torch.tensor(lower, device=device))
+    metrics = {
+        "rollout_is_max": torch.exp(torch.clamp(log_ratio.max(), max=SAFETY_BOUND)),
+        "rollout_is_min": torch.exp(log_ratio.min()),
+        "rollout_is_mean": masked_mean(w, mask),
+    }
+    exceeds_upper, below_lower = log_ratio > log_threshold_upper, log_ratio < log_threshold_lower
+    if level == "sequence":
+        metrics["rollout_is_ratio_fraction_high"] = exceeds_upper.float().mean()
+        metrics["rollout_is_ratio_fraction_low"] = below_lower.float().mean()
+    else:  # geometric: each sequence's verdict counts once per token
+        metrics["rollout_is_ratio_fraction_high"] = masked_mean(exceeds_upper.expand_as(mask).float(), mask)
+        metrics["rollout_is_ratio_fraction_low"] = masked_mean(below_lower.expand_as(mask).float(), mask)
+    return metrics
+
+
+def _token_ratio_metrics(w: torch.Tensor, mask: torch.Tensor, lower: float, upper: float) -> dict[str, Any]:
+    """mean, the fractions beyond the thresholds and max/min over valid tokens."""
+    metrics = {
+        "rollout_is_mean": masked_mean(w, mask),
+        "rollout_is_ratio_fraction_high": masked_mean((w > upper).float(), mask),
+        "rollout_is_ratio_fraction_low": masked_mean((w < lower).float(), mask),
+    }
+    if bool(mask.any()):
+        mask_bool = mask.bool()
+        metrics["rollout_is_max"] = w.masked_fill(~mask_bool, float("-inf")).max()
+        metrics["rollout_is_min"] = w.masked_fill(~mask_bool, float("inf")).min()
+    else:
+        metrics["rollout_is_max"] = torch.tensor(0.0, device=w.device)
+        metrics["rollout_is_min"] = torch.tensor(0.0, device=w.device)
+    return metrics
+
+
+def _spread_metrics(
+    w: torch.Tensor, mask: torch.Tensor, mean: torch.Tensor, lower: float, upper: float
+) -> dict[str, Any]:
+    """Standard deviation and effective sample size, on weights clamped to ``[lower, upper]``."""
+    device, any_valid = w.device, bool(mask.any())
+    metrics: dict[str, Any] = {}
+    if any_valid and mask.sum() > 1:
+        var = masked_mean(w.clamp(min=lower, max=upper).square(), mask) - mean.square()
+        metrics["rollout_is_std"] = torch.sqrt(torch.clamp(var, min=0.0))
+    else:
+        metrics["rollout_is_std"] = torch.tensor(0.0, device=device)
+    if any_valid:
+        normalized = w.clamp(min=lower, max=upper) / (mean + 1e-8)
+        metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalized.square(), mask)
+    else:
+        metrics["rollout_is_eff_sample_size"] = torch.tensor(1.0, device=device)
+    return metrics
+
+
+def _per_sequence_metrics(w: torch.Tensor, mask: torch.Tensor, lower: float, upper: float) -> dict[str, Any]:
+    """Statistics of each sequence's mean weight ``(bs,)``."""
+    seq = masked_mean(w, mask, axis=-1)
+    return {
+        "rollout_is_seq_mean": seq.mean(),
+        "rollout_is_seq_std": seq.std() if seq.numel() > 1 else torch.tensor(0.0, device=w.device),
+        "rollout_is_seq_max": seq.max(),
+        "rollout_is_seq_min": seq.min(),
+        "rollout_is_seq_max_deviation": (seq - 1.0).abs().max(),
+        "rollout_is_seq_fraction_high": (seq > upper).float().mean(),
+        "rollout_is_seq_fraction_low": (seq < lower).float().mean(),
+    }
 
 
 def compute_mismatch_metrics(

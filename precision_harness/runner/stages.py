@@ -81,7 +81,9 @@ def compute_values(critic: torch.nn.Module, batch: Batch, *, micro_batch_size: i
 @torch.no_grad()
 @dp.dp_compute
 def compute_rm_score(reward_model: torch.nn.Module, batch: Batch, *, micro_batch_size: int) -> torch.Tensor:
-    """Sequence scores ``(B,)`` from the reward model's last non-pad token (verl ``RewardModelWorker.compute_rm_score``)."""
+    """Sequence scores ``(B,)`` from the reward model's last non-pad token.
+
+    Source: verl ``RewardModelWorker.compute_rm_score``."""
     keys = ("input_ids", "attention_mask", "position_ids")
     scores = [
         reward_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"])
@@ -159,7 +161,9 @@ def actor_update(
     temperature: float,
     trace: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """PPO policy update with dual-clip loss, entropy bonus and optional KL loss (verl ``DataParallelPPOActor.update_policy``).
+    """PPO policy update with dual-clip loss, entropy bonus and optional KL loss.
+
+    Source: verl ``DataParallelPPOActor.update_policy``.
 
     Reads ``old_log_probs``, ``advantages``, ``response_mask`` and, when used, ``ref_log_prob`` and
     ``rollout_is_weights``, all ``(B, R)``. Returns metrics ``actor/pg_loss``, ``actor/pg_clipfrac``,

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ from precision_harness.runner import devices, models, rollout, stages
 from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.scenario import Scenario
+
+
+@dataclass
+class _Step:
+    """What one step carries between its phases (kept out of ``batch``: stages micro-batch every batch key)."""
+
+    step: int
+    prompts: list[Any]
+    batch: dict[str, torch.Tensor]
+    metrics: dict[str, Any]
+    scores: torch.Tensor | None = None  #: (B,) sequence scores
+    token_level_scores: torch.Tensor | None = None  #: (B, R) scores on each sequence's last response token
+    token_level_rewards: torch.Tensor | None = None  #: (B, R) scores, minus the KL penalty when in the reward
+    advantages: torch.Tensor | None = None  #: (B, R), as computed (before the multi-rank test hook)
+    returns: torch.Tensor | None = None  #: (B, R)
 
 
 class Trainer:
@@ -94,23 +110,38 @@ class Trainer:
         self.timings[f"step_{step}/{name}"] = round(time.perf_counter() - t0, 6)
 
     def train_step(self, step: int) -> dict[str, Any]:
+        """One PPO step in the order of verl's ``RayPPOTrainer.fit``; returns its metrics.
+
+        generate -> reward -> old log-prob -> ref log-prob -> values -> rollout correction ->
+        advantage -> update critic -> update actor. Profiled stages are dumped by :meth:`stage`.
+        """
+        st = self._generate_sequences(step)
+        self._compute_reward(st)
+        self._compute_old_log_prob(st)
+        self._compute_ref_log_prob(st)
+        self._compute_values(st)
+        self._compute_rollout_correction(st)
+        self._compute_advantage(st)
+        st.batch = perturb_for_test(st.batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
+        self._update_critic(st)
+        self._update_actor(st)
+        return self._step_metrics(st)
+
+    def _generate_sequences(self, step: int) -> _Step:
+        """Rollout: the inference engine holds its own copy of the weights, in ``rollout.dtype``."""
         cfg, tok = self.cfg, self.tok
-        ar = cfg["actor_rollout_ref"]
-        actor_cfg, rollout_cfg, algo = ar["actor"], ar["rollout"], cfg["algorithm"]
-        n, temperature = rollout_cfg["n"], rollout_cfg["temperature"]
+        n = cfg["actor_rollout_ref"]["rollout"]["n"]
         prompts = data_mod.arithmetic_prompts(seed=cfg["seed"], step=step, batch_size=cfg["data"]["train_batch_size"])
         encoded = rollout.encode_prompts(
             [p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"]
         )
-
-        # rollout: the inference engine holds its own copy of the weights, in rollout.dtype
         t0 = time.perf_counter()
         engine = models.frozen_copy(self.actor, self.rollout_dtype)
         batch = rollout.generate(
             engine,
             encoded,
             n=n,
-            temperature=temperature,
+            temperature=cfg["actor_rollout_ref"]["rollout"]["temperature"],
             max_response_length=cfg["data"]["max_response_length"],
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
@@ -119,132 +150,154 @@ class Trainer:
         del engine
         self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        mask = batch["response_mask"]
-        uids = np.repeat(np.array([p.uid for p in prompts]), n)
-        metrics: dict[str, Any] = {"training/global_step": step}
+        return _Step(step=step, prompts=prompts, batch=batch, metrics={"training/global_step": step})
 
-        # reward: sequence score placed on the last response token
+    def _compute_reward(self, st: _Step) -> None:
+        """Sequence scores (``compute_rm_score``, or the rule reward), placed on the last response token."""
+        batch, mask, n = st.batch, st.batch["response_mask"], self.cfg["actor_rollout_ref"]["rollout"]["n"]
         if self.reward_model is not None:
-            with self.stage(step, "compute_rm_score", self.reward_model):
-                scores = stages.compute_rm_score(
-                    self.reward_model, batch, micro_batch_size=cfg["reward_model"]["micro_batch_size_per_gpu"]
+            with self.stage(st.step, "compute_rm_score", self.reward_model):
+                st.scores = stages.compute_rm_score(
+                    self.reward_model, batch, micro_batch_size=self.cfg["reward_model"]["micro_batch_size_per_gpu"]
                 )
         else:
-            answers = [p.answer for p in prompts for _ in range(n)]
-            texts = [tok.decode(row.tolist()) for row in batch["responses"].cpu()]
-            scores = torch.tensor(
-                [data_mod.rule_reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32, device=self.device
-            )
+            answers = [p.answer for p in st.prompts for _ in range(n)]
+            texts = [self.tok.decode(row.tolist()) for row in batch["responses"].cpu()]
+            rewards = [data_mod.rule_reward(t, a) for t, a in zip(texts, answers, strict=True)]
+            st.scores = torch.tensor(rewards, dtype=torch.float32, device=self.device)
         last = (mask.sum(-1) - 1).clamp(min=0)
-        token_level_scores = torch.zeros_like(batch["rollout_log_probs"])
-        token_level_scores[torch.arange(mask.shape[0]), last] = scores
+        st.token_level_scores = torch.zeros_like(batch["rollout_log_probs"])
+        st.token_level_scores[torch.arange(mask.shape[0]), last] = st.scores
 
-        with self.stage(step, "actor_compute_log_prob", self.actor):
+    def _compute_old_log_prob(self, st: _Step) -> None:
+        """``actor_compute_log_prob``: the training engine's log-probs of the sampled tokens, and entropy."""
+        rollout_cfg = self.cfg["actor_rollout_ref"]["rollout"]
+        with self.stage(st.step, "actor_compute_log_prob", self.actor):
             self.actor.eval()
             old_log_probs, entropy = stages.compute_log_prob(
                 self.actor,
-                batch,
+                st.batch,
                 micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"],
-                temperature=temperature,
+                temperature=rollout_cfg["temperature"],
                 calculate_entropy=True,
             )
-        batch["old_log_probs"] = old_log_probs
-        metrics["actor/entropy"] = core_algos.masked_mean(entropy, mask).item()
+        st.batch["old_log_probs"] = old_log_probs
+        st.metrics["actor/entropy"] = core_algos.masked_mean(entropy, st.batch["response_mask"]).item()
 
-        if self.ref is not None:
-            with self.stage(step, "ref_compute_log_prob", self.ref):
-                batch["ref_log_prob"], _ = stages.compute_log_prob(
-                    self.ref,
-                    batch,
-                    micro_batch_size=ar["ref"]["log_prob_micro_batch_size_per_gpu"],
-                    temperature=temperature,
-                    calculate_entropy=False,
-                )
-
-        if self.critic is not None:
-            with self.stage(step, "compute_values", self.critic):
-                self.critic.eval()
-                batch["values"] = stages.compute_values(
-                    self.critic, batch, micro_batch_size=cfg["critic"]["ppo_micro_batch_size_per_gpu"]
-                )
-
-        # rollout importance sampling (verl PR: rollout_is_*); metrics always, weights when rollout_is
-        metrics.update(
-            compute_mismatch_metrics(
-                old_log_prob=old_log_probs, rollout_log_prob=batch["rollout_log_probs"], response_mask=mask
+    def _compute_ref_log_prob(self, st: _Step) -> None:
+        """``ref_compute_log_prob`` (when a reference policy runs)."""
+        if self.ref is None:
+            return
+        ar = self.cfg["actor_rollout_ref"]
+        with self.stage(st.step, "ref_compute_log_prob", self.ref):
+            st.batch["ref_log_prob"], _ = stages.compute_log_prob(
+                self.ref,
+                st.batch,
+                micro_batch_size=ar["ref"]["log_prob_micro_batch_size_per_gpu"],
+                temperature=ar["rollout"]["temperature"],
+                calculate_entropy=False,
             )
+
+    def _compute_values(self, st: _Step) -> None:
+        """``compute_values`` (when a critic runs)."""
+        if self.critic is None:
+            return
+        with self.stage(st.step, "compute_values", self.critic):
+            self.critic.eval()
+            st.batch["values"] = stages.compute_values(
+                self.critic, st.batch, micro_batch_size=self.cfg["critic"]["ppo_micro_batch_size_per_gpu"]
+            )
+
+    def _compute_rollout_correction(self, st: _Step) -> None:
+        """Rollout importance sampling (verl's ``rollout_is_*``): mismatch metrics always, weights when enabled."""
+        algo, batch = self.cfg["algorithm"], st.batch
+        old, rollout_lp, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+        st.metrics.update(compute_mismatch_metrics(old_log_prob=old, rollout_log_prob=rollout_lp, response_mask=mask))
+        if algo["rollout_is_threshold"] is None:
+            return
+        weights, is_metrics = compute_rollout_importance_weights(
+            old_log_prob=old,
+            rollout_log_prob=rollout_lp,
+            response_mask=mask,
+            rollout_is_level=algo["rollout_is_level"],
+            rollout_is_mode=algo["rollout_is_mode"],
+            rollout_is_threshold=algo["rollout_is_threshold"],
+            rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
+            rollout_is_veto_threshold=algo["rollout_is_veto_threshold"],
         )
-        if algo["rollout_is_threshold"] is not None:
-            weights, is_metrics = compute_rollout_importance_weights(
-                old_log_prob=old_log_probs,
-                rollout_log_prob=batch["rollout_log_probs"],
-                response_mask=mask,
-                rollout_is_level=algo["rollout_is_level"],
-                rollout_is_mode=algo["rollout_is_mode"],
-                rollout_is_threshold=algo["rollout_is_threshold"],
-                rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
-                rollout_is_veto_threshold=algo["rollout_is_veto_threshold"],
-            )
-            metrics.update(is_metrics)
-            if algo["rollout_is"]:
-                batch["rollout_is_weights"] = weights
+        st.metrics.update(is_metrics)
+        if algo["rollout_is"]:
+            batch["rollout_is_weights"] = weights
 
+    def _compute_advantage(self, st: _Step) -> None:
+        """KL penalty in the reward (``use_kl_in_reward``), then GAE or GRPO advantages and returns."""
+        algo, batch, mask = self.cfg["algorithm"], st.batch, st.batch["response_mask"]
+        st.token_level_rewards = st.token_level_scores
         if algo["use_kl_in_reward"]:
-            token_level_rewards, kl_metrics = core_algos.apply_kl_penalty(
-                token_level_scores=token_level_scores,
-                old_log_probs=old_log_probs,
+            st.token_level_rewards, kl_metrics = core_algos.apply_kl_penalty(
+                token_level_scores=st.token_level_scores,
+                old_log_probs=batch["old_log_probs"],
                 ref_log_prob=batch["ref_log_prob"],
                 response_mask=mask,
                 kl_ctrl=self.kl_ctrl,
                 kl_penalty=algo["kl_penalty"],
             )
-            metrics.update(kl_metrics)
-        else:
-            token_level_rewards = token_level_scores
-
+            st.metrics.update(kl_metrics)
         if algo["adv_estimator"] == "gae":
             advantages, returns = core_algos.compute_gae_advantage_return(
-                token_level_rewards=token_level_rewards,
+                token_level_rewards=st.token_level_rewards,
                 values=batch["values"],
                 response_mask=mask,
                 gamma=algo["gamma"],
                 lam=algo["lam"],
             )
         else:
+            uids = np.repeat(np.array([p.uid for p in st.prompts]), self.cfg["actor_rollout_ref"]["rollout"]["n"])
             advantages, returns = core_algos.compute_grpo_outcome_advantage(
-                token_level_rewards=token_level_rewards,
+                token_level_rewards=st.token_level_rewards,
                 response_mask=mask,
                 index=uids,
                 norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
-        batch["advantages"], batch["returns"] = advantages, returns
-        batch = perturb_for_test(batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
+        batch["advantages"], batch["returns"] = st.advantages, st.returns = advantages, returns
 
-        if self.critic is not None:
-            with self.stage(step, "critic_update", self.critic):
-                metrics.update(stages.critic_update(self.critic, self.critic_optim, batch, cfg["critic"], n=n))
+    def _update_critic(self, st: _Step) -> None:
+        """``critic_update`` (when a critic runs)."""
+        if self.critic is None:
+            return
+        n = self.cfg["actor_rollout_ref"]["rollout"]["n"]
+        with self.stage(st.step, "critic_update", self.critic):
+            st.metrics.update(stages.critic_update(self.critic, self.critic_optim, st.batch, self.cfg["critic"], n=n))
 
+    def _update_actor(self, st: _Step) -> None:
+        """``actor_update``; writes ``step_<n>/log_probs.json`` with its first mini-batch's log-probs."""
+        ar = self.cfg["actor_rollout_ref"]
+        n, temperature = ar["rollout"]["n"], ar["rollout"]["temperature"]
         trace: dict[str, torch.Tensor] = {}
-        with self.stage(step, "actor_update", self.actor):
-            metrics.update(
+        with self.stage(st.step, "actor_update", self.actor):
+            st.metrics.update(
                 stages.actor_update(
-                    self.actor, self.actor_optim, batch, actor_cfg, n=n, temperature=temperature, trace=trace
+                    self.actor, self.actor_optim, st.batch, ar["actor"], n=n, temperature=temperature, trace=trace
                 )
             )
-        self._write_log_probs(step, batch, trace["first_mini_batch_log_prob"])
+        self._write_log_probs(st.step, st.batch, trace["first_mini_batch_log_prob"])
 
-        metrics.update(
+    @staticmethod
+    def _step_metrics(st: _Step) -> dict[str, Any]:
+        """The step's metrics with verl's data metrics (``critic/score/mean`` ...) added."""
+        batch, mask = st.batch, st.batch["response_mask"]
+        st.metrics.update(
             {
-                "critic/score/mean": scores.mean().item(),
-                "critic/rewards/mean": core_algos.masked_sum(token_level_rewards, mask).item() / mask.shape[0],
-                "critic/advantages/mean": core_algos.masked_mean(advantages, mask).item(),
-                "critic/returns/mean": core_algos.masked_mean(returns, mask).item(),
+                "critic/score/mean": st.scores.mean().item(),
+                "critic/rewards/mean": core_algos.masked_sum(st.token_level_rewards, mask).item() / mask.shape[0],
+                "critic/advantages/mean": core_algos.masked_mean(st.advantages, mask).item(),
+                "critic/returns/mean": core_algos.masked_mean(st.returns, mask).item(),
                 "response_length/mean": mask.sum(-1).float().mean().item(),
             }
         )
         if "values" in batch:
-            metrics["critic/values/mean"] = core_algos.masked_mean(batch["values"], mask).item()
-        return metrics
+            st.metrics["critic/values/mean"] = core_algos.masked_mean(batch["values"], mask).item()
+        return st.metrics
 
     def _write_log_probs(self, step: int, batch: dict[str, torch.Tensor], first_mini_batch: torch.Tensor) -> None:
         """Write ``step_<n>/log_probs.json``: the per-token log-probs the invariant checks read.
