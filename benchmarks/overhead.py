@@ -89,6 +89,40 @@ def golden_size(name: str) -> int:
     return sum(p.stat().st_size for p in (REPO / "golden" / name).rglob("*") if p.is_file())
 
 
+def measure(path: Path, tmp: Path, repeat: int) -> tuple:
+    """One scenario's row: no-dump, dump and pytest check wall times, and compare speed on its largest stage."""
+    scenario = Scenario.load(path)
+    device = scenario.config["device"]
+    nodump = best(lambda: run_scenario(scenario, out_dir=tmp / "nodump", device=device, dump=False), repeat)
+    dump = best(lambda: run_scenario(scenario, out_dir=tmp / "dump", device=device, dump=True), repeat)
+    check = best(lambda: pytest_wall([str(path.relative_to(REPO)), "--precision-jobs", "1"], tmp / "art"), repeat)
+    # compare speed on the largest stage dump of step 1
+    stage = max(
+        scenario.stages,
+        key=lambda s: next((tmp / "dump" / f"step_1/{s}").glob("step0/rank*/dump.json")).stat().st_size,
+    )
+    golden_stage = REPO / "golden" / scenario.name / device / "step_1" / stage
+    target = perturbed_copy(tmp / "dump" / "step_1" / stage, tmp / f"perturbed_{scenario.name}")
+    ours = best(
+        lambda: compare_stage(
+            target, golden_stage, scenario=scenario.name, step=1, stage=stage, policy=TolerancePolicy()
+        ),
+        repeat + 1,
+    )
+    cli_s = best(lambda: msprobe_compare(target, golden_stage, tmp), repeat)
+    return scenario.name, nodump, dump, check, stage, ours, cli_s, golden_size(scenario.name)
+
+
+def msprobe_compare(target: Path, golden_stage: Path, tmp: Path) -> None:
+    """``msprobe compare`` (its CLI) on one rank's dump.json pair."""
+    out = tmp / "cli_out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    tp, gp = next(target.glob("step0/rank*/dump.json")), next(golden_stage.glob("step0/rank*/dump.json"))
+    cmd = [msprobe_cli(), "compare", "-tp", str(tp), "-gp", str(gp), "-o", str(out)]
+    subprocess.run(cmd, capture_output=True, check=True, cwd=tmp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", type=Path)
@@ -96,51 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = [p.resolve() for p in args.scenarios] or sorted((REPO / "scenarios").glob("*.yaml"))
     tmp = Path(tempfile.mkdtemp(prefix="precision_bench_"))
-    rows = []
-    for path in paths:
-        scenario = Scenario.load(path)
-        device = scenario.config["device"]
-        nodump = best(lambda: run_scenario(scenario, out_dir=tmp / "nodump", device=device, dump=False), args.repeat)
-        dump = best(lambda: run_scenario(scenario, out_dir=tmp / "dump", device=device, dump=True), args.repeat)
-        check = best(
-            lambda: pytest_wall([str(path.relative_to(REPO)), "--precision-jobs", "1"], tmp / "art"), args.repeat
-        )
-        # compare speed on the largest stage dump of step 1
-        stage = max(
-            scenario.stages,
-            key=lambda s: next((tmp / "dump" / f"step_1/{s}").glob("step0/rank*/dump.json")).stat().st_size,
-        )
-        golden_stage = REPO / "golden" / scenario.name / device / "step_1" / stage
-        target = perturbed_copy(tmp / "dump" / "step_1" / stage, tmp / f"perturbed_{scenario.name}")
-        ours = best(
-            lambda: compare_stage(
-                target, golden_stage, scenario=scenario.name, step=1, stage=stage, policy=TolerancePolicy()
-            ),
-            args.repeat + 1,
-        )
-
-        def cli() -> None:
-            out = tmp / "cli_out"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            subprocess.run(
-                [
-                    msprobe_cli(),
-                    "compare",
-                    "-tp",
-                    str(next(target.glob("step0/rank*/dump.json"))),
-                    "-gp",
-                    str(next(golden_stage.glob("step0/rank*/dump.json"))),
-                    "-o",
-                    str(out),
-                ],
-                capture_output=True,
-                check=True,
-                cwd=tmp,
-            )
-
-        cli_s = best(cli, args.repeat)
-        rows.append((scenario.name, nodump, dump, check, stage, ours, cli_s, golden_size(scenario.name)))
+    rows = [measure(path, tmp, args.repeat) for path in paths]
     gate = pytest_wall(["scenarios", "precision_tests"], tmp / "art_gate")
     shutil.rmtree(tmp, ignore_errors=True)
 

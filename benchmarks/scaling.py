@@ -37,7 +37,8 @@ def _timed(cmd: list[str], *, cwd: Path = ROOT) -> float:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(
-            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            f"benchmark command failed ({proc.returncode}): {' '.join(cmd)}\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return wall
 
@@ -121,18 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         serial = gate_seconds(scenarios, extra=[], repeats=args.repeats)
         xdist = gate_seconds(scenarios, extra=["-n", str(args.n)], repeats=args.repeats)
         print(
-            f"gate over {len(scenarios)} scenarios: --precision-jobs 1 {one:.1f} s, serial {serial:.1f} s, -n {args.n} {xdist:.1f} s"
+            f"gate over {len(scenarios)} scenarios: --precision-jobs 1 {one:.1f} s, serial {serial:.1f} s, "
+            f"-n {args.n} {xdist:.1f} s"
         )
         print(
-            f"xdist speed-up (serial / -n {args.n}): {serial / xdist:.2f}x;  vs one scenario at a time: {one / xdist:.2f}x"
+            f"xdist speed-up (serial / -n {args.n}): {serial / xdist:.2f}x;  "
+            f"vs one scenario at a time: {one / xdist:.2f}x"
         )
     if not args.skip_ray:
         local, ray, startup = ray_overhead(args.ray_scenario, repeats=args.repeats)
         print(
-            f"{args.ray_scenario}: local subprocess {local:.1f} s, local Ray instance {ray:.1f} s (ray.init {startup:.1f} s)"
+            f"{args.ray_scenario}: local subprocess {local:.1f} s, local Ray instance {ray:.1f} s "
+            f"(ray.init {startup:.1f} s)"
         )
         print(
-            f"Ray overhead (Ray run / local subprocess): {ray / local:.2f}x;  Ray start-up share of the Ray run: {startup / ray:.0%}"
+            f"Ray overhead (Ray run / local subprocess): {ray / local:.2f}x;  "
+            f"Ray start-up share of the Ray run: {startup / ray:.0%}"
         )
     return 0
 

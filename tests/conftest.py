@@ -1,71 +1,13 @@
-"""Shared fixtures for the harness's own tests."""
+"""Fixtures for the harness's own tests (plain helpers live in harness_testing.py)."""
 
 from __future__ import annotations
 
 import copy
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-DATA = Path(__file__).parent / "data"
-TINY = DATA / "tiny_ppo.yaml"
-
-
-def tensor(
-    dtype: str = "torch.float32", shape=(2, 3), Max=1.0, Min=-1.0, Mean=0.1, Norm=2.0, requires_grad=False
-) -> dict[str, Any]:
-    """One msprobe statistics entry, as dump.json stores it."""
-    return {
-        "type": "torch.Tensor",
-        "dtype": dtype,
-        "shape": list(shape),
-        "Max": Max,
-        "Min": Min,
-        "Mean": Mean,
-        "Norm": Norm,
-        "requires_grad": requires_grad,
-    }
-
-
-def api(inputs: list[dict], outputs: list[dict]) -> dict[str, Any]:
-    return {"input_args": inputs, "input_kwargs": {}, "output": outputs}
-
-
-def base_data() -> dict[str, Any]:
-    """A small, realistic-looking L1 dump: three API calls in execution order."""
-    return {
-        "Functional.embedding.0.forward": api(
-            [tensor("torch.int64", (2, 4), 9, 0, None, None), tensor(shape=(16, 8))], [tensor(shape=(2, 4, 8))]
-        ),
-        "Functional.linear.0.forward": api(
-            [tensor(shape=(2, 4, 8)), tensor(shape=(8, 8))],
-            [tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)],
-        ),
-        "Functional.softmax.0.forward": api(
-            [tensor(shape=(2, 4, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)],
-            [tensor(shape=(2, 4, 8), Max=0.9, Min=0.01, Mean=0.125, Norm=2.1)],
-        ),
-    }
-
-
-def write_dump(stage_dir: Path, data: dict[str, Any], rank: str = "rank0") -> Path:
-    """Write ``stage_dir/step0/<rank>/dump.json`` (msprobe's layout) and return its path."""
-    path = stage_dir / "step0" / rank / "dump.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}, indent=1
-        )
-    )
-    (path.parent / "construct.json").write_text("{}")
-    (path.parent / "stack.json").write_text(json.dumps({"0": [["x"], ["File /tmp/somewhere.py, line 1"]]}))
-    return path
+from harness_testing import base_data, make_project, run_pytest, write_dump
 
 
 @pytest.fixture
@@ -86,26 +28,6 @@ def dumps():
     return make
 
 
-def make_project(root: Path, scenario_text: str | None = None, name: str = "tiny_ppo") -> Path:
-    """A pytest project dir with ``scenarios/<name>.yaml`` (the tiny scenario by default)."""
-    (root / "scenarios").mkdir(parents=True, exist_ok=True)
-    (root / "scenarios" / f"{name}.yaml").write_text(scenario_text if scenario_text is not None else TINY.read_text())
-    (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    return root
-
-
-def run_pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """pytest in a subprocess (a fresh interpreter: sys.modules and msprobe state are clean)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="session")
 def recorded_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project whose tiny scenario's golden was recorded once per test session (one real run)."""
@@ -120,15 +42,3 @@ def project(recorded_project: Path, pytester: pytest.Pytester) -> pytest.Pyteste
     """pytester whose directory holds a copy of the recorded project (golden included)."""
     shutil.copytree(recorded_project, pytester.path, ignore=shutil.ignore_patterns(".precision"), dirs_exist_ok=True)
     return pytester
-
-
-def scenario_file(pytester: pytest.Pytester, name: str = "tiny_ppo") -> Path:
-    return pytester.path / "scenarios" / f"{name}.yaml"
-
-
-def edit_scenario(pytester: pytest.Pytester, old: str, new: str, name: str = "tiny_ppo") -> None:
-    """Replace one exact snippet of the scenario YAML (fails loudly if it is not there)."""
-    path = scenario_file(pytester, name)
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    path.write_text(text.replace(old, new, 1))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness_testing import TINY
 from test_golden import fake_run
 
-from conftest import TINY
 from precision_harness.calibrate import DEFAULT_K, variant, variations
 from precision_harness.errors import ScenarioError
 from precision_harness.golden import GoldenStore

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from conftest import base_data, tensor, write_dump
+from harness_testing import base_data, tensor, write_dump
+
 from precision_harness.churn import churn_table, stage_churn
 from precision_harness.compare import sha256_file
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness_testing import write_dump
 
-from conftest import write_dump
 from precision_harness.cli import main
 from precision_harness.compare import sha256_file
 from precision_harness.options import OPTIONS
@@ -65,7 +65,7 @@ def test_compare_drift_exit_1_with_report(dumps, tmp_path: Path) -> None:
 
 def test_compare_verl_multi_rank_layout(tmp_path: Path) -> None:
     """verl's outputs/profile: several ranks per stage, no manifest, no metrics.jsonl."""
-    from conftest import base_data
+    from harness_testing import base_data
 
     for root in ("profile", "golden"):
         for rank in ("rank0", "rank1"):
@@ -145,7 +145,7 @@ def test_golden_verify_finds_corruption_and_nan(golden_copy: Path, capsys: pytes
 
 
 def test_calibrate_without_golden_is_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from conftest import TINY
+    from harness_testing import TINY
 
     os.chdir(tmp_path)
     assert main(["calibrate", str(TINY), "--runs", "2", "--golden-dir", "golden"]) == 2

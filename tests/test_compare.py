@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
+from harness_testing import base_data, tensor, write_dump
 
-from conftest import base_data, tensor, write_dump
 from precision_harness.compare import (
     compare_metrics,
     compare_stage,

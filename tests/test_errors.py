@@ -9,8 +9,7 @@ import sys
 import textwrap
 
 import pytest
-
-from conftest import edit_scenario, make_project
+from harness_testing import edit_scenario, make_project
 
 
 def assert_one_line_error(result: pytest.RunResult, pattern: str) -> None:

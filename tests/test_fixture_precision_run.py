@@ -8,8 +8,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
-from conftest import make_project
+from harness_testing import make_project
 
 pytestmark = pytest.mark.slow
 

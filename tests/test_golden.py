@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from harness_testing import TINY, base_data, write_dump
 
-from conftest import TINY, base_data, write_dump
 from precision_harness import golden as golden_mod
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.golden import GoldenStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from harness_testing import base_data
 
-from conftest import base_data
 from precision_harness import invariants as inv
 
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import base_data, write_dump
+from harness_testing import base_data, write_dump
+
 from precision_harness.msprobe_tools import analyze_failure
 
 

@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
+from harness_testing import make_project
 
-from conftest import make_project
 from precision_harness import device_check
 from precision_harness.compare import sha256_file
 

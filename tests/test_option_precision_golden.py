@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import edit_scenario, make_project
+from harness_testing import edit_scenario, make_project
 
 pytestmark = pytest.mark.slow
 

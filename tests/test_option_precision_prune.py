@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import make_project
+from harness_testing import make_project
 
 
 @pytest.fixture

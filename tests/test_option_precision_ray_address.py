@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from conftest import make_project
+from harness_testing import make_project
 
 pytest.importorskip("ray", reason="Ray paths need ray: pip install -c constraints/cpu.txt 'ray[default]'")
 

@@ -8,8 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from conftest import edit_scenario
+from harness_testing import edit_scenario
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from conftest import make_project, run_pytest
+from harness_testing import make_project, run_pytest
 
 pytestmark = pytest.mark.slow
 

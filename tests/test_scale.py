@@ -11,9 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from harness_testing import TINY, base_data, write_dump
 from test_golden import fake_run
 
-from conftest import TINY, base_data, write_dump
 from precision_harness import compare, device_check, launch, ray_launch, verdict_text
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import GoldenStore

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from harness_testing import TINY
 
-from conftest import TINY
 from precision_harness.errors import ScenarioError
 from precision_harness.scenario import STAGES, Scenario
 
