@@ -15,7 +15,7 @@ Choice of k and floor (Megatron: k = 1.5 x max observed, floor 1e-3):
   N >= 4; Megatron's 1.5 assumes many more repeated runs than a CI budget allows here.
 - **floor = the dtype's rtol** (``torch.testing.assert_close``: fp32 1.3e-6, bf16 1.6e-2) or the
   scenario's override, not a fixed 1e-3. On CPU reruns are usually bit-identical (observed = 0,
-  MSPROBE_NOTES.md §2); a fixed 1e-3 floor would then loosen an fp32 gate a thousandfold, while the
+  docs/msprobe.md#determinism); a fixed 1e-3 floor would then loosen an fp32 gate a thousandfold, while the
   dtype floor keeps it exactly as tight as without calibration. Calibration can only widen.
 
 Relative change is ``|x - golden| / |golden|`` (Max, Min, Norm) and ``|x - golden| / RMS`` (Mean),

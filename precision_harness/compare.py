@@ -1,7 +1,7 @@
 """Compare one stage dump (or a metrics.jsonl) against its golden and return a verdict.
 
 The table comes from msprobe's own in-memory compare (``Comparator.compare_statistics``, the code
-behind ``msprobe compare``; MSPROBE_NOTES.md §3), without importing torch. msprobe's Result column
+behind ``msprobe compare``; docs/msprobe.md#compare), without importing torch. msprobe's Result column
 only looks at Norm and lets a 5 % output change pass, so it is not the gate: every Max/Min/Mean/Norm
 is checked with :class:`~precision_harness.tolerance.TolerancePolicy`, and the checks msprobe misses
 are added: API key sets (msprobe silently drops golden-only rows), dtype/shape changes, NaN/Inf where

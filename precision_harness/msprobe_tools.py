@@ -5,8 +5,8 @@
 compare path). :func:`first_diff` builds the same ``compare_result_rank<r>_*.json`` tables with the
 torch-free pieces ``pt_compare`` itself uses for them (``ParseData`` -> ``compare_statistics`` ->
 ``FirstDiffAnalyze.check``, the ``first_diff_analyze`` branch of ``Comparator.compare_core``) and
-then lets msprobe's ``DiffAnalyzer`` search them unchanged (MSPROBE_NOTES.md §4). ``GraphBuilder``
-(``msprobe.visualization``) is torch-free and writes the ``.vis.db`` tensorboard opens (§6).
+then lets msprobe's ``DiffAnalyzer`` search them unchanged (docs/msprobe.md#first-diff-analysis). ``GraphBuilder``
+(``msprobe.visualization``) is torch-free and writes the ``.vis.db`` tensorboard opens (docs/msprobe.md#graph).
 :func:`analyze_failure` never raises: msprobe's answer is an opinion beside the gate's, so its own
 failure becomes a line of the verdict, not an error.
 """

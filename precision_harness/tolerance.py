@@ -2,7 +2,7 @@
 
 Check, per statistic: ``|target - golden| <= atol + rtol * scale`` where ``scale = |golden|`` for
 Max, Min and Norm, and ``scale = golden Norm / sqrt(numel)`` (the RMS) for Mean, since means near
-zero have no useful relative error (MSPROBE_NOTES.md §2 saw 317 % relative Mean changes from
+zero have no useful relative error (docs/msprobe.md#determinism: 317 % relative Mean changes from
 summation order alone). Defaults by dtype are ``torch.testing.assert_close``'s table. Overrides
 from the scenario's ``tolerance:`` section, most specific first: API glob > statistic > stage >
 dtype > built-in default; an override may set only ``rtol`` or only ``atol``. ``mode: exact``

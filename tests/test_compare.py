@@ -96,7 +96,7 @@ def test_shape_change_fails(dumps, tmp_path: Path) -> None:
 
 
 def test_api_only_in_golden_fails(dumps, tmp_path: Path) -> None:
-    """msprobe drops golden-only rows silently (MSPROBE_NOTES §3); the key-set check catches it."""
+    """msprobe drops golden-only rows silently (docs/msprobe.md#compare); the key-set check catches it."""
     v = run(*dumps(tmp_path, lambda d: d.pop("Functional.softmax.0.forward")))
     assert not v.passed
     assert any("missing from this run, first Functional.softmax.0.forward" in p for p in v.problems)

@@ -19,7 +19,7 @@ def determinism_env(device: str, num_threads: int) -> dict[str, str]:
     """Environment variables a worker needs before ``import torch``.
 
     - all devices: OpenMP/MKL thread pools pinned to ``num_threads`` (msprobe's own ``torch.mean``
-      on tensors of >= 65,536 elements changes with the thread count; MSPROBE_NOTES.md §2);
+      on tensors of >= 65,536 elements changes with the thread count; docs/msprobe.md#determinism);
     - cpu: MKL conditional numerical reproducibility (``MKL_CBWR=AVX2``) and oneDNN's ISA capped at
       AVX2, so a golden does not depend on whether the recording machine had AVX-512;
     - cuda: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (needed by ``torch.use_deterministic_algorithms``);

@@ -1,6 +1,6 @@
 """StageProbe: one msprobe PrecisionDebugger per process, one dump directory per stage.
 
-msprobe's debugger is a process-wide singleton with one level per process (MSPROBE_NOTES.md §1),
+msprobe's debugger is a process-wide singleton with one level per process (docs/msprobe.md#debugger-lifecycle),
 so a worker builds one probe and re-points ``service.config.dump_path`` for every stage, as verl's
 ``PrecisionDebuggerProfiler`` does: ``start(model, rank_id) -> stage -> stop -> reset_status``.
 """
@@ -61,6 +61,6 @@ class StageProbe:
             self._cls.start(model, rank_id=self.rank)
             yield dump_dir
         finally:
-            # a failed start() leaves Runtime.is_running=True: stop() regardless (MSPROBE_NOTES §1)
+            # a failed start() leaves Runtime.is_running=True: stop() regardless (docs/msprobe.md#debugger-lifecycle)
             self._cls.stop()
             service.reset_status()
