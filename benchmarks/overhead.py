@@ -10,10 +10,15 @@ For each scenario under scenarios/ (or the ones named on the command line):
   same two dump.json files, for the scenario's largest stage dump, with a perturbed target so the
   full compare runs (not the byte-identical fast path).
 
-Each timing is the minimum of ``--repeat`` runs. Also prints golden sizes and the two-scenario
-gate's wall time. Nothing is asserted: this is a measurement, not a test.
+Section ``goldens`` (no scenario runs): for every committed golden, its stored and plain size, and
+the time of the gate's compare path (``check.check_items`` over every item) against the compressed
+golden and against the same golden stored plain (format 1), for a target identical to the golden
+(the sha256 fast path) and for a target with every stage perturbed (the full compare).
 
-Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N]
+Each timing is the minimum of ``--repeat`` runs. Also prints the full gate's wall time. Nothing is
+asserted: this is a measurement, not a test.
+
+Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N] [--sections collection,goldens,gate]
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from precision_harness.check import CheckSettings, check_items, items_of  # noqa: E402
 from precision_harness.compare import compare_stage  # noqa: E402
+from precision_harness.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
 from precision_harness.launch import run_scenario  # noqa: E402
 from precision_harness.scenario import Scenario  # noqa: E402
 from precision_harness.tolerance import TolerancePolicy  # noqa: E402
@@ -85,8 +92,58 @@ def msprobe_cli() -> str:
     return str(beside) if beside.exists() else (shutil.which("msprobe") or "msprobe")
 
 
-def golden_size(name: str) -> int:
-    return sum(p.stat().st_size for p in (REPO / "golden" / name).rglob("*") if p.is_file())
+def plain_copy(golden: Golden, dest: Path) -> Golden:
+    """The golden stored plain (format 1, as goldens were before compression), for comparing the two."""
+    golden.export(dest)
+    files = {n: {"sha256": golden.content_sha256(n), "bytes": (dest / n).stat().st_size} for n in golden.contents}
+    manifest = {k: v for k, v in golden.manifest.items() if k != "codec"}
+    (dest / MANIFEST).write_text(json.dumps({**manifest, "format": 1, "files": files}))
+    return Golden.from_dir(dest)
+
+
+def perturbed_run(golden: Golden, dest: Path) -> Path:
+    """The golden's content as a run directory with every stage's first rank perturbed (no fast path)."""
+    golden.export(dest)
+    for step, stage in golden.stages():
+        stage_dir = dest / f"step_{step}" / stage
+        perturbed_copy(stage_dir, dest / "tmp_stage")
+        shutil.rmtree(stage_dir)
+        (dest / "tmp_stage").rename(stage_dir)
+    return dest
+
+
+def compare_all(target: Path, golden: Golden, artifacts: Path) -> None:
+    """The gate's compare path over every item (msprobe's table/analysis only for failing stages)."""
+    settings = CheckSettings(scenario=golden.scenario, policy=TolerancePolicy(), artifacts=None)
+    for _ in check_items(target, golden, items_of(target, golden), settings):
+        pass
+
+
+def goldens_section(tmp: Path, repeat: int) -> None:
+    """Stored vs plain size and compare time, compressed vs plain golden, for every committed golden."""
+    store = GoldenStore(REPO / "golden")
+    print(f"{'golden':<34}{'stored MB':>10}{'plain MB':>9}{'ratio':>7}  compare s (identical / drifted): zstd vs plain")
+    totals = [0, 0, 0.0, 0.0, 0.0, 0.0]
+    for name, device in store.list():
+        golden = Golden.from_dir(store.path(name, device))
+        plain = plain_copy(golden, tmp / "plain" / name)
+        same, drifted = golden.export(tmp / "same" / name), perturbed_run(golden, tmp / "drifted" / name)
+        times = [
+            best(lambda g=g, t=t: compare_all(t, g, tmp / "art"), repeat)
+            for t in (same, drifted)
+            for g in (golden, plain)
+        ]
+        sizes = [golden.size_bytes, golden.content_bytes]
+        totals = [a + b for a, b in zip(totals, sizes + times, strict=True)]
+        print(
+            f"{name + '/' + device:<34}{sizes[0] / 1e6:>10.2f}{sizes[1] / 1e6:>9.2f}{sizes[1] / sizes[0]:>6.1f}x"
+            f"  {times[0]:.3f} vs {times[1]:.3f} / {times[2]:.3f} vs {times[3]:.3f}"
+        )
+    t = totals
+    print(
+        f"{'all goldens':<34}{t[0] / 1e6:>10.2f}{t[1] / 1e6:>9.2f}{t[1] / t[0]:>6.1f}x"
+        f"  {t[2]:.3f} vs {t[3]:.3f} ({t[2] / t[3]:.2f}x) / {t[4]:.3f} vs {t[5]:.3f} ({t[4] / t[5]:.2f}x)"
+    )
 
 
 def measure(path: Path, tmp: Path, repeat: int) -> tuple:
@@ -101,7 +158,8 @@ def measure(path: Path, tmp: Path, repeat: int) -> tuple:
         scenario.stages,
         key=lambda s: next((tmp / "dump" / f"step_1/{s}").glob("step0/rank*/dump.json")).stat().st_size,
     )
-    golden_stage = REPO / "golden" / scenario.name / device / "step_1" / stage
+    golden = Golden.from_dir(REPO / "golden" / scenario.name / device)
+    golden_stage = golden.stage(1, stage).plain_dir(tmp / f"plain_{scenario.name}")
     target = perturbed_copy(tmp / "dump" / "step_1" / stage, tmp / f"perturbed_{scenario.name}")
     ours = best(
         lambda: compare_stage(
@@ -110,7 +168,7 @@ def measure(path: Path, tmp: Path, repeat: int) -> tuple:
         repeat + 1,
     )
     cli_s = best(lambda: msprobe_compare(target, golden_stage, tmp), repeat)
-    return scenario.name, nodump, dump, check, stage, ours, cli_s, golden_size(scenario.name)
+    return scenario.name, nodump, dump, check, stage, ours, cli_s
 
 
 def msprobe_compare(target: Path, golden_stage: Path, tmp: Path) -> None:
@@ -123,28 +181,39 @@ def msprobe_compare(target: Path, golden_stage: Path, tmp: Path) -> None:
     subprocess.run(cmd, capture_output=True, check=True, cwd=tmp)
 
 
+def collection_section(paths: list[Path], tmp: Path, repeat: int) -> None:
+    rows = [measure(path, tmp, repeat) for path in paths]
+    print(
+        f"{'scenario':<22}{'no-dump s':>10}{'dump s':>9}{'check s':>9}{'dump/no-dump':>14}{'check/dump':>12}"
+        f"{'stage':>24}{'ours s':>8}{'CLI s':>8}{'speed-up':>10}"
+    )
+    for name, nodump, dump, check, stage, ours, cli_s in rows:
+        print(
+            f"{name:<22}{nodump:>10.2f}{dump:>9.2f}{check:>9.2f}{dump / nodump:>14.2f}{check / dump:>12.3f}"
+            f"{stage:>24}{ours:>8.3f}{cli_s:>8.2f}{cli_s / ours:>9.1f}x"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--sections", default="collection,goldens,gate", help="comma list: collection, goldens, gate")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     paths = [p.resolve() for p in args.scenarios] or sorted((REPO / "scenarios").glob("*.yaml"))
     tmp = Path(tempfile.mkdtemp(prefix="precision_bench_"))
-    rows = [measure(path, tmp, args.repeat) for path in paths]
-    gate = pytest_wall(["scenarios", "precision_tests"], tmp / "art_gate")
-    shutil.rmtree(tmp, ignore_errors=True)
-
-    print(
-        f"{'scenario':<22}{'no-dump s':>10}{'dump s':>9}{'check s':>9}{'dump/no-dump':>14}{'check/dump':>12}"
-        f"{'stage':>24}{'ours s':>8}{'CLI s':>8}{'speed-up':>10}{'golden MB':>11}"
-    )
-    for name, nodump, dump, check, stage, ours, cli_s, size in rows:
-        print(
-            f"{name:<22}{nodump:>10.2f}{dump:>9.2f}{check:>9.2f}{dump / nodump:>14.2f}{check / dump:>12.3f}"
-            f"{stage:>24}{ours:>8.3f}{cli_s:>8.2f}{cli_s / ours:>9.1f}x{size / 1e6:>11.2f}"
-        )
-    n_all = len(list((REPO / "scenarios").glob("*.yaml")))
-    print(f"gate (pytest scenarios precision_tests, all {n_all} scenarios): {gate:.1f} s wall")
+    try:
+        if "collection" in sections:
+            collection_section(paths, tmp, args.repeat)
+        if "goldens" in sections:
+            goldens_section(tmp, args.repeat + 1)
+        if "gate" in sections:
+            gate = pytest_wall(["scenarios", "precision_tests"], tmp / "art_gate")
+            n_all = len(list((REPO / "scenarios").glob("*.yaml")))
+            print(f"gate (pytest scenarios precision_tests, all {n_all} scenarios): {gate:.1f} s wall")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

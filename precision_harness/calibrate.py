@@ -83,7 +83,7 @@ def observed_noise(runs: list[RunResult], golden: Golden, scenario: Scenario) ->
                     step,
                     stage,
                     run.stage_dir(step, stage),
-                    golden.stage_dir(step, stage),
+                    golden.stage(step, stage),
                     golden.sha256(step, stage),
                 )
                 for stat, rel in row.max_rel.items():

@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from precision_harness import compare as compare_mod
 from precision_harness import verdict_text
 from precision_harness.churn import ChurnRow
-from precision_harness.compare import MetricsVerdict, StageVerdict
+from precision_harness.compare import DirStage, MetricsVerdict, StageVerdict
 from precision_harness.errors import GoldenMissingError, PrecisionError
-from precision_harness.golden import Golden
+from precision_harness.golden import Golden, GoldenStage
 from precision_harness.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure
 from precision_harness.paths import display_path
 from precision_harness.scenario import STAGES
@@ -99,7 +100,7 @@ def items_of(target: Path, golden: Golden) -> list[ItemKey]:
             found.add((int(step_dir[5:]), dump.parents[2].name))
     order = {s: i for i, s in enumerate(STAGES)}
     keys = [ItemKey(step, stage) for step, stage in sorted(found, key=lambda p: (p[0], order.get(p[1], 99), p[1]))]
-    has_metrics = (Path(target) / "metrics.jsonl").is_file() and golden.metrics_path() is not None
+    has_metrics = (Path(target) / "metrics.jsonl").is_file() and golden.has_metrics()
     return keys + ([METRICS_ITEM] if has_metrics else [])
 
 
@@ -139,7 +140,7 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
         shutil.rmtree(artifacts, ignore_errors=True)
     return check_stage(
         Path(target) / f"step_{key.step}" / key.stage,
-        golden.stage_dir(key.step, key.stage),
+        golden.stage(key.step, key.stage),
         scenario=s.scenario,
         step=key.step,
         stage=key.stage,
@@ -155,13 +156,12 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
 
 
 def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
-    golden_metrics = golden.metrics_path()
-    if golden_metrics is None:
+    if not golden.has_metrics():
         again = f"; re-record with: {s.rerecord}" if s.rerecord else ""
         raise GoldenMissingError(f"{display_path(golden.path)}: no metrics.jsonl in the golden{again}")
     return check_metrics(
         Path(target) / "metrics.jsonl",
-        golden_metrics,
+        golden.metrics(),
         scenario=s.scenario,
         policy=s.policy,
         rerun=s.rerun(METRICS_ITEM) if s.rerun else None,
@@ -171,7 +171,7 @@ def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
 
 def check_stage(
     target_dir: Path,
-    golden_dir: Path,
+    golden_dir: Path | GoldenStage,
     *,
     scenario: str,
     step: int,
@@ -188,7 +188,8 @@ def check_stage(
     """Compare one stage and, when it fails, ask msprobe too (first diff; graph for L0/mix).
 
     Args:
-        target_dir, golden_dir: verl-layout stage directories (``.../step_<n>/<stage>``).
+        target_dir: verl-layout stage directory (``.../step_<n>/<stage>``).
+        golden_dir: the golden's stage (:meth:`Golden.stage`), or a stage directory.
         artifacts: where compare tables, ``verdict.txt`` and msprobe's output go (None: nowhere).
         shown_artifacts: how the verdict names ``artifacts`` (e.g. relative to rootdir).
         level: msprobe dump level; L0/mix failures also get msprobe's graph database.
@@ -211,7 +212,9 @@ def check_stage(
         return Outcome(True, verdict_text.stage_text(verdict), kind, verdict, seconds=time.perf_counter() - t0)
     answer = None
     if artifacts is not None and any(Path(target_dir).glob("step0/rank*/dump.json")):
-        answer = analyze_failure(Path(target_dir), Path(golden_dir), artifacts, graph=level in GRAPH_LEVELS)
+        golden = DirStage(golden_dir) if isinstance(golden_dir, (str, Path)) else golden_dir
+        plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
+        answer = analyze_failure(Path(target_dir), plain, artifacts, graph=level in GRAPH_LEVELS)
     shown = shown_artifacts or artifacts
     text = verdict_text.stage_text(
         verdict,
@@ -230,18 +233,19 @@ def check_stage(
 
 def check_metrics(
     target: Path,
-    golden: Path,
+    golden: Path | list[dict[str, Any]],
     *,
     scenario: str,
     policy: TolerancePolicy,
     rerun: str | None = None,
     changed: list[str] | None = None,
 ) -> Outcome:
-    """Compare two ``metrics.jsonl`` files with ``policy.for_metric``."""
+    """Compare a ``metrics.jsonl`` with the golden's (a file, or its parsed rows) with ``policy.for_metric``."""
     __tracebackhide__ = True
     t0 = time.perf_counter()
+    golden_rows = compare_mod.read_metrics(golden) if isinstance(golden, (str, Path)) else golden
     verdict = compare_mod.compare_metrics(
-        compare_mod.read_metrics(target), compare_mod.read_metrics(golden), scenario=scenario, policy=policy
+        compare_mod.read_metrics(target), golden_rows, scenario=scenario, policy=policy
     )
     text = verdict_text.metrics_text(
         verdict,

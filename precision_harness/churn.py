@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.compare import iter_tensors, load_dump, rank_dirs, sha256_file
+from precision_harness.compare import DirStage, iter_tensors, load_dump, rank_dirs, sha256_file
 from precision_harness.tolerance import STATISTICS, relative_change
 
 
@@ -99,12 +99,16 @@ def stage_churn(
     step: int,
     stage: str,
     new_stage: Path,
-    old_stage: Path | None,
+    old_stage: Path | Any | None,
     old_sha256: dict[str, str] | None = None,
 ) -> ChurnRow:
-    """Churn of one stage directory (``.../step_<n>/<stage>``) against the previous golden's."""
+    """Churn of one stage directory (``.../step_<n>/<stage>``) against the previous golden's stage.
+
+    ``old_stage`` is a stage directory or a golden's stage (:meth:`Golden.stage`), None for a new one.
+    """
     new_ranks = rank_dirs(new_stage)
-    old_ranks = rank_dirs(old_stage) if old_stage is not None else {}
+    old = DirStage(old_stage) if isinstance(old_stage, (str, Path)) else old_stage
+    old_ranks = set(old.ranks()) if old is not None else set()
     if not old_ranks:
         apis = sum(len(load_dump(p).get("data", {})) for p in new_ranks.values())
         return ChurnRow(scenario, step, stage, "new", apis=apis)
@@ -116,9 +120,9 @@ def stage_churn(
         return ChurnRow(scenario, step, stage, "unchanged", {s: 0.0 for s in STATISTICS})
     row = ChurnRow(scenario, step, stage, "changed", {s: 0.0 for s in STATISTICS})
     for rank in sorted(set(new_ranks) | set(old_ranks)):
-        new = load_dump(new_ranks[rank]) if rank in new_ranks else {"data": {}}
-        old = load_dump(old_ranks[rank]) if rank in old_ranks else {"data": {}}
-        _compare_dumps(new, old, row)
+        new_dump = load_dump(new_ranks[rank]) if rank in new_ranks else {"data": {}}
+        old_dump = old.load(rank) if rank in old_ranks else {"data": {}}
+        _compare_dumps(new_dump, old_dump, row)
     if not row.changed_apis and not row.new_apis and not row.removed_apis:
         row.status = "unchanged"
     return row
@@ -134,7 +138,7 @@ def run_churn(
     rows = []
     for step in steps:
         for stage in stages:
-            old = golden.stage_dir(step, stage) if golden is not None else None
+            old = golden.stage(step, stage) if golden is not None else None
             sha = golden.sha256(step, stage) if golden is not None else None
             rows.append(stage_churn(scenario, step, stage, Path(run_dir) / f"step_{step}" / stage, old, sha))
     return rows

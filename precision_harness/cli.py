@@ -5,8 +5,10 @@
   (our run, or verl's ``global_profiler.save_path``) against a golden or another such directory,
   through :func:`precision_harness.check.check_items`, the path the pytest items take (same
   tolerance, sha256 checks, cross-device rules, verdicts, msprobe analysis); ``--report DIR`` as
-  ``--precision-report``;
-- ``golden verify`` (schema, sha256, NaN/Inf lint) and ``golden list``;
+  ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first;
+- ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
+  ``golden migrate`` (plain goldens rewritten compressed) and ``golden export`` (a golden as plain
+  files, for msprobe's own tools);
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`).
 
 Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
@@ -18,6 +20,8 @@ Options shared with the plugin come from :mod:`precision_harness.options`.
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,10 +82,24 @@ def _compare_golden(path: Path):
     return Golden.from_dir(path) if (path / MANIFEST).is_file() else Golden.from_run_dir(path)
 
 
+def _compare_target(target: Path, artifacts: Path) -> Path:
+    """The target as plain files: a compressed golden (e.g. another device's) is exported under ``artifacts``."""
+    from precision_harness.golden import MANIFEST, Golden
+
+    if not (target / MANIFEST).is_file():
+        return target
+    golden = Golden.from_dir(target)
+    if not golden.compressed:
+        return target
+    out = artifacts / "target"
+    shutil.rmtree(out, ignore_errors=True)
+    golden.export(out)
+    (out / "run.json").write_text(json.dumps({"scenario": golden.scenario, "device": golden.device}), encoding="utf-8")
+    return out
+
+
 def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
     """``--device``, else the device our runner wrote into the target's run.json (None: unknown)."""
-    import json
-
     if opts.device != "auto":
         return opts.device
     try:
@@ -91,49 +109,55 @@ def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from precision_harness.check import CheckSettings, check_items, items_of
-    from precision_harness.paths import join_inside
+    from precision_harness.check import CheckSettings, check_items
     from precision_harness.report import ItemRecord, PrecisionReport
-    from precision_harness.runner.probe import check_dump_path
     from precision_harness.scenario import Scenario
     from precision_harness.tolerance import TolerancePolicy
 
-    target, opts = Path(args.target), PrecisionOptions.from_cli(args)
-    for p, what in ((target, "TARGET"), (Path(args.golden), "GOLDEN")):
-        if not p.is_dir():
-            raise UsageError(
-                f"{p}: {what} is not a directory (expected verl's layout: step_<n>/<stage>/step0/rank<r>/dump.json)"
-            )
-    golden = _compare_golden(Path(args.golden))
-    keys = items_of(target, golden)
-    if not any(not k.is_metrics for k in keys):
-        raise UsageError(
-            f"{target}, {args.golden}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; point at a "
-            "run directory, a golden, or verl's global_profiler.save_path (outputs/profile)"
-        )
-    try:
-        check_dump_path(opts.artifacts)
-    except ValueError as exc:
-        raise UsageError(f"--artifacts: {exc}") from None
+    opts = PrecisionOptions.from_cli(args)
+    target, golden, artifacts, keys = _compare_inputs(args, opts)
     tolerance = Scenario.load(args.scenario).config["tolerance"] if args.scenario else None
     device = _target_device(target, opts)
     cross = device is not None and golden.device is not None and device != golden.device
-    settings = CheckSettings(
-        scenario=golden.scenario,
-        policy=TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross),
-        artifacts=join_inside(opts.artifacts, golden.scenario, what="artifacts <scenario>"),
-    )
+    policy = TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross)
+    settings = CheckSettings(scenario=golden.scenario, policy=policy, artifacts=artifacts)
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):
         _print(("PASS " if out.passed else "FAIL ") + out.text)
-        nodeid = f"{target}::{'metrics' if key.is_metrics else f'step_{key.step}/{key.stage}'}"
-        report.records.append(
-            ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=key.step, stage=key.stage)
-        )
+        nodeid = f"{args.target}::{'metrics' if key.is_metrics else f'step_{key.step}/{key.stage}'}"
+        record = ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=key.step, stage=key.stage)
+        report.records.append(record)
     _print(f"{report.num_items} compared, {report.num_items - report.num_failed} passed, {report.num_failed} failed")
     if opts.report is not None:
         _print(f"precision report: {', '.join(map(str, report.write(opts.report)))}")
     return EXIT_DRIFT if report.num_failed else EXIT_PASS
+
+
+def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
+    """``(target dir, Golden, artifacts dir, items)`` of ``compare TARGET GOLDEN``; UsageError where unusable."""
+    from precision_harness.check import items_of
+    from precision_harness.paths import join_inside
+    from precision_harness.runner.probe import check_dump_path
+
+    for p, what in ((Path(args.target), "TARGET"), (Path(args.golden), "GOLDEN")):
+        if not p.is_dir():
+            raise UsageError(
+                f"{p}: {what} is not a directory (expected verl's layout: step_<n>/<stage>/step0/rank<r>/dump.json)"
+            )
+    try:
+        check_dump_path(opts.artifacts)
+    except ValueError as exc:
+        raise UsageError(f"--artifacts: {exc}") from None
+    golden = _compare_golden(Path(args.golden))
+    artifacts = join_inside(opts.artifacts, golden.scenario, what="artifacts <scenario>")
+    target = _compare_target(Path(args.target), artifacts)
+    keys = items_of(target, golden)
+    if not any(not k.is_metrics for k in keys):
+        raise UsageError(
+            f"{args.target}, {args.golden}: no step_<n>/<stage>/step0/rank<r>/dump.json on either side; point at "
+            "a run directory, a golden, or verl's global_profiler.save_path (outputs/profile)"
+        )
+    return target, golden, artifacts, keys
 
 
 # --------------------------------------------------------------------------------------- golden
@@ -172,32 +196,61 @@ def cmd_golden_list(args: argparse.Namespace) -> int:
     from precision_harness.golden import Golden
 
     store = _golden_store(args)
-    rows = [("scenario", "device", "level", "steps", "stages", "files", "MiB", "calibrated")]
+    rows = [("scenario", "device", "level", "steps", "stages", "files", "stored MB", "plain MB", "calibrated")]
     for name, device in store.list():
         try:
             g = Golden.from_dir(store.path(name, device))
         except GoldenError:
-            rows.append((name, device, "?", "?", "?", "?", "?", "unreadable manifest"))
+            rows.append((name, device, "?", "?", "?", "?", "?", "?", "unreadable manifest"))
             continue
-        m, noise = g.manifest, g.noise
-        steps, stages = ",".join(map(str, m["steps"])), str(len(m["stages"]))
-        calibrated = f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no"
-        rows.append(
-            (
-                name,
-                device,
-                g.level or "?",
-                steps,
-                stages,
-                str(len(m["files"])),
-                f"{g.size_bytes / 2**20:.1f}",
-                calibrated,
-            )
-        )
+        rows.append(_golden_row(name, device, g))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         _print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return EXIT_PASS
+
+
+def _golden_row(name: str, device: str, g) -> tuple[str, ...]:
+    m, noise = g.manifest, g.noise
+    steps, stages = ",".join(map(str, m["steps"])), str(len(m["stages"]))
+    calibrated = f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no"
+    sizes = (f"{g.size_bytes / 1e6:.2f}", f"{g.content_bytes / 1e6:.2f}")
+    return (name, device, g.level or "?", steps, stages, str(len(m["files"])), *sizes, calibrated)
+
+
+def cmd_golden_export(args: argparse.Namespace) -> int:
+    from precision_harness.golden import Golden
+    from precision_harness.scenario import Scenario
+
+    store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
+    scenario = Scenario.load(args.scenario)
+    golden = Golden.from_dir(store.path(scenario.name, opts.device_for(scenario)))
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty; export writes a fresh verl layout (pick an empty or new folder)")
+    golden.export(out)
+    _print(f"exported {golden.path} ({len(golden.contents)} files, {golden.content_bytes / 1e6:.2f} MB) -> {out}")
+    return EXIT_PASS
+
+
+def cmd_golden_migrate(args: argparse.Namespace) -> int:
+    store = _golden_store(args)
+    goldens = store.list()
+    migrated = 0
+    for name, device in goldens:
+        path = store.path(name, device)
+        before = _stored_bytes(path)
+        if store.migrate(name, device):
+            migrated += 1
+            _print(f"migrated {path}: {before / 1e6:.2f} MB -> {_stored_bytes(path) / 1e6:.2f} MB")
+        else:
+            _print(f"ok       {path}: already compressed")
+    _print(f"{migrated} of {len(goldens)} goldens migrated")
+    return EXIT_PASS
+
+
+def _stored_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # ------------------------------------------------------------------------------------ calibrate
@@ -254,9 +307,19 @@ def build_parser() -> argparse.ArgumentParser:
     gsub = p.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
     for action, func, text in (
         ("verify", cmd_golden_verify, "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem)"),
-        ("list", cmd_golden_list, "every golden with its level, steps, size and calibration"),
+        ("list", cmd_golden_list, "every golden with its level, steps, stored and plain size, calibration"),
+        (
+            "migrate",
+            cmd_golden_migrate,
+            "rewrite plain (format 1) goldens compressed, atomically, re-recording nothing",
+        ),
+        ("export", cmd_golden_export, "write one golden as plain files in verl's layout (for msprobe's own tools)"),
     ):
         gp = gsub.add_parser(action, help=text)
+        if action == "export":
+            gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden is exported")
+            gp.add_argument("--out", type=Path, required=True, help="empty or new folder for the plain layout")
+            option_table.add_cli_options(gp, "export")
         option_table.add_cli_options(gp, "golden")
         gp.set_defaults(func=func)
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")

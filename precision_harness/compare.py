@@ -111,13 +111,42 @@ def sha256_file(path: Path) -> str:
 def load_dump(path: Path) -> dict[str, Any]:
     """Read an msprobe ``dump.json`` (bare NaN/Infinity allowed); raise GoldenCorruptError naming the file."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as exc:
+        content = Path(path).read_bytes()
+    except OSError as exc:
         raise GoldenCorruptError(f"{path}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
+    return parse_dump(content, shown=str(path))
+
+
+def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
+    """Parse the bytes of an msprobe ``dump.json``; raise GoldenCorruptError naming ``shown``."""
+    try:
+        data = json.loads(content)
+    except ValueError as exc:
+        raise GoldenCorruptError(f"{shown}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
-        raise GoldenCorruptError(f"{path}: no 'data' mapping; not an msprobe dump.json")
+        raise GoldenCorruptError(f"{shown}: no 'data' mapping; not an msprobe dump.json")
     return data
+
+
+class DirStage:
+    """A verl-layout stage folder on disk (``.../step_<n>/<stage>``): a run, a plain golden, verl's profile.
+
+    The compare reads a stage through this interface (:meth:`ranks`, :meth:`load`,
+    :meth:`plain_dir`); a compressed golden's stage offers the same (``golden.GoldenStage``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def ranks(self) -> list[str]:
+        return sorted(rank_dirs(self.path))
+
+    def load(self, rank: str) -> dict[str, Any]:
+        return load_dump(self.path / "step0" / rank / "dump.json")
+
+    def plain_dir(self, scratch: Path) -> Path:
+        """The stage as plain files msprobe's own tools can open (here: the folder itself)."""
+        return self.path
 
 
 def iter_tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -244,16 +273,14 @@ class RankVerdict:
         return not self.drifts and not self.problems
 
 
-def compare_rank(target: Path, golden: Path, *, policy: TolerancePolicy, stage: str, rank: str) -> RankVerdict:
-    """Compare one rank's ``dump.json`` pair: key sets, then every statistic of every row.
+def compare_rank(
+    t_dump: dict[str, Any], g_dump: dict[str, Any], *, policy: TolerancePolicy, stage: str, rank: str
+) -> RankVerdict:
+    """Compare one rank's parsed ``dump.json`` pair: key sets, then every statistic of every row.
 
     Rows are msprobe's (``read_op``), named as msprobe's compare table names them; the tolerance is
     ours. msprobe drops golden-only rows silently, so API and row key sets are checked here.
-
-    Raises:
-        GoldenCorruptError: either file is not a readable dump.json.
     """
-    t_dump, g_dump = load_dump(target), load_dump(golden)
     verdict = RankVerdict(rank)
     verdict.problems += _api_key_problems(rank, t_dump["data"], g_dump["data"])
     t_rows, g_rows = flatten_dump(t_dump), flatten_dump(g_dump)
@@ -344,7 +371,7 @@ def rank_dirs(stage_dir: Path) -> dict[str, Path]:
 
 def compare_stage(
     target_dir: Path,
-    golden_dir: Path,
+    golden_dir: Path | Any,
     *,
     scenario: str,
     step: int,
@@ -357,13 +384,15 @@ def compare_stage(
     """Compare ``target_dir`` (``RUN/step_<n>/<stage>``) against ``golden_dir`` (same layout).
 
     Args:
+        golden_dir: a stage folder, or any object with :class:`DirStage`'s methods (a golden's stage).
         golden_sha256: ``{"rank0": sha256}`` of the golden dump.json files (from the manifest);
             a target file with the same digest is identical and skips the table.
         golden_statistics: statistics count recorded for the golden (reported for identical dumps).
         artifacts: directory for ``compare_result_<rank>.csv`` tables.
     """
     verdict = StageVerdict(scenario=scenario, step=step, stage=stage, tolerance=policy.describe())
-    t_ranks, g_ranks = rank_dirs(target_dir), rank_dirs(golden_dir)
+    golden = DirStage(golden_dir) if isinstance(golden_dir, (str, Path)) else golden_dir
+    t_ranks, g_ranks = rank_dirs(Path(target_dir)), set(golden.ranks())
     verdict.ranks = sorted(set(t_ranks) | set(g_ranks))
     if not t_ranks:
         verdict.problems.append(f"no dump.json under {target_dir}: the stage did not run or was not profiled")
@@ -383,17 +412,17 @@ def compare_stage(
         verdict.checked = (
             golden_statistics
             if golden_statistics is not None
-            else sum(count_statistics(load_dump(g_ranks[r])) for r in shared)
+            else sum(count_statistics(golden.load(r)) for r in shared)
         )
         return verdict
     for rank in shared:
-        rv = compare_rank(t_ranks[rank], g_ranks[rank], policy=policy, stage=stage, rank=rank)
+        rv = compare_rank(load_dump(t_ranks[rank]), golden.load(rank), policy=policy, stage=stage, rank=rank)
         verdict.add(rv)
         if artifacts is not None and not rv.passed:
             # msprobe's own table (with its Result column), for reading beside our verdict
-            verdict.table_paths.append(
-                write_msprobe_table(t_ranks[rank], g_ranks[rank], artifacts / f"compare_result_{rank}.csv")
-            )
+            g_path = golden.plain_dir(artifacts / "golden") / "step0" / rank / "dump.json"
+            table = write_msprobe_table(t_ranks[rank], g_path, artifacts / f"compare_result_{rank}.csv")
+            verdict.table_paths.append(table)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     return verdict
 
@@ -422,21 +451,30 @@ class MetricsVerdict:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Parse ``metrics.jsonl`` (one JSON object per step); raise GoldenCorruptError naming the line."""
-    rows = []
+    """Read ``metrics.jsonl`` (one JSON object per step); raise GoldenCorruptError naming the line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        content = Path(path).read_bytes()
     except OSError as exc:
         raise GoldenCorruptError(f"{path}: cannot read metrics ({exc.strerror})") from None
+    return parse_metrics(content, shown=str(path))
+
+
+def parse_metrics(content: bytes, *, shown: str) -> list[dict[str, Any]]:
+    """Parse the bytes of a ``metrics.jsonl``; raise GoldenCorruptError naming ``shown`` and the line."""
+    rows = []
+    try:
+        lines = content.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise GoldenCorruptError(f"{shown}: not UTF-8 text ({exc.reason})") from None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError as exc:
-            raise GoldenCorruptError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
+            raise GoldenCorruptError(f"{shown}:{lineno}: not a JSON object ({exc.msg})") from None
         if not isinstance(row, dict):
-            raise GoldenCorruptError(f"{path}:{lineno}: expected a JSON object per line")
+            raise GoldenCorruptError(f"{shown}:{lineno}: expected a JSON object per line")
         rows.append(row)
     return rows
 
@@ -460,7 +498,10 @@ def compare_metrics(
             verdict.problems.append(f"step {step}: metric {name} not in the golden")
         for name in sorted(set(t) & set(g)):
             tv, gv = _float(t[name]), _float(g[name])
-            if tv is None or gv is None:
+            if tv is None and gv is None:
+                continue
+            if tv is None or gv is None:  # a number became null (or the reverse): not a drift, a change
+                verdict.problems.append(f"step {step}: metric {name}: {g[name]!r} -> {t[name]!r}")
                 continue
             verdict.checked += 1
             ratio = tolerance_ratio(tv, gv, policy.for_metric(name))

@@ -1,27 +1,38 @@
-"""GoldenStore: recorded runs under ``golden/<scenario>/<device>/``, in verl's dump layout.
+"""GoldenStore: recorded runs under ``golden/<scenario>/<device>/``, in verl's dump layout, compressed.
 
 A golden holds, per profiled (step, stage, rank), msprobe's ``dump.json`` and ``construct.json``
 (``stack.json`` is dropped: it holds machine paths), the run's ``metrics.jsonl``, and a
 ``manifest.json`` (schema ``golden_manifest``) with the scenario hash, msprobe level, environment
-fingerprint, numeric settings, per-stage statistics counts and the sha256 of every file.
+fingerprint, numeric settings, per-stage statistics counts and, for every file, the sha256 and size
+of what is stored and of its content.
 
-Writes are atomic: :meth:`GoldenStore.promote` builds the new golden in a sibling temporary folder,
-then swaps it in with two renames under a file lock; a failure at any point leaves the previous
-golden in place (a crash between the two renames is rolled back on the next access).
+Format 2 (written since goldens are compressed) stores each payload as ``<name>.zst``
+(:mod:`precision_harness.golden_codec`); format 1 stores it plain and stays readable, so a
+repository that has not run ``precision-harness golden migrate`` keeps passing. Either way
+:class:`Golden` is the only reader: compare, churn and calibration ask it for a stage's dumps and
+never open golden files themselves. The manifest stays plain, pretty-printed JSON for review.
+
+Writes are atomic: :meth:`GoldenStore.promote` and :meth:`GoldenStore.migrate` build the new golden
+in a sibling temporary folder, then swap it in with two renames under a file lock; a failure at any
+point leaves the previous golden in place (a crash between the renames is rolled back on the next
+access).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from precision_harness.compare import count_statistics, load_dump, sha256_file
+from precision_harness import golden_codec as codec
+from precision_harness.compare import count_statistics, load_dump, parse_dump, parse_metrics, sha256_file
 from precision_harness.errors import (
     GoldenCorruptError,
     GoldenError,
@@ -45,6 +56,8 @@ METRICS = "metrics.jsonl"
 #: Files of a run directory that a golden keeps (relative glob patterns).
 GOLDEN_FILES = ("step_*/*/step0/rank*/dump.json", "step_*/*/step0/rank*/construct.json", METRICS)
 MANIFEST = "manifest.json"
+#: the manifest format :meth:`GoldenStore.promote` writes (1: plain payloads, 2: compressed)
+FORMAT = 2
 
 
 def update_command(scenario: Scenario, mode: str = "update") -> str:
@@ -86,6 +99,8 @@ class Golden:
 
     Build one with :meth:`from_dir` (a recorded golden, validated) or :meth:`from_run_dir` (any
     verl-layout directory, e.g. another run or verl's ``outputs/profile``, hashed as it is now).
+    Files are named by their *content* name (``step_1/actor_update/step0/rank0/dump.json``); where
+    the golden is compressed, the stored file is that name plus ``.zst``.
     """
 
     path: Path
@@ -115,7 +130,8 @@ class Golden:
         run = _read_json(path / "run.json") or {}
         files = sorted({p.relative_to(path).as_posix() for pattern in GOLDEN_FILES for p in path.glob(pattern)})
         manifest = {
-            "scenario": run.get("scenario", path.name),
+            "format": 1,
+            "scenario": run.get("scenario", path.resolve().name),
             "device": run.get("device"),
             "level": run.get("level") or _dump_level(path, files),
             "numeric_settings": run.get("numeric_settings"),
@@ -148,20 +164,43 @@ class Golden:
         return self.manifest.get("noise")
 
     @property
+    def compressed(self) -> bool:
+        return self.manifest.get("codec") == codec.CODEC
+
+    @property
     def size_bytes(self) -> int:
-        return sum(meta.get("bytes", 0) for meta in self.manifest["files"].values())
+        """Bytes stored on disk (payloads; the manifest not counted)."""
+        return sum(meta["bytes"] for meta in self.manifest["files"].values())
+
+    @property
+    def content_bytes(self) -> int:
+        """Bytes of the plain payloads (what an export writes)."""
+        return sum(meta.get("content_bytes", meta["bytes"]) for meta in self.manifest["files"].values())
+
+    @cached_property
+    def contents(self) -> dict[str, str]:
+        """content name -> stored name, for every file of the golden."""
+        suffix = codec.SUFFIX if self.compressed else ""
+        return {stored.removesuffix(suffix): stored for stored in self.manifest["files"]}
+
+    def content_sha256(self, name: str) -> str:
+        meta = self.manifest["files"][self.contents[name]]
+        return meta.get("content_sha256", meta["sha256"])
 
     # ---------------------------------------------------------------------------------- stages
     def stage_dir(self, step: int, stage: str) -> Path:
         return self.path / f"step_{step}" / stage
 
     def sha256(self, step: int, stage: str) -> dict[str, str]:
-        """``{"rank0": sha256, ...}`` of the stage's dump.json files."""
+        """``{"rank0": sha256, ...}`` of the *content* of the stage's dump.json files.
+
+        A run's dump.json with the same digest is identical to the golden: no decompression needed.
+        """
         prefix = f"step_{step}/{stage}/step0/"
         return {
-            rel[len(prefix) :].split("/", 1)[0]: meta["sha256"]
-            for rel, meta in self.manifest["files"].items()
-            if rel.startswith(prefix) and rel.endswith("/dump.json")
+            name[len(prefix) :].split("/", 1)[0]: self.content_sha256(name)
+            for name in self.contents
+            if name.startswith(prefix) and name.endswith("/dump.json")
         }
 
     def statistics(self, step: int, stage: str) -> int | None:
@@ -173,40 +212,124 @@ class Golden:
     def stages(self) -> set[tuple[int, str]]:
         """Every ``(step, stage)`` with a dump.json in the golden."""
         found = set()
-        for rel in self.manifest["files"]:
-            parts = rel.split("/")
-            if len(parts) == 5 and rel.endswith("/dump.json") and parts[0][5:].isdigit():
+        for name in self.contents:
+            parts = name.split("/")
+            if len(parts) == 5 and name.endswith("/dump.json") and parts[0][5:].isdigit():
                 found.add((int(parts[0][5:]), parts[1]))
         return found
 
+    def stage(self, step: int, stage: str) -> GoldenStage:
+        """The stage as the compare reads it (:class:`~precision_harness.compare.DirStage`'s interface)."""
+        return GoldenStage(self, step, stage)
+
     def verify_stage(self, step: int, stage: str) -> None:
-        """Check every rank's dump.json of the stage against the manifest (see :meth:`verify_file`)."""
+        """Check every rank's stored dump.json of the stage against the manifest (see :meth:`verify_file`)."""
         for rank in self.sha256(step, stage):
-            self.verify_file(f"step_{step}/{stage}/step0/{rank}/dump.json")
+            self.verify_file(self.contents[f"step_{step}/{stage}/step0/{rank}/dump.json"])
 
-    def metrics_path(self) -> Path | None:
-        """``metrics.jsonl`` after :meth:`verify_file`, or None when the golden has none."""
-        rel = self.manifest.get("metrics", METRICS)
-        return self.verify_file(rel) if rel in self.manifest["files"] else None
+    # ---------------------------------------------------------------------------------- reading
+    def has_metrics(self) -> bool:
+        return self.manifest.get("metrics", METRICS) in self.contents
 
-    def verify_file(self, rel: str) -> Path:
-        """Return ``path/rel`` after checking it against the manifest's sha256.
+    def metrics(self) -> list[dict[str, Any]]:
+        """The recorded ``metrics.jsonl`` rows, verified.
+
+        Raises:
+            GoldenCorruptError: the file is missing, corrupt or not JSON lines.
+        """
+        name = self.manifest.get("metrics", METRICS)
+        return parse_metrics(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
+
+    def load_dump(self, step: int, stage: str, rank: str) -> dict[str, Any]:
+        """One rank's parsed dump.json. Raises GoldenCorruptError (missing, edited, corrupt)."""
+        name = f"step_{step}/{stage}/step0/{rank}/dump.json"
+        return parse_dump(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
+
+    def read(self, name: str) -> bytes:
+        """The content of file ``name`` (its content name), checked against both recorded digests.
+
+        Raises:
+            GoldenCorruptError: not listed, missing, stored bytes or content differ from the
+                manifest, or a corrupt, truncated or oversized compressed payload.
+        """
+        stored = self.contents.get(name)
+        if stored is None:
+            raise GoldenCorruptError(
+                f"{display_path(self.path / name)}: not listed in {display_path(self.path / MANIFEST)}"
+            )
+        data = self._verified_bytes(stored)
+        if not self.compressed:
+            return data
+        meta, shown = self.manifest["files"][stored], display_path(self.path / stored)
+        content = codec.decompress(data, content_bytes=meta["content_bytes"], shown=shown)
+        if hashlib.sha256(content).hexdigest() != meta["content_sha256"]:
+            raise GoldenCorruptError(
+                f"{shown}: content sha256 differs from {MANIFEST}; restore it from git or re-record the golden"
+            )
+        return content
+
+    def export(self, out: Path, names: list[str] | None = None) -> Path:
+        """Write the golden's payloads (or ``names``) as plain files under ``out``, verl's layout; return ``out``.
+
+        The result opens in every msprobe tool. Raises GoldenCorruptError as :meth:`read`.
+        """
+        out = Path(out)
+        for name in sorted(self.contents) if names is None else names:
+            dest = out / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(self.read(name))
+        return out
+
+    def verify_file(self, stored: str) -> Path:
+        """Return ``path/stored`` after checking the stored file against the manifest's sha256.
 
         Raises:
             GoldenCorruptError: the file is not listed, is missing, or its digest differs.
         """
-        meta = self.manifest["files"].get(rel)
-        target = self.path / rel
+        self._verified_bytes(stored)
+        return self.path / stored
+
+    def _verified_bytes(self, stored: str) -> bytes:
+        meta = self.manifest["files"].get(stored)
+        target = self.path / stored
         if meta is None:
             raise GoldenCorruptError(f"{display_path(target)}: not listed in {display_path(self.path / MANIFEST)}")
-        if not target.is_file():
-            raise GoldenCorruptError(f"{display_path(target)}: listed in {MANIFEST} but missing; re-record the golden")
-        if sha256_file(target) != meta["sha256"]:
+        try:
+            data = target.read_bytes()
+        except OSError:
             raise GoldenCorruptError(
-                f"{display_path(target)}: sha256 differs from {MANIFEST} (edited or truncated); "
+                f"{display_path(target)}: listed in {MANIFEST} but missing; re-record the golden"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            lfs = " (a Git LFS pointer: run git lfs pull)" if data.startswith(codec.LFS_POINTER) else ""
+            raise GoldenCorruptError(
+                f"{display_path(target)}: sha256 differs from {MANIFEST} (edited or truncated){lfs}; "
                 "restore it from git or re-record the golden"
             )
-        return target
+        return data
+
+
+@dataclass(frozen=True)
+class GoldenStage:
+    """One (step, stage) of a golden, read through :class:`Golden` (plain or compressed)."""
+
+    golden: Golden
+    step: int
+    name: str
+
+    def ranks(self) -> list[str]:
+        return sorted(self.golden.sha256(self.step, self.name))
+
+    def load(self, rank: str) -> dict[str, Any]:
+        return self.golden.load_dump(self.step, self.name, rank)
+
+    def plain_dir(self, scratch: Path) -> Path:
+        """The stage as plain files msprobe's tools can open: the folder itself, or an export into ``scratch``."""
+        if not self.golden.compressed:
+            return self.golden.stage_dir(self.step, self.name)
+        prefix = f"step_{self.step}/{self.name}/"
+        self.golden.export(scratch, [n for n in sorted(self.golden.contents) if n.startswith(prefix)])
+        return Path(scratch) / f"step_{self.step}" / self.name
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -221,6 +344,29 @@ def _dump_level(root: Path, files: list[str]) -> str | None:
     """The ``level`` msprobe wrote into the first dump.json of ``files``."""
     dump = next((rel for rel in files if rel.endswith("/dump.json")), None)
     return load_dump(root / dump).get("level") if dump else None
+
+
+def _payloads(contents: dict[str, bytes]) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
+    """The manifest ``files`` section and the stored bytes of compressed payloads, by stored name."""
+    files, stored = {}, {}
+    for name, content in sorted(contents.items()):
+        data = codec.compress(content)
+        stored[name + codec.SUFFIX] = data
+        files[name + codec.SUFFIX] = {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+            "content_sha256": hashlib.sha256(content).hexdigest(),
+            "content_bytes": len(content),
+        }
+    return files, stored
+
+
+def _identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a golden records, whatever its storage: equal identities mean an unchanged golden."""
+    suffix = codec.SUFFIX if manifest.get("codec") == codec.CODEC else ""
+    files = {k.removesuffix(suffix): v.get("content_sha256", v["sha256"]) for k, v in manifest["files"].items()}
+    rest = {k: v for k, v in manifest.items() if k not in ("files", "format", "codec")}
+    return {**rest, "files": files}
 
 
 class GoldenStore:
@@ -333,8 +479,8 @@ class GoldenStore:
             _write_manifest(path, manifest)
         return True
 
-    def build_manifest(self, run_dir: Path, scenario: Scenario, device: str) -> tuple[dict[str, Any], list[str]]:
-        """Manifest for a finished run directory and the relative files it lists.
+    def build_manifest(self, run_dir: Path, scenario: Scenario, device: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """Manifest (format 2) for a finished run directory, and the stored bytes of its payloads.
 
         Raises:
             GoldenCorruptError: ``run_dir`` has no readable ``run.json`` (an unfinished run).
@@ -343,14 +489,17 @@ class GoldenStore:
         run = _read_json(run_dir / "run.json")
         if run is None:
             raise GoldenCorruptError(f"{run_dir / 'run.json'}: cannot promote an unfinished run (no readable run.json)")
-        files = sorted({p.relative_to(run_dir).as_posix() for pattern in GOLDEN_FILES for p in run_dir.glob(pattern)})
+        names = sorted({p.relative_to(run_dir).as_posix() for pattern in GOLDEN_FILES for p in run_dir.glob(pattern)})
+        contents = {name: (run_dir / name).read_bytes() for name in names}
         statistics: dict[str, int] = {}
-        for rel in files:
-            if rel.endswith("/dump.json"):
-                key = "/".join(rel.split("/")[:2])
-                statistics[key] = statistics.get(key, 0) + count_statistics(load_dump(run_dir / rel))
+        for name in names:
+            if name.endswith("/dump.json"):
+                key = "/".join(name.split("/")[:2])
+                statistics[key] = statistics.get(key, 0) + count_statistics(parse_dump(contents[name], shown=name))
+        files, stored = _payloads(contents)
         manifest = {
-            "format": 1,
+            "format": FORMAT,
+            "codec": codec.CODEC,
             "scenario": scenario.name,
             "scenario_hash": run["scenario_hash"],
             "device": device,
@@ -361,25 +510,23 @@ class GoldenStore:
             "numeric_settings": run["numeric_settings"],
             "metrics": METRICS,
             "statistics": statistics,
-            "files": {
-                rel: {"sha256": sha256_file(run_dir / rel), "bytes": (run_dir / rel).stat().st_size} for rel in files
-            },
+            "files": files,
         }
         validate(manifest, "golden_manifest", source=run_dir / "run.json")
-        return manifest, files
+        return manifest, stored
 
     def promote(self, run_dir: Path, scenario: Scenario, device: str, *, _fail_after_copy: bool = False) -> bool:
         """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically.
 
-        Returns False (and writes nothing) when the existing golden already has the same manifest,
-        so an unchanged re-record does not touch git.
+        Returns False (and writes nothing) when the existing golden already records the same content
+        and settings, so an unchanged re-record does not touch git.
 
         Raises:
             GoldenCorruptError: ``run_dir`` has no ``run.json`` (unfinished run).
             UnsafePathError: the scenario name or device would leave the golden root.
-            OSError: the copy failed; the previous golden is untouched.
+            OSError: the write failed; the previous golden is untouched.
         """
-        manifest, files = self.build_manifest(run_dir, scenario, device)
+        manifest, stored = self.build_manifest(run_dir, scenario, device)
         final = self.path(scenario.name, device)
         with self._lock(scenario.name, device):
             self._recover(scenario.name, device)
@@ -395,39 +542,62 @@ class GoldenStore:
                 )
             ):
                 manifest["noise"] = old.noise
-            if old is not None and old.manifest == manifest:
+            if old is not None and _identity(old.manifest) == _identity(manifest):
                 return False
-            self._swap_in(final, run_dir, files, manifest, fail_after_copy=_fail_after_copy)
+            _swap_in(final, stored, manifest, fail_after_copy=_fail_after_copy)
         return True
 
-    @staticmethod
-    def _swap_in(
-        final: Path, run_dir: Path, files: list[str], manifest: dict[str, Any], *, fail_after_copy: bool
-    ) -> None:
-        """Build the golden beside ``final``, then swap it in with two renames (rolled back on failure)."""
-        device = final.name
-        tmp = final.parent / f".{device}.tmp-{os.getpid()}"
-        backup = final.parent / f".{device}.old-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+    def migrate(self, scenario: str, device: str, *, _fail_after_copy: bool = False) -> bool:
+        """Rewrite a plain (format 1) golden compressed (format 2), atomically; False if already compressed.
+
+        Nothing is re-recorded: every payload is checked to decompress to the very bytes it had.
+
+        Raises:
+            GoldenCorruptError: the golden is corrupt (its files do not match their sha256).
+            OSError: the write failed; the plain golden is untouched.
+        """
+        with self._lock(scenario, device):
+            self._recover(scenario, device)
+            golden = Golden.from_dir(self.path(scenario, device))
+            if golden.compressed:
+                return False
+            contents = {name: golden.read(name) for name in golden.contents}
+            files, stored = _payloads(contents)
+            for name, content in contents.items():
+                meta = files[name + codec.SUFFIX]
+                back = codec.decompress(stored[name + codec.SUFFIX], content_bytes=meta["content_bytes"], shown=name)
+                if back != content:  # pragma: no cover - a codec bug; never write a lossy golden
+                    raise GoldenCorruptError(f"{display_path(golden.path / name)}: compressed copy does not round-trip")
+            manifest = {**golden.manifest, "format": FORMAT, "codec": codec.CODEC, "files": files}
+            _swap_in(golden.path, stored, manifest, fail_after_copy=_fail_after_copy)
+        return True
+
+
+def _swap_in(final: Path, stored: dict[str, bytes], manifest: dict[str, Any], *, fail_after_copy: bool) -> None:
+    """Build the golden beside ``final``, then swap it in with two renames (rolled back on failure)."""
+    device = final.name
+    tmp = final.parent / f".{device}.tmp-{os.getpid()}"
+    backup = final.parent / f".{device}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for rel, data in stored.items():
+            dest = tmp / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        _write_manifest(tmp / MANIFEST, manifest, validate_first=False)
+        if fail_after_copy:  # test hook: an interruption after the copy, before the swap
+            raise OSError("simulated interruption before the swap")
+        if final.exists():
+            os.replace(final, backup)
         try:
-            for rel in files:
-                dest = tmp / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(run_dir / rel, dest)
-            _write_manifest(tmp / MANIFEST, manifest, validate_first=False)
-            if fail_after_copy:  # test hook: an interruption after the copy, before the swap
-                raise OSError("simulated interruption before the swap")
-            if final.exists():
-                os.replace(final, backup)
-            try:
-                os.replace(tmp, final)
-            except BaseException:
-                if backup.exists() and not final.exists():
-                    os.replace(backup, final)
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(backup, ignore_errors=True)
+            os.replace(tmp, final)
+        except BaseException:
+            if backup.exists() and not final.exists():
+                os.replace(backup, final)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(backup, ignore_errors=True)
 
 
 def _write_manifest(path: Path, manifest: dict[str, Any], *, validate_first: bool = True) -> None:
@@ -439,8 +609,8 @@ def _write_manifest(path: Path, manifest: dict[str, Any], *, validate_first: boo
     os.replace(tmp, path)
 
 
-def lint_dump(path: Path) -> list[str]:
-    """NaN/Inf lint of one ``dump.json``: one line per offending tensor statistic.
+def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
+    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic.
 
     NaN anywhere, and +-Inf in Max or Min, are errors (a golden must be made of numbers). An
     infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
@@ -461,7 +631,7 @@ def lint_dump(path: Path) -> list[str]:
                     if not isinstance(v, (int, float)) or math.isfinite(v):
                         continue
                     if math.isnan(v) or stat in ("Max", "Min") or not masked:
-                        problems.append(f"{display_path(path)}: {where} {stat} is {v}")
+                        problems.append(f"{shown}: {where} {stat} is {v}")
                 return
             for key, value in node.items():
                 walk(value, f"{where}.{key}" if where else key)
@@ -469,12 +639,13 @@ def lint_dump(path: Path) -> list[str]:
             for i, value in enumerate(node):
                 walk(value, f"{where}.{i}")
 
-    walk(load_dump(path)["data"], "")
+    walk(dump["data"], "")
     return problems
 
 
 def verify_golden(path: Path) -> list[str]:
-    """Every problem of the golden at ``path``: manifest schema, sha256 of each file, unlisted files, NaN/Inf lint.
+    """Every problem of the golden at ``path``: manifest schema, both digests of each file, unlisted
+    files, NaN/Inf lint.
 
     Returns one line per problem (empty: the golden is sound); never raises for a bad golden.
     """
@@ -484,11 +655,12 @@ def verify_golden(path: Path) -> list[str]:
     except GoldenError as exc:
         return [str(exc)]
     problems = []
-    for rel in sorted(golden.manifest["files"]):
+    for name, stored in sorted(golden.contents.items()):
         try:
-            golden.verify_file(rel)
-            if rel.endswith("/dump.json"):
-                problems += lint_dump(path / rel)
+            content = golden.read(name)
+            if name.endswith("/dump.json"):
+                shown = display_path(path / stored)
+                problems += lint_dump(parse_dump(content, shown=shown), shown=shown)
         except GoldenCorruptError as exc:
             problems.append(str(exc))
     listed = set(golden.manifest["files"]) | {MANIFEST}

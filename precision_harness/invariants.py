@@ -15,8 +15,8 @@ The checks:
   ``exp(log_prob - old_log_prob)`` is 1 before the first optimizer step; verl issue #2996).
 * :func:`check_micro_batch_invariance` -- ``actor_compute_log_prob`` of two runs that differ only in
   ``log_prob_micro_batch_size_per_gpu`` agree within the fp32 tolerance of ``torch.testing.assert_close``.
-* :func:`check_mismatch_health` -- the rollout/training mismatch stays in the seed PR's healthy
-  ranges (``mismatch/rollout_is_eff_sample_size``, ``_veto_fraction``, ``_mean``; seed 003,
+* :func:`check_mismatch_health` -- the rollout/training mismatch stays in verl PR #3694's healthy
+  ranges (``mismatch/rollout_is_eff_sample_size``, ``_veto_fraction``, ``_mean``; the PR's
   "Monitor metrics").
 """
 
@@ -49,7 +49,7 @@ __all__ = [
     "metrics_of",
 ]
 
-#: The seed's "Monitor metrics" ranges: ESS > 80 % of the batch, veto < 5 %, mean weight ~ 1.0
+#: verl PR #3694's "Monitor metrics" ranges: ESS > 80 % of the batch, veto < 5 %, mean weight ~ 1.0
 #: (taken as within 10 %). ``(low, high)``, inclusive; None = unbounded.
 HEALTH_RANGES: dict[str, tuple[float | None, float | None]] = {
     "mismatch/rollout_is_eff_sample_size": (0.8, None),

@@ -97,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
         "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate", "compare"),
+        cli=("run", "calibrate", "compare", "export"),
     ),
     Option(
         "artifacts",

@@ -95,7 +95,7 @@ DEFAULTS: dict[str, Any] = {
         "rollout_is_threshold_lower": None,
         "rollout_is_level": "token",
         "rollout_is_mode": "truncate",
-        # the seed PR's default (verl AlgoConfig of that PR): a token with ratio < 1e-4 vetoes its sequence
+        # verl PR #3694's default (its AlgoConfig): a token with ratio < 1e-4 vetoes its sequence
         "rollout_is_veto_threshold": 1e-4,
     },
     "global_profiler": {

@@ -45,6 +45,7 @@ class ScenarioState:
     golden: Golden | None = None
     golden_error: PrecisionError | None = None
     recorded: str | None = None  #: "recorded" / "unchanged" after an update
+    size_note: str = ""  #: update mode: the golden's stored size and what the update added
     churn: list[churn_mod.ChurnRow] = field(default_factory=list)  #: update mode: against the previous golden
     lock: threading.Lock = field(default_factory=threading.Lock)
     prepared: bool = False
@@ -52,6 +53,11 @@ class ScenarioState:
     @property
     def cross_device(self) -> bool:
         return self.golden_device != self.device
+
+
+def size_note(stored: int, before: int) -> str:
+    """``"0.41 MB stored, +0.02 MB"``: a golden's stored size and what an update added to it."""
+    return f"{stored / 1e6:.2f} MB stored, {(stored - before) / 1e6:+.2f} MB"
 
 
 def msprobe_available() -> bool:
@@ -230,7 +236,8 @@ class PrecisionSession:
             if st.recorded is not None:
                 path = self.shown(self.store.path(scenario.name, st.device))
                 churn = [r for r in st.churn if (r.step, r.stage) == (key.step, key.stage)]
-                return Outcome(True, f"golden {st.recorded}: {path}", OutcomeKind.RECORDED, churn=churn)
+                text = f"golden {st.recorded}: {path} ({st.size_note})"
+                return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
             run = self.result(scenario)
             assert st.golden is not None
             return next(check_items(run.run_dir, st.golden, [key], self._settings(st)))[1]
@@ -258,6 +265,8 @@ class PrecisionSession:
         st.recorded = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
         st.golden, st.golden_error = None, None
         self._load_golden(st)
+        if st.golden is not None:
+            st.size_note = size_note(st.golden.size_bytes, previous.size_bytes if previous is not None else 0)
 
     def _settings(self, st: ScenarioState) -> CheckSettings:
         scenario, golden = st.scenario, st.golden

@@ -167,7 +167,7 @@ class TolerancePolicy:
                 tol = _apply(tol, override)
                 break
         observed = self.noise.get(stage, {}).get(statistic)
-        if observed:
+        if observed and d in DTYPE_DEFAULTS:  # integer and bool tensors stay exact
             tol = Tol(max(tol.rtol, self.noise_k * observed), tol.atol)
         return tol
 

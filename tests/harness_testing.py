@@ -98,3 +98,31 @@ def edit_scenario(pytester: pytest.Pytester, old: str, new: str, name: str = "ti
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"
     path.write_text(text.replace(old, new, 1))
+
+
+def export_golden(golden_dir: Path, out: Path) -> Path:
+    """A recorded golden's payloads as plain files (verl's layout), e.g. to use as a compare target."""
+    from precision_harness.golden import Golden
+
+    return Golden.from_dir(golden_dir).export(out)
+
+
+def replace_payload(golden_dir: Path, name: str, content: bytes) -> Path:
+    """Store ``content`` as golden payload ``name`` with sound digests in the manifest (a bad golden, well signed)."""
+    import hashlib
+
+    from precision_harness import golden_codec
+
+    stored = name + golden_codec.SUFFIX
+    data = golden_codec.compress(content)
+    (golden_dir / stored).write_bytes(data)
+    manifest_path = golden_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][stored] = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "content_sha256": hashlib.sha256(content).hexdigest(),
+        "content_bytes": len(content),
+    }
+    manifest_path.write_text(json.dumps(manifest))
+    return golden_dir / stored

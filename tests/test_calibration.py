@@ -64,3 +64,11 @@ def test_variations_cycle_thread_counts(tmp_path: Path) -> None:
     assert rerun.name == "tiny_ppo" and rerun.config["trainer"]["num_threads"] == 2
     assert rerun.path == tmp_path / "tiny_ppo.2threads.yaml"
     assert DEFAULT_K == 3.0
+
+
+def test_noise_never_loosens_integer_tensors() -> None:
+    """Integer and bool tensors must match exactly, calibrated noise or not."""
+    policy = TolerancePolicy().with_noise(NOISE)
+    tol = policy.for_tensor(dtype="torch.int64", stage="actor_update", statistic="Max", api="x")
+    assert (tol.rtol, tol.atol) == (0.0, 0.0)
+    assert policy.for_tensor(dtype="torch.float32", stage="actor_update", statistic="Max", api="x").rtol > 1.3e-6

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import write_dump
+from harness_testing import export_golden, replace_payload, write_dump
 
 from precision_harness.cli import main
 from precision_harness.compare import sha256_file
+from precision_harness.golden import Golden
 from precision_harness.options import OPTIONS
 
 
@@ -116,30 +117,26 @@ def test_golden_verify_and_list(golden_copy: Path, capsys: pytest.CaptureFixture
     assert "1 goldens verified, 0 with problems" in capsys.readouterr().out
     assert main(["golden", "list", "--golden-dir", root]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["scenario", "device", "level", "steps", "stages", "files", "MiB", "calibrated"]
-    assert lines[1].split()[:6] == ["tiny_ppo", "cpu", "L1", "1,2", "5", "21"] and lines[1].endswith("no")
+    header = ["scenario", "device", "level", "steps", "stages", "files", "stored", "MB", "plain", "MB", "calibrated"]
+    assert lines[0].split() == header
+    cells = lines[1].split()
+    assert cells[:6] == ["tiny_ppo", "cpu", "L1", "1,2", "5", "21"] and cells[-1] == "no"
+    stored, plain = float(cells[6]), float(cells[7])
+    assert 0 < stored < plain / 5  # compressed payloads; plain is what an export writes
 
 
 def test_golden_verify_finds_corruption_and_nan(golden_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest_path = golden_copy / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
     rel = "step_1/actor_update/step0/rank0/dump.json"
-    dump = golden_copy / rel
-    data = json.loads(dump.read_text())
+    data = json.loads((export_golden(golden_copy, golden_copy.parent / "plain") / rel).read_text())
     first = next(iter(data["data"].values()))["output"][0]
     first["Max"] = float("nan")
-    dump.write_text(json.dumps(data))
-    manifest["files"][rel] = {
-        "sha256": sha256_file(dump),
-        "bytes": dump.stat().st_size,
-    }  # a sound digest of a bad golden
-    manifest_path.write_text(json.dumps(manifest))
-    (golden_copy / "step_2" / "critic_update" / "step0" / "rank0" / "dump.json").write_text("{}")
+    replace_payload(golden_copy, rel, json.dumps(data).encode())  # a sound digest of a bad golden
+    (golden_copy / "step_2" / "critic_update" / "step0" / "rank0" / "dump.json.zst").write_text("{}")
     (golden_copy / "stray.txt").write_text("x")
     assert main(["golden", "verify", "--golden-dir", str(golden_copy.parents[1])]) == 1
     out = capsys.readouterr().out
     assert "FAIL " in out and ".output.0 Max is nan" in out
-    assert "step_2/critic_update/step0/rank0/dump.json: sha256 differs from manifest.json" in out
+    assert "step_2/critic_update/step0/rank0/dump.json.zst: sha256 differs from manifest.json" in out
     assert "stray.txt: not listed in manifest.json" in out
     assert "1 goldens verified, 1 with problems" in out
 
@@ -161,9 +158,8 @@ def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[precision] tiny_ppo: step 1/2 actor_compute_log_prob (" in proc.stdout
     assert "tiny_ppo on cpu: run " in proc.stdout and "10 dumped stages" in proc.stdout
-    assert sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json") == sha256_file(
-        p / "golden/tiny_ppo/cpu/step_2/actor_update/step0/rank0/dump.json"
-    )
+    recorded = Golden.from_dir(p / "golden/tiny_ppo/cpu").sha256(2, "actor_update")
+    assert {"rank0": sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json")} == recorded
     proc = cli("calibrate", "scenarios/tiny_ppo.yaml", "--runs", "2", cwd=p)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rerun 2/2 (num_threads=2)" in proc.stdout and "golden updated: " in proc.stdout
@@ -183,11 +179,12 @@ def test_options_defined_once() -> None:
 
     parser = build_parser()
     subs = parser._subparsers._group_actions[0].choices
+    golden_actions = subs["golden"]._subparsers._group_actions[0].choices
     for opt in OPTIONS:
         for command in opt.cli:
-            sub = (
-                subs[command] if command != "golden" else subs["golden"]._subparsers._group_actions[0].choices["verify"]
-            )
+            # "golden" options reach every golden action; "export" names the golden export action
+            sub = subs.get(command) if command != "golden" else golden_actions["verify"]
+            sub = sub or golden_actions[command]
             assert f"--{opt.name}" in sub.format_help(), (opt.name, command)
 
 
@@ -202,24 +199,19 @@ def _scale_first_norm(dump_path: Path, factor: float) -> None:
 
 def test_compare_verifies_golden_sha256(golden_copy: Path, tmp_path: Path) -> None:
     """The CLI checks every golden file against its manifest, as the plugin does."""
-    target = tmp_path / "target"
-    shutil.copytree(golden_copy, target)
-    dump = golden_copy / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json"
-    dump.write_text(dump.read_text().replace('"Max"', '"Max" ', 1))  # same numbers, other bytes
+    target = export_golden(golden_copy, tmp_path / "target")
+    stored = golden_copy / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json.zst"
+    stored.write_bytes(stored.read_bytes() + b"\0")  # a byte appended to the stored frame
     proc = cli("compare", str(target), str(golden_copy), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert (
-        "FAIL " in proc.stdout
-        and "actor_update/step0/rank0/dump.json: sha256 differs from manifest.json" in proc.stdout
-    )
+    assert "FAIL " in proc.stdout
+    assert "actor_update/step0/rank0/dump.json.zst: sha256 differs from manifest.json" in proc.stdout
     assert "PASS actor_update @ step_2" in proc.stdout  # only the edited file fails
 
 
 def test_compare_cross_device_rules_from_target_device(golden_copy: Path, tmp_path: Path) -> None:
     """A target from another device than the golden's is judged with tolerance.cross_device (fp32 rtol 1e-3)."""
-    target = tmp_path / "target"
-    shutil.copytree(golden_copy, target)
-    (target / "manifest.json").unlink()
+    target = export_golden(golden_copy, tmp_path / "target")
     _scale_first_norm(target / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json", 1 + 1e-4)
     same = cli("compare", str(target), str(golden_copy), cwd=tmp_path)
     assert same.returncode == 1, same.stdout + same.stderr
@@ -232,3 +224,37 @@ def test_compare_cross_device_rules_from_target_device(golden_copy: Path, tmp_pa
     )
     flag = cli("compare", str(target), str(golden_copy), "--device", "cpu", cwd=tmp_path)
     assert flag.returncode == 1  # --device overrides run.json: same device, same-device rules
+
+
+@pytest.mark.slow
+def test_golden_export_opens_in_msprobe_compare(recorded_project: Path, golden_copy: Path, tmp_path: Path) -> None:
+    """An exported golden is the plain verl layout: msprobe's own `msprobe compare` reads it."""
+    scenario = recorded_project / "scenarios" / "tiny_ppo.yaml"
+    proc = cli(
+        "golden", "export", str(scenario), "--golden-dir", str(golden_copy.parents[1]), "--out", "exp", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "exported " in proc.stdout and "(21 files, " in proc.stdout
+    dump = tmp_path / "exp" / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json"
+    assert json.loads(dump.read_text())["data"]
+    msprobe = Path(sys.executable).parent / "msprobe"
+    out = tmp_path / "msprobe_out"
+    out.mkdir()
+    run = subprocess.run(
+        [str(msprobe), "compare", "-tp", str(dump), "-gp", str(dump), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    tables = list(out.glob("compare_result*.csv"))
+    assert len(tables) == 1
+    import pandas as pd
+
+    df = pd.read_csv(tables[0])
+    assert len(df) > 0 and set(df["Result"]) == {"pass"}
+    again = cli(
+        "golden", "export", str(scenario), "--golden-dir", str(golden_copy.parents[1]), "--out", "exp", cwd=tmp_path
+    )
+    assert again.returncode == 2 and "--out exp: not empty" in again.stderr

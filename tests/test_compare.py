@@ -210,3 +210,15 @@ def test_metrics_nan_fails() -> None:
         policy=POLICY,
     )
     assert not v.passed
+
+
+def test_metric_that_turns_null_fails() -> None:
+    """A metric that becomes null (or stops being one) is a change, not a skipped value."""
+    v = compare_metrics(
+        [{"training/global_step": 1, "a": None, "b": 2.0, "c": None}],
+        [{"training/global_step": 1, "a": 1.0, "b": None, "c": None}],
+        scenario="s",
+        policy=POLICY,
+    )
+    assert v.problems == ["step 1: metric a: 1.0 -> None", "step 1: metric b: None -> 2.0"]
+    assert v.checked == 1  # training/global_step

@@ -73,12 +73,12 @@ def test_scenario_name_cannot_leave_golden(pytester: pytest.Pytester, name: str)
 
 
 def test_corrupt_golden_file_named(project: pytest.Pytester) -> None:
-    dump = project.path / "golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json"
-    dump.write_text(dump.read_text().replace('"Max": 0', '"Max": 1', 1))
+    dump = project.path / "golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json.zst"
+    dump.write_bytes(dump.read_bytes()[:-8])  # truncated
     result = project.runpytest_subprocess("-k", "actor_update and step_1")
     result.assert_outcomes(failed=1, deselected=10)
     assert_one_line_error(
-        result, "*golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json: sha256 differs from manifest.json*"
+        result, "*golden/tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json.zst: sha256 differs from manifest.json*"
     )
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from harness_testing import TINY, base_data, write_dump
 
 from precision_harness import golden as golden_mod
+from precision_harness import golden_codec
+from precision_harness.compare import sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
@@ -49,13 +53,17 @@ def test_promote_layout_drops_stack_json(tmp_path: Path, scenario: Scenario) -> 
     store = GoldenStore(tmp_path / "golden")
     assert store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu") is True
     g = store.load(scenario, "cpu")
-    dump = g.path / "step_2/actor_update/step0/rank0/dump.json"
-    assert dump.is_file() and (dump.parent / "construct.json").is_file()
-    assert not list(g.path.rglob("stack.json"))
-    assert not list(g.path.rglob("run.json"))
-    assert g.sha256(2, "actor_update") == {
-        "rank0": g.manifest["files"]["step_2/actor_update/step0/rank0/dump.json"]["sha256"]
-    }
+    dump = g.path / "step_2/actor_update/step0/rank0/dump.json.zst"
+    assert dump.is_file() and (dump.parent / "construct.json.zst").is_file()
+    assert (g.path / "metrics.jsonl.zst").is_file()
+    assert not list(g.path.rglob("stack.json*")) and not list(g.path.rglob("run.json*"))
+    stored = sorted(p.relative_to(g.path).as_posix() for p in g.path.rglob("*") if p.is_file())
+    assert stored == sorted([*g.manifest["files"], "manifest.json"])  # payloads compressed, the manifest plain
+    assert all(name.endswith(".zst") for name in g.manifest["files"])
+    # identical-to-golden needs the content digest: the run's dump.json, not the stored frame
+    run_dump = tmp_path / "run/step_2/actor_update/step0/rank0/dump.json"
+    assert g.sha256(2, "actor_update") == {"rank0": sha256_file(run_dump)}
+    assert g.load_dump(2, "actor_update", "rank0") == json.loads(run_dump.read_text())
     assert g.statistics(2, "actor_update") > 0
     assert store.list() == [("tiny_ppo", "cpu")]
 
@@ -139,9 +147,9 @@ def test_edited_golden_file_fails_sha256(tmp_path: Path, scenario: Scenario) -> 
     store = GoldenStore(tmp_path / "golden")
     store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
     g = store.load(scenario, "cpu")
-    rel = "step_1/actor_update/step0/rank0/dump.json"
-    (g.path / rel).write_text((g.path / rel).read_text().replace("12.5", "12.6"))
-    with pytest.raises(GoldenCorruptError, match=r"sha256 differs from manifest\.json"):
+    rel = "step_1/actor_update/step0/rank0/dump.json.zst"
+    (g.path / rel).write_bytes((g.path / rel).read_bytes() + b"\0")
+    with pytest.raises(GoldenCorruptError, match=r"dump\.json\.zst: sha256 differs from manifest\.json"):
         g.verify_file(rel)
 
 
@@ -172,12 +180,12 @@ def test_manifest_path_outside_golden_is_corrupt_and_never_read(
     manifest_path = store.path("tiny_ppo", "cpu") / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     if field == "files":
-        manifest["files"][value] = {"sha256": "0" * 64, "bytes": 1}
+        manifest["files"][value] = {"sha256": "0" * 64, "bytes": 1, "content_sha256": "0" * 64, "content_bytes": 1}
     else:
         manifest["metrics"] = value
     manifest_path.write_text(json.dumps(manifest))
     opened: list[str] = []
-    monkeypatch.setattr(golden_mod, "sha256_file", lambda p: opened.append(str(p)) or "0" * 64)
+    monkeypatch.setattr(golden_mod.Golden, "_verified_bytes", lambda self, rel: opened.append(rel) or b"")
     with pytest.raises(GoldenCorruptError) as err:
         store.load(scenario, "cpu")
     assert f"manifest.json: {field}: {value!r} is not a relative path inside the golden" in str(err.value)
@@ -193,3 +201,128 @@ def test_manifest_path_outside_golden_is_corrupt_and_never_read(
 def test_store_refuses_names_that_leave_the_golden_root(tmp_path: Path, name: str, device: str) -> None:
     with pytest.raises(UnsafePathError, match="would leave"):
         GoldenStore(tmp_path / "golden").path(name, device)
+
+
+def _compressed(tmp_path: Path, scenario: Scenario) -> tuple[GoldenStore, Path, dict]:
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
+    path = store.path("tiny_ppo", "cpu")
+    return store, path, json.loads((path / "manifest.json").read_text())
+
+
+def _restamp(path: Path, manifest: dict, stored: str, data: bytes) -> None:
+    """Replace a stored payload and make the manifest's stored digest match it (as a careless edit would)."""
+    (path / stored).write_bytes(data)
+    manifest["files"][stored].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_truncated_payload_is_a_one_line_corrupt_golden(tmp_path: Path, scenario: Scenario) -> None:
+    store, path, manifest = _compressed(tmp_path, scenario)
+    stored = "step_1/actor_update/step0/rank0/dump.json.zst"
+    _restamp(path, manifest, stored, (path / stored).read_bytes()[:40])
+    with pytest.raises(GoldenCorruptError) as err:
+        store.load(scenario, "cpu").load_dump(1, "actor_update", "rank0")
+    assert f"{stored}: " in str(err.value) and "\n" not in str(err.value)
+    assert "truncated" in str(err.value) or "corrupt" in str(err.value)
+    _restamp(path, manifest, stored, b"not a zstandard frame at all")
+    with pytest.raises(GoldenCorruptError, match=r"dump\.json\.zst: corrupt or truncated zstandard payload"):
+        store.load(scenario, "cpu").load_dump(1, "actor_update", "rank0")
+
+
+def test_decompression_bomb_is_refused(tmp_path: Path, scenario: Scenario) -> None:
+    """A payload that decompresses past the size its manifest records is refused, never fully inflated."""
+    store, path, manifest = _compressed(tmp_path, scenario)
+    stored = "metrics.jsonl.zst"
+    bomb = golden_codec.compress(b"0" * 50_000_000)  # 50 MB of zeros in a few kB
+    _restamp(path, manifest, stored, bomb)
+    with pytest.raises(GoldenCorruptError, match=r"metrics\.jsonl\.zst: decompresses to more than the \d+ bytes"):
+        store.load(scenario, "cpu").metrics()
+    manifest["files"][stored]["content_bytes"] = golden_codec.MAX_CONTENT_BYTES + 1
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(GoldenCorruptError, match="refused"):
+        store.load(scenario, "cpu").metrics()
+
+
+def test_lfs_pointer_says_git_lfs_pull(tmp_path: Path, scenario: Scenario) -> None:
+    store, path, _ = _compressed(tmp_path, scenario)
+    stored = path / "metrics.jsonl.zst"
+    stored.write_bytes(golden_codec.LFS_POINTER + b"\noid sha256:" + b"0" * 64 + b"\nsize 123\n")
+    with pytest.raises(GoldenCorruptError, match=r"metrics\.jsonl\.zst: .*Git LFS pointer: run git lfs pull"):
+        store.load(scenario, "cpu").metrics()
+
+
+def _plain_golden(store: GoldenStore, scenario: Scenario) -> dict[str, bytes]:
+    """Turn the store's compressed golden into a plain (format 1) one, as goldens were before compression."""
+    golden = store.load(scenario, "cpu")
+    contents = {name: golden.read(name) for name in golden.contents}
+    path = golden.path
+    for stored in golden.manifest["files"]:
+        (path / stored).unlink()
+    files = {}
+    for name, content in contents.items():
+        (path / name).write_bytes(content)
+        files[name] = {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
+    manifest = {k: v for k, v in golden.manifest.items() if k != "codec"}
+    (path / "manifest.json").write_text(json.dumps({**manifest, "format": 1, "files": files}))
+    return contents
+
+
+def test_plain_golden_stays_readable_and_migrates_losslessly(tmp_path: Path, scenario: Scenario) -> None:
+    store, path, _ = _compressed(tmp_path, scenario)
+    contents = _plain_golden(store, scenario)
+    plain = store.load(scenario, "cpu")
+    assert not plain.compressed and plain.read("metrics.jsonl") == contents["metrics.jsonl"]
+    assert plain.sha256(1, "actor_update") == {
+        "rank0": hashlib.sha256(contents["step_1/actor_update/step0/rank0/dump.json"]).hexdigest()
+    }
+    assert store.migrate("tiny_ppo", "cpu") is True
+    migrated = store.load(scenario, "cpu")
+    assert migrated.compressed and migrated.manifest["format"] == 2
+    assert migrated.sha256(1, "actor_update") == plain.sha256(1, "actor_update")
+    migrated.export(tmp_path / "export")
+    exported = {
+        p.relative_to(tmp_path / "export").as_posix(): p.read_bytes()
+        for p in (tmp_path / "export").rglob("*")
+        if p.is_file()
+    }
+    assert exported == contents  # byte for byte
+    assert golden_mod.verify_golden(path) == []
+    assert store.migrate("tiny_ppo", "cpu") is False  # already compressed: nothing written
+
+
+def test_interrupted_migrate_leaves_the_plain_golden(tmp_path: Path, scenario: Scenario) -> None:
+    store, path, _ = _compressed(tmp_path, scenario)
+    _plain_golden(store, scenario)
+    before = _snapshot(path)
+    with pytest.raises(OSError, match="simulated interruption"):
+        store.migrate("tiny_ppo", "cpu", _fail_after_copy=True)
+    assert _snapshot(path) == before
+    assert not store.load(scenario, "cpu").compressed
+
+
+def test_rerecord_of_a_plain_golden_with_the_same_content_writes_nothing(tmp_path: Path, scenario: Scenario) -> None:
+    """A plain golden is not rewritten compressed by an unchanged update (migrate does that, on purpose)."""
+    store, path, _ = _compressed(tmp_path, scenario)
+    _plain_golden(store, scenario)
+    before = _snapshot(path)
+    assert store.promote(tmp_path / "run", scenario, "cpu") is False
+    assert _snapshot(path) == before
+
+
+def test_lfs_pattern_routes_every_committed_payload_and_no_manifest(tmp_path: Path) -> None:
+    """The documented .gitattributes line, as git itself matches it, against the committed suite."""
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files", "golden"], cwd=root, capture_output=True, text=True, check=True)
+    files = sorted(listed.stdout.split())
+    payloads = [f for f in files if not f.endswith("/manifest.json")]
+    manifests = [f for f in files if f.endswith("/manifest.json")]
+    assert payloads and manifests and all(f.endswith(".zst") for f in payloads)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitattributes").write_text(golden_codec.LFS_ATTRIBUTES + "\n")
+    out = subprocess.run(
+        ["git", "check-attr", "filter", "--", *files], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
+    routed = {line.split(": ")[0] for line in out.splitlines() if line.endswith(": filter: lfs")}
+    assert routed == set(payloads)
+    assert golden_codec.LFS_ATTRIBUTES in (root / "docs" / "goldens.md").read_text()

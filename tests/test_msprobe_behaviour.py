@@ -202,3 +202,71 @@ def test_graph_builder_needs_a_module_tree(tmp_path: Path) -> None:
     with pytest.raises(Exception):  # noqa: B017 - msprobe raises its own RuntimeError subclass or RuntimeError
         build_graphs(tmp_path / "stage", tmp_path / "graph")
     assert "L1" not in GRAPH_LEVELS
+
+
+FAILED_START = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch
+    from msprobe.core.common.runtime import Runtime
+    from msprobe.pytorch import PrecisionDebugger
+
+    root = Path(sys.argv[1])
+    cfg = root / "config.json"
+    section = {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"}
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L1", "rank": [], "step": [], "statistics": section}))
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(root / "ok"))
+    dbg.service.config.dump_path = str(root / "bad[L1]")
+    model = torch.nn.Linear(2, 2)
+    try:
+        PrecisionDebugger.start(model, rank_id=0)
+        raised = None
+    except Exception as exc:
+        raised = type(exc).__name__
+    running_after_failure = Runtime.is_running
+    PrecisionDebugger.stop()
+    print(json.dumps({"raised": raised, "running": running_after_failure, "after_stop": Runtime.is_running}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_failed_start_leaves_the_runtime_running_until_stop(tmp_path: Path) -> None:
+    """A start() that fails (here: a dump path msprobe rejects) leaves msprobe marked as running; stop() clears it.
+
+    The probe therefore stops in a ``finally`` whatever happened.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", FAILED_START, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["raised"] is not None and got["running"] is True and got["after_stop"] is False
+
+
+THREAD_MEAN = textwrap.dedent(
+    """
+    import json, torch
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        out[threads] = [x.mean().item(), x.norm().item(), x.max().item()]
+    print(json.dumps(out))
+    """
+)
+
+
+def test_torch_mean_of_large_tensors_depends_on_the_thread_count() -> None:
+    """msprobe's Mean is torch.mean: on 2**20 elements 1 and 2 threads sum in another order; Norm and Max do not.
+
+    This is why scenarios pin ``trainer.num_threads`` and Mean is judged against the RMS.
+    """
+    proc = subprocess.run([sys.executable, "-c", THREAD_MEAN], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    (mean1, norm1, max1), (mean2, norm2, max2) = got["1"], got["2"]
+    rms = norm1 / (1 << 20) ** 0.5
+    assert mean1 != mean2 and abs(mean1 - mean2) < 1e-6 * rms  # far below any relative tolerance on the RMS
+    assert (norm1, max1) == (norm2, max2)

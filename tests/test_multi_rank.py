@@ -24,9 +24,8 @@ def dp2_project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_golden_keeps_every_rank() -> None:
-    files = [
-        p.relative_to(ROOT / "golden/ppo_dp2_tiny/cpu") for p in (ROOT / "golden/ppo_dp2_tiny/cpu").rglob("dump.json")
-    ]
+    golden = ROOT / "golden/ppo_dp2_tiny/cpu"
+    files = [p.relative_to(golden) for p in golden.rglob("dump.json.zst")]
     assert {p.parts[3] for p in files} == {"rank0", "rank1"} and len(files) == 2 * 2 * 5
 
 

@@ -6,10 +6,10 @@ import json
 import shutil
 
 import pytest
-from harness_testing import make_project
+from harness_testing import make_project, replace_payload
 
 from precision_harness import device_check
-from precision_harness.compare import sha256_file
+from precision_harness.golden import Golden
 
 
 def _assert_one_line_usage_error(result: pytest.RunResult, pattern: str) -> None:
@@ -72,13 +72,12 @@ def test_golden_device_compares_against_the_other_devices_golden(project: pytest
     shutil.copytree(project.path / "golden/tiny_ppo/cpu", project.path / "golden/tiny_ppo/npu")
     npu = project.path / "golden/tiny_ppo/npu"
     rel = "step_1/actor_update/step0/rank0/dump.json"
-    dump = json.loads((npu / rel).read_text())
+    dump = json.loads(Golden.from_dir(npu).read(rel))
     first = next(iter(dump["data"].values()))["output"][0]
     first["Norm"] *= 1 + 1e-4
-    (npu / rel).write_text(json.dumps(dump, indent=1))
+    replace_payload(npu, rel, json.dumps(dump, indent=1).encode())
     manifest = json.loads((npu / "manifest.json").read_text())
     manifest["device"] = "npu"
-    manifest["files"][rel] = {"sha256": sha256_file(npu / rel), "bytes": (npu / rel).stat().st_size}
     (npu / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     cross = project.runpytest_subprocess("--precision-golden-device", "npu", "-k", "step_1")

@@ -24,7 +24,7 @@ def test_update_twice_rewrites_nothing(project: pytest.Pytester) -> None:
     before = {p: p.stat().st_mtime_ns for p in (project.path / "golden").rglob("*") if p.is_file()}
     result = project.runpytest_subprocess("--precision-golden", "update")
     result.assert_outcomes(passed=11)
-    result.stdout.fnmatch_lines(["golden unchanged: golden/tiny_ppo/cpu"])
+    result.stdout.fnmatch_lines(["golden unchanged: golden/tiny_ppo/cpu (* MB stored, +0.00 MB)"])
     after = {p: p.stat().st_mtime_ns for p in (project.path / "golden").rglob("*") if p.is_file()}
     assert after == before
     assert json.loads(manifest.read_text())["scenario"] == "tiny_ppo"
@@ -37,7 +37,7 @@ def test_missing_records_only_absent_goldens(project: pytest.Pytester) -> None:
     before = (project.path / "golden/tiny_ppo/cpu/manifest.json").stat().st_mtime_ns
     result = project.runpytest_subprocess("--precision-golden", "missing")
     result.assert_outcomes(passed=22)
-    result.stdout.fnmatch_lines(["golden recorded: golden/tiny_two/cpu"])
+    result.stdout.fnmatch_lines(["golden recorded: golden/tiny_two/cpu (* MB stored, +* MB)"])
     assert (project.path / "golden/tiny_two/cpu/manifest.json").is_file()
     assert (project.path / "golden/tiny_ppo/cpu/manifest.json").stat().st_mtime_ns == before
     # the existing golden was checked, not re-recorded: its scenario was compared

@@ -176,7 +176,7 @@ def test_msprobe_config_bad_level_rejected(tmp_path: Path) -> None:
         )
 
 
-def test_rollout_is_defaults_follow_the_seed(tmp_path: Path) -> None:
+def test_rollout_is_defaults_follow_verl_pr_3694(tmp_path: Path) -> None:
     algo = Scenario.load(write(tmp_path, "seed: 1\n")).config["algorithm"]
     assert algo["rollout_is_threshold"] is None and algo["rollout_is"] is False
     assert (

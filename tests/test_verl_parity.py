@@ -4,10 +4,8 @@ Identical seeded random batches (several shapes, right-padded masks, one fully p
 where the function allows it) go to our function and to verl's; results must agree under
 ``torch.testing.assert_close`` fp32 defaults (rtol 1.3e-6, atol 1e-5).
 
-Needs verl in the environment (a separate venv; see the README / report):
-    python3 -m venv /tmp/verl-venv && . /tmp/verl-venv/bin/activate
-    pip install -c constraints/cpu.txt torch==2.13.0 verl==0.9.1 pytest cachetools uvicorn fastapi
-    PYTHONPATH=. PRECISION_REQUIRE_VERL=1 python -m pytest tests/test_verl_parity.py
+Needs verl in the environment: ``make test`` installs the ``[verl]`` extra into ``.venv``, then
+    PRECISION_REQUIRE_VERL=1 .venv/bin/pytest tests/test_verl_parity.py
 (``PRECISION_REQUIRE_VERL=1`` turns the skip for a missing verl into an import error.)
 
 Rollout IS: the spec of ``rollout_is.py`` is the PR that introduced

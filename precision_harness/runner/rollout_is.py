@@ -1,10 +1,12 @@
 """Rollout importance sampling (IS): correct the rollout/training policy mismatch.
 
-Spec: the verl pull request "Rollout Importance Sampling Framework" (volcengine/verl, the
-module ``verl/trainer/ppo/mismatch_helper.py`` it added, functions
-``compute_rollout_importance_weights``, ``compute_is_metrics`` and
-``compute_mismatch_metrics``). Background: Liu, Li et al. 2025, "When Speed Kills Stability:
-Demystifying RL Collapse from the Inference-Training Mismatch".
+Spec: verl pull request #3694, "Rollout Importance Sampling Framework"
+(https://github.com/verl-project/verl/pull/3694): the module ``verl/trainer/ppo/mismatch_helper.py``
+it added, functions ``compute_rollout_importance_weights``, ``compute_is_metrics`` and
+``compute_mismatch_metrics``. Background: Liu, Li, Fu, Wang, Liu, Shen 2025, "When Speed Kills
+Stability: Demystifying RL Collapse from the Inference-Training Mismatch"
+(https://yingru.notion.site/When-Speed-Kills-Stability-271211a558b7808d8b12d403fd15edda). The
+follow-up PR #3750 renamed the ``clip`` mode to ``mask``; this module keeps #3694's name.
 
 The rollout engine (e.g. vLLM in bf16) samples with ``pi_rollout`` while the trainer computes
 ``pi_train`` (``old_log_prob``); the per-token IS ratio is
@@ -105,7 +107,7 @@ def compute_rollout_importance_weights(
         ValueError: unknown level or mode.
 
     Source: ``verl.trainer.ppo.mismatch_helper.compute_rollout_importance_weights`` of the
-    seed PR (the PR's trainer adds the ``mismatch/`` prefix and merges the mismatch metrics;
+    PR #3694 (the PR's trainer adds the ``mismatch/`` prefix and merges the mismatch metrics;
     the PR's non-numeric config entries ``rollout_is_level/mode/veto_threshold`` are omitted
     so that every value is a float).
     """
@@ -335,7 +337,7 @@ def compute_mismatch_metrics(
         rollout_log_prob: ``(bs, response_length)`` or ``None``.
         response_mask: ``(bs, response_length)``.
 
-    Source: ``verl.trainer.ppo.mismatch_helper.compute_mismatch_metrics`` of the seed PR
+    Source: ``verl.trainer.ppo.mismatch_helper.compute_mismatch_metrics`` of PR #3694
     (verl 0.9.1: ``rollout_corr_helper.compute_offpolicy_metrics``, keys without ``mismatch_``).
     """
     metrics: dict[str, torch.Tensor] = {}
