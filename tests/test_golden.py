@@ -326,3 +326,23 @@ def test_lfs_pattern_routes_every_committed_payload_and_no_manifest(tmp_path: Pa
     routed = {line.split(": ")[0] for line in out.splitlines() if line.endswith(": filter: lfs")}
     assert routed == set(payloads)
     assert golden_codec.LFS_ATTRIBUTES in (root / "docs" / "goldens.md").read_text()
+
+
+def test_update_of_one_scenario_touches_only_its_folder(tmp_path: Path, scenario: Scenario) -> None:
+    """What `git diff golden/` shows after re-recording one scenario: that scenario's folder alone."""
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
+    other_path = tmp_path / "s" / "other.yaml"
+    other_path.parent.mkdir()
+    other_path.write_text(TINY.read_text() + "name: other\n")
+    other = Scenario.load(other_path)
+    store.promote(fake_run(tmp_path / "run_other", other), other, "cpu")
+    before = _snapshot(tmp_path / "golden")
+    assert store.promote(fake_run(tmp_path / "run2", scenario, norm=13.0), scenario, "cpu") is True
+    after = _snapshot(tmp_path / "golden")
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed and all(k.startswith("tiny_ppo/cpu/") for k in changed)
+    assert (
+        "tiny_ppo/cpu/manifest.json" in changed
+        and "tiny_ppo/cpu/step_1/actor_update/step0/rank0/dump.json.zst" in changed
+    )
