@@ -294,7 +294,8 @@ class ScenarioFile(pytest.File):
                 yield StageItem.from_parent(
                     self, name=f"{stage}[step_{step}]", scenario=scenario, step=step, stage=stage
                 )
-        yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
+        if scenario.gates_metrics:
+            yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
 
 
 class PrecisionFailure(Exception):

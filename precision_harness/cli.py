@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             future,
             scenario=scenario.name,
             report=lambda line: _print(f"[precision] {line}"),
-            total_steps=scenario.config["trainer"]["total_training_steps"],
+            total_steps=scenario.total_steps,
         )
         run = future.result()
     timing = progress.timing_line(run.manifest)
@@ -137,7 +137,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
     """``(target dir, Golden, artifacts dir, items)`` of ``compare TARGET GOLDEN``; UsageError where unusable."""
     from precision_harness.check import items_of
     from precision_harness.paths import join_inside
-    from precision_harness.runner.probe import check_dump_path
+    from precision_harness.probe import check_dump_path
 
     for p, what in ((Path(args.target), "TARGET"), (Path(args.golden), "GOLDEN")):
         if not p.is_dir():

@@ -54,7 +54,12 @@ _FINITE_MAX = {
 
 METRICS = "metrics.jsonl"
 #: Files of a run directory that a golden keeps (relative glob patterns).
-GOLDEN_FILES = ("step_*/*/step0/rank*/dump.json", "step_*/*/step0/rank*/construct.json", METRICS)
+GOLDEN_FILES = (
+    "step_*/*/step0/rank*/dump.json",
+    "step_*/*/step0/rank*/construct.json",
+    METRICS,
+    "rollouts/**/*",  # a verl scenario's pinned rollouts (skip.rollout_tq), loaded by check runs
+)
 MANIFEST = "manifest.json"
 #: the manifest format :meth:`GoldenStore.promote` writes (1: plain payloads, 2: compressed)
 FORMAT = 2
@@ -128,7 +133,9 @@ class Golden:
         """
         path = Path(path)
         run = _read_json(path / "run.json") or {}
-        files = sorted({p.relative_to(path).as_posix() for pattern in GOLDEN_FILES for p in path.glob(pattern)})
+        files = sorted(
+            {p.relative_to(path).as_posix() for pattern in GOLDEN_FILES for p in path.glob(pattern) if p.is_file()}
+        )
         manifest = {
             "format": 1,
             "scenario": run.get("scenario", path.resolve().name),
@@ -489,7 +496,14 @@ class GoldenStore:
         run = _read_json(run_dir / "run.json")
         if run is None:
             raise GoldenCorruptError(f"{run_dir / 'run.json'}: cannot promote an unfinished run (no readable run.json)")
-        names = sorted({p.relative_to(run_dir).as_posix() for pattern in GOLDEN_FILES for p in run_dir.glob(pattern)})
+        names = sorted(
+            {
+                p.relative_to(run_dir).as_posix()
+                for pattern in GOLDEN_FILES
+                for p in run_dir.glob(pattern)
+                if p.is_file()
+            }
+        )
         contents = {name: (run_dir / name).read_bytes() for name in names}
         statistics: dict[str, int] = {}
         for name in names:

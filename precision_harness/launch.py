@@ -65,17 +65,24 @@ def run_scenario(
     dump: bool = True,
     timeout: float | None = None,
     ray_address: str | None = None,
+    pinned: Any | None = None,
 ) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
     Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
     scenario when ``ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
-    whose rank actors' dumps are fetched back into ``out_dir``.
+    whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
+    own command (:mod:`precision_harness.command`); ``pinned`` is the golden whose rollouts a verl
+    check run loads.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
     """
     out_dir = Path(out_dir)
+    if scenario.kind != "builtin" and not ray_address:
+        return _run_command_scenario(
+            scenario, out_dir=out_dir, device=device, dump=dump, timeout=timeout, pinned=pinned
+        )
     on_ray = uses_ray(scenario, ray_address)
     if on_ray:
         from precision_harness import ray_launch
@@ -116,3 +123,17 @@ def run_scenario(
         raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
     manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
     return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)
+
+
+def _run_command_scenario(
+    scenario: Scenario, *, out_dir: Path, device: str, dump: bool, timeout: float | None, pinned: Any | None
+) -> RunResult:
+    from precision_harness.command import launch_command
+
+    if not dump:
+        raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    manifest = launch_command(scenario, run_dir=out_dir.resolve(), device=device, timeout=timeout, pinned=pinned)
+    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=time.perf_counter() - t0)

@@ -218,8 +218,9 @@ class PrecisionReport:
             run = next((r.run for r in records if r.run), None)
             if run is not None:
                 compare_s = sum(r.compare_s for r in records)
+                timing = f" ({run['timing']})" if run["timing"] else ""
                 yield (
-                    f"{name} on {run['device']}: run {run['wall_s']:.1f} s ({run['timing']}), "
+                    f"{name} on {run['device']}: run {run['wall_s']:.1f} s{timing}, "
                     f"compare {compare_s:.1f} s -> {run['run_dir']}"
                 )
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from precision_harness import scenario_command
 from precision_harness.errors import ScenarioError
 from precision_harness.paths import display_path
 
@@ -186,6 +187,7 @@ class Scenario:
     path: Path
     config: dict[str, Any] = field(repr=False)
     hash: str
+    kind: str = "builtin"  #: ``builtin`` (our PPO loop), ``command`` or ``verl`` (docs/scenarios.md)
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
@@ -215,14 +217,22 @@ class Scenario:
                 f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
             )
         check_name(raw.get("name", path.stem), source=path, field_name="name" if "name" in raw else "name (file stem)")
+        kind = scenario_command.kind_of(raw)
+        if kind != "builtin":
+            scenario_command.check_raw(path, raw, kind)
         validate(raw, "scenario", source=path)
-        config = _merge(DEFAULTS, raw)
+        config = _merge(DEFAULTS if kind == "builtin" else scenario_command.defaults(kind, DEFAULTS), raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
         if pd.get("config_path"):
             pd.update(_load_msprobe_config(path, pd["config_path"], raw))
         name = config.get("name") or path.stem
         config["name"] = name
-        scenario = cls(name=name, path=path, config=config, hash=_scenario_hash(config))
+        if kind == "builtin":
+            digest = _scenario_hash(config)
+        else:
+            digest = hashlib.sha256(canonical_json(scenario_command.identity(path, config, NUMERIC_SETTINGS)).encode())
+            digest = digest.hexdigest()
+        scenario = cls(name=name, path=path, config=config, hash=digest, kind=kind)
         scenario._check_consistency()
         return scenario
 
@@ -253,7 +263,9 @@ class Scenario:
 
     @property
     def executed_stages(self) -> tuple[str, ...]:
-        """Stages this scenario's PPO step runs, in execution order."""
+        """Stages this scenario's PPO step runs, in execution order (a command's: the verl stages it declares)."""
+        if self.kind != "builtin":
+            return tuple(s for s in STAGES if s in self.profiler["stages"])
         present = {
             "compute_rm_score": self.use_reward_model,
             "actor_compute_log_prob": True,
@@ -278,9 +290,20 @@ class Scenario:
     @property
     def steps(self) -> tuple[int, ...]:
         """Profiled steps (``global_profiler.steps``; null profiles every step), 1-based."""
-        total = self.config["trainer"]["total_training_steps"]
         wanted = self.config["global_profiler"]["steps"]
-        return tuple(range(1, total + 1)) if wanted is None else tuple(sorted(wanted))
+        return tuple(range(1, self.total_steps + 1)) if wanted is None else tuple(sorted(wanted))
+
+    @property
+    def total_steps(self) -> int:
+        """Training steps a run takes: ``trainer.total_training_steps``, or a command's last profiled step."""
+        if self.kind != "builtin":
+            return max(self.config["global_profiler"]["steps"])
+        return self.config["trainer"]["total_training_steps"]
+
+    @property
+    def gates_metrics(self) -> bool:
+        """Whether the run's ``metrics.jsonl`` is an item (always for the built-in loop; ``metrics:`` for commands)."""
+        return self.kind == "builtin" or bool(self.config["metrics"])
 
     @property
     def world_size(self) -> int:
@@ -304,6 +327,8 @@ class Scenario:
     @property
     def numeric_settings(self) -> dict[str, Any]:
         """Flattened :data:`NUMERIC_SETTINGS` values; a golden keeps them to name what changed."""
+        if self.kind != "builtin":
+            return scenario_command.numeric_settings(self.config, NUMERIC_SETTINGS)
         return numeric_settings(self.config)
 
     def msprobe_config(self) -> dict[str, Any]:
@@ -357,7 +382,7 @@ class Scenario:
     # ------------------------------------------------------------------------------ validation
     def _check_consistency(self) -> None:
         """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
-        for check in _CONSISTENCY_CHECKS:
+        for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_engine):
             check(self)
 
 
@@ -390,6 +415,18 @@ def _check_stages(s: Scenario) -> None:
             f"{s.path}: {_STAGES_KEY}: stage {not_run[0]!r} never runs in this scenario (strict: true); "
             "enable its role or remove it from stages"
         )
+
+
+def _check_engine(s: Scenario) -> None:
+    """An ``engine: verl`` scenario needs verl installed, stages verl dumps, and overrides verl's config has."""
+    if s.kind != "verl":
+        return
+    from precision_harness import verl_engine
+
+    verl_engine.check_engine(s.path, list(s.stages))
+    overrides = s.config["verl"]["overrides"]
+    verl_engine.check_user_overrides(s.path, overrides)
+    verl_engine.compose(overrides, source=f"{s.path}: verl.overrides")
 
 
 def _check_steps(s: Scenario) -> None:

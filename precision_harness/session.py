@@ -22,11 +22,11 @@ from typing import Any
 from precision_harness import churn as churn_mod
 from precision_harness import device_check, progress
 from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
-from precision_harness.errors import PrecisionError, ProbeUnavailableError, ScenarioError
+from precision_harness.errors import PrecisionError, ProbeUnavailableError, RunFailedError, ScenarioError
 from precision_harness.golden import Golden, GoldenStore, update_command
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
-from precision_harness.paths import join_inside
+from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
@@ -53,6 +53,16 @@ class ScenarioState:
     @property
     def cross_device(self) -> bool:
         return self.golden_device != self.device
+
+
+def missing_dumps(scenario: Scenario, run_dir: Path) -> list[str]:
+    """Declared ``step_<n>/<stage>`` of ``scenario`` with no ``step0/rank*/dump.json`` in ``run_dir``."""
+    return [
+        f"step_{step}/{stage}"
+        for step in scenario.steps
+        for stage in scenario.stages
+        if not any((run_dir / f"step_{step}" / stage).glob("step0/rank*/dump.json"))
+    ]
 
 
 def size_note(stored: int, before: int) -> str:
@@ -162,6 +172,7 @@ class PrecisionSession:
             device=st.device,
             timeout=self.options.timeout,
             ray_address=self.options.ray_address,
+            pinned=st.golden if st.scenario.kind == "verl" and self.options.golden_mode == "check" else None,
         )
 
     def start(self, scenario: Scenario) -> Future:
@@ -191,7 +202,7 @@ class PrecisionSession:
             raise st.golden_error
         assert st.future is not None
         if self.on_progress is not None and not st.future.done():
-            total = scenario.config["trainer"]["total_training_steps"]
+            total = scenario.total_steps
             progress.follow(
                 self.run_dir(scenario), st.future, scenario=scenario.name, report=self.on_progress, total_steps=total
             )
@@ -250,16 +261,28 @@ class PrecisionSession:
         run = self.result(scenario)
         with st.lock:
             if not st.prepared:
+                st.prepared = True
+                self._note_undeclared(scenario, run)
                 mode = self.options.golden_mode
                 if mode == "update" or (mode == "missing" and st.golden is None):
-                    self._record(st, run)
-                st.prepared = True
+                    try:
+                        self._record(st, run)
+                    except PrecisionError as exc:
+                        st.golden_error = exc
         if st.golden_error is not None:
             raise st.golden_error
         return st
 
     def _record(self, st: ScenarioState, run: RunResult) -> None:
+        """Promote the run to the golden (never from a partial run) and keep its churn and size."""
         scenario = st.scenario
+        missing = missing_dumps(scenario, run.run_dir)
+        if missing:
+            raise RunFailedError(
+                f"{display_path(scenario.path)}: no golden written: the run dumped no {missing[0]} "
+                f"({len(missing)} declared (step, stage) missing); a verl run dumps nothing when "
+                "precision_debugger.config_path is unset or msprobe is missing with strict: false"
+            )
         previous = self.store.previous(scenario.name, st.device)
         st.churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
         st.recorded = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
@@ -267,6 +290,15 @@ class PrecisionSession:
         self._load_golden(st)
         if st.golden is not None:
             st.size_note = size_note(st.golden.size_bytes, previous.size_bytes if previous is not None else 0)
+
+    def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
+        """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
+        undeclared = run.manifest.get("undeclared") or []
+        if undeclared:
+            self.report.notes.append(
+                f"{scenario.name}: dumped but not declared in precision_debugger.stages (not gated): "
+                f"{', '.join(undeclared)}"
+            )
 
     def _settings(self, st: ScenarioState) -> CheckSettings:
         scenario, golden = st.scenario, st.golden

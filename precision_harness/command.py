@@ -1,0 +1,205 @@
+"""Run a command scenario: any process that writes verl's dump layout under ``$PRECISION_DUMP_DIR``.
+
+The gate gives the command (run with the scenario file's folder as its working directory):
+
+==========================  ===============================================================
+``PRECISION_DUMP_DIR``      where the verl layout must appear (verl's ``global_profiler.save_path``)
+``PRECISION_MSPROBE_CONFIG`` an msprobe ``config.json`` written from the scenario's level/scope/list
+``PRECISION_STEPS``         comma list of ``global_profiler.steps``
+``PRECISION_STAGES``        comma list of ``precision_debugger.stages``
+``PRECISION_METRICS``       where the run may write a ``metrics.jsonl``
+==========================  ===============================================================
+
+plus the scenario's ``env`` and the same thread pinning as a built-in scenario. After the command
+exits, the run directory holds its dumps (``step_<n>/<stage>/step0/rank<r>/dump.json``), the
+metrics (lines in verl's ``FileLogger`` form, ``{"step": n, "data": {...}}``, are converted to one
+object per step) and a ``run.json`` written here. A command that is not found, exits non-zero or
+runs past the timeout is a one-line :class:`RunFailedError` with the last lines of its log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import platform
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import RunFailedError
+from precision_harness.paths import display_path
+from precision_harness.probe import (
+    ENV_DUMP_DIR,
+    ENV_METRICS,
+    ENV_MSPROBE_CONFIG,
+    ENV_STAGES,
+    ENV_STEPS,
+    check_dump_path,
+)
+
+#: lines of the command's log quoted in a failure
+LOG_TAIL = 5
+METRICS = "metrics.jsonl"
+
+
+def command_env(scenario: Any, run_dir: Path) -> dict[str, str]:
+    """The ``PRECISION_*`` variables (and the scenario's ``env``) the command runs with."""
+    config_path = run_dir / "msprobe_config.json"
+    config_path.write_text(json.dumps(scenario.msprobe_config(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    env = {str(k): str(v) for k, v in scenario.config["env"].items()}
+    env.update(
+        {
+            ENV_DUMP_DIR: str(run_dir),
+            ENV_MSPROBE_CONFIG: str(config_path),
+            ENV_STEPS: ",".join(map(str, scenario.steps)),
+            ENV_STAGES: ",".join(scenario.stages),
+            ENV_METRICS: str(run_dir / METRICS),
+        }
+    )
+    return env
+
+
+def run_command(scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None) -> float:
+    """Run ``argv`` in the scenario's folder with ``env`` added; return its wall time (s).
+
+    Raises:
+        RunFailedError: the command is not found, exits non-zero or runs past ``timeout`` (the
+            message quotes the last lines of ``run_dir/worker.log`` and names it).
+    """
+    shown = display_path(scenario.path)
+    log = run_dir / "worker.log"
+    t0 = time.perf_counter()
+    with open(log, "wb") as fh:
+        try:
+            proc = subprocess.run(
+                argv,
+                cwd=scenario.path.parent,
+                env={**os.environ, **env},
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.path.parent})") from None
+        except subprocess.TimeoutExpired:
+            raise RunFailedError(f"{shown}: command timed out after {timeout:g} s{_tail(log)}") from None
+    if proc.returncode != 0:
+        raise RunFailedError(f"{shown}: command exited with {proc.returncode}{_tail(log)}")
+    return time.perf_counter() - t0
+
+
+def _tail(log: Path) -> str:
+    lines = deque((line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()), LOG_TAIL)
+    quoted = " | ".join(lines) if lines else "no output"
+    return f"; last lines: {quoted} (log: {display_path(log)})"
+
+
+def normalize_metrics(run_dir: Path, *, exclude: list[str]) -> None:
+    """Rewrite ``metrics.jsonl`` as one object per step with ``training/global_step``, keys in ``exclude`` dropped.
+
+    verl's ``FileLogger`` writes ``{"step": n, "data": {...}}``; our runner and the stage API write
+    the flat form. Timing and throughput metrics (``exclude`` globs) move from run to run and are
+    never gated.
+    """
+    path = run_dir / METRICS
+    if not path.is_file():
+        return
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if isinstance(row, dict) and set(row) == {"step", "data"} and isinstance(row["data"], dict):
+            row = {**row["data"], "training/global_step": row["step"]}
+        rows.append({k: v for k, v in row.items() if not any(fnmatch.fnmatchcase(k, g) for g in exclude)})
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+
+
+def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
+    """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` in ``run_dir``."""
+    found = set()
+    for dump in run_dir.glob("step_*/*/step0/rank*/dump.json"):
+        step = dump.parents[3].name[5:]
+        if step.isdigit():
+            found.add((int(step), dump.parents[2].name))
+    return found
+
+
+def write_run_json(scenario: Any, run_dir: Path, *, argv: list[str], device: str, wall_s: float) -> dict[str, Any]:
+    """``run.json`` for a command run: what the golden manifest records, and what was dumped undeclared."""
+    declared = {(s, st) for s in scenario.steps for st in scenario.stages}
+    undeclared = sorted(f"step_{s}/{st}" for s, st in dumped_stages(run_dir) - declared)
+    manifest = {
+        "format": 1,
+        "scenario": scenario.name,
+        "scenario_hash": scenario.hash,
+        "kind": scenario.kind,
+        "device": device,
+        "level": scenario.level,
+        "dump": True,
+        "rank": 0,
+        "world_size": 1,
+        "env": {"python": platform.python_version(), "command": " ".join(argv)},
+        "steps": list(scenario.steps),
+        "stages": list(scenario.stages),
+        "numeric_settings": scenario.numeric_settings,
+        "undeclared": undeclared,
+        "timings": {"total_s": round(wall_s, 6), "stages": {}},
+    }
+    (run_dir / "run.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return manifest
+
+
+#: where a verl scenario's pinned rollouts live in a run directory (and in its golden)
+ROLLOUTS = "rollouts"
+
+
+def command_spec(scenario: Any, run_dir: Path) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """``(argv, environment, metric globs never gated)`` of a command or verl scenario's run."""
+    env = command_env(scenario, run_dir)
+    if scenario.kind == "command":
+        return list(scenario.config["command"]), env, ()
+    from precision_harness import verl_engine
+
+    verl = scenario.config["verl"]
+    gate = verl_engine.gate_overrides(
+        steps=list(scenario.steps),
+        stages=list(scenario.stages),
+        strict=bool(scenario.profiler["strict"]),
+        save_path=run_dir,
+        config_path=Path(env[ENV_MSPROBE_CONFIG]),
+        rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
+    )
+    env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
+    return verl_engine.argv(verl["entrypoint"], {**verl["overrides"], **gate}), env, tuple(verl["metrics_exclude"])
+
+
+def launch_command(
+    scenario: Any, *, run_dir: Path, device: str, timeout: float | None, pinned: Any | None = None
+) -> dict[str, Any]:
+    """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
+
+    Args:
+        pinned: the golden whose recorded rollouts a verl check run loads (None: generate them).
+
+    Raises:
+        RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``.
+    """
+    from precision_harness.runner.devices import determinism_env
+
+    try:
+        check_dump_path(run_dir)
+    except ValueError as exc:
+        raise RunFailedError(f"{display_path(scenario.path)}: {exc}") from None
+    if pinned is not None:
+        names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
+        pinned.export(run_dir, names)
+    argv, env, exclude = command_spec(scenario, run_dir)
+    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"]), **env}
+    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout)
+    normalize_metrics(run_dir, exclude=list(exclude))
+    return write_run_json(scenario, run_dir, argv=argv, device=device, wall_s=wall)

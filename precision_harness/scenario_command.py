@@ -1,0 +1,153 @@
+"""Command and verl scenarios: what their YAML may hold, their defaults and their identity.
+
+A scenario with a top-level ``command`` (an argv list) is a *command* scenario: any process that
+writes verl's dump layout under ``$PRECISION_DUMP_DIR`` (:mod:`precision_harness.command`). A
+scenario with ``engine: verl`` runs verl's own trainer with ``verl.overrides``
+(:mod:`precision_harness.verl_engine`). Both declare what is profiled in verl's own keys
+(``global_profiler.steps``, ``...precision_debugger.stages``, ``strict``, the msprobe level) and
+neither has the built-in loop's model, data or algorithm sections.
+
+**Staleness.** A golden is stale (re-record, not drift) when the scenario's identity changed: the
+argv (or verl's entrypoint), the declared ``settings`` and ``env``, the verl overrides, the msprobe
+config and the sha256 of every file listed under ``inputs``. Numeric settings (the same globs as
+the built-in loop's, :data:`precision_harness.scenario.NUMERIC_SETTINGS`, applied to ``settings``
+and ``verl.overrides`` keys) are compared by value instead: the verdict names the one that changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import ScenarioError
+
+#: keys only the built-in PPO loop understands
+BUILTIN_ONLY = ("seed", "model", "data", "actor_rollout_ref", "critic", "reward_model", "algorithm")
+#: ``trainer`` keys a command scenario may set (how its process is pinned and where Ray runs it)
+COMMAND_TRAINER_KEYS = ("num_threads", "ray")
+
+
+def kind_of(raw: dict[str, Any]) -> str:
+    """``"verl"`` (``engine: verl``), ``"command"`` (a ``command`` key) or ``"builtin"``."""
+    if raw.get("engine") == "verl":
+        return "verl"
+    return "command" if "command" in raw else "builtin"
+
+
+def defaults(kind: str, builtin_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a command or verl scenario's file is merged over."""
+    out = {
+        "device": builtin_defaults["device"],
+        "trainer": {"num_threads": 1, "world_size": 1, "ray": copy.deepcopy(builtin_defaults["trainer"]["ray"])},
+        "global_profiler": copy.deepcopy(builtin_defaults["global_profiler"]),
+        "tolerance": copy.deepcopy(builtin_defaults["tolerance"]),
+        "inputs": [],
+        "settings": {},
+        "env": {},
+        "metrics": kind == "verl",
+    }
+    if kind == "verl":
+        from precision_harness.verl_engine import METRICS_EXCLUDE
+
+        out["engine"] = "verl"
+        out["verl"] = {
+            "overrides": {},
+            "entrypoint": None,
+            "pin_rollouts": True,
+            "metrics_exclude": list(METRICS_EXCLUDE),
+        }
+    return out
+
+
+def check_raw(path: Path, raw: dict[str, Any], kind: str) -> None:
+    """One-line errors for what a command or verl scenario may not say.
+
+    Raises:
+        ScenarioError: ``command`` not a list of strings, a built-in-only key, ``trainer`` keys other
+            than num_threads/ray, no ``global_profiler.steps``, or ``command`` and ``engine: verl`` together.
+    """
+    command = raw.get("command")
+    if "command" in raw and (
+        not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)
+    ):
+        raise ScenarioError(
+            f"{path}: command: expected a list of strings (the argv, e.g. [python, train.py]), got {command!r}"
+        )
+    if kind == "verl" and "command" in raw:
+        raise ScenarioError(f"{path}: command: an engine: verl scenario runs verl's trainer; drop one of the two")
+    for key in BUILTIN_ONLY:
+        if key in raw:
+            where = "put verl settings under verl.overrides" if kind == "verl" else "declare it under settings"
+            raise ScenarioError(
+                f"{path}: {key}: a built-in scenario key; a {kind} scenario's own run decides it ({where})"
+            )
+    for key in raw.get("trainer") or {}:
+        if key not in COMMAND_TRAINER_KEYS:
+            raise ScenarioError(
+                f"{path}: trainer.{key}: a {kind} scenario sets only trainer.num_threads and trainer.ray "
+                "(its steps are global_profiler.steps)"
+            )
+    steps = (raw.get("global_profiler") or {}).get("steps")
+    if not steps:
+        raise ScenarioError(
+            f"{path}: global_profiler.steps: a {kind} scenario must list the steps it profiles, e.g. [1, 2]"
+        )
+
+
+def input_digests(path: Path, inputs: list[str]) -> dict[str, str]:
+    """``{relative path: sha256}`` of each file under ``inputs`` (relative to the scenario's folder).
+
+    Raises:
+        ScenarioError: an input is missing or not a file (names it).
+    """
+    out = {}
+    for rel in inputs:
+        target = path.parent / rel
+        if not target.is_file():
+            raise ScenarioError(f"{path}: inputs: {rel!r} not found (relative to {path.parent})")
+        out[rel] = hashlib.sha256(target.read_bytes()).hexdigest()
+    return out
+
+
+def _dotted(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _declared(config: dict[str, Any]) -> dict[str, Any]:
+    """Every declared setting as a dotted verl key: ``settings`` and, for verl scenarios, the overrides."""
+    declared = _dotted(config["settings"])
+    if config.get("verl"):
+        declared.update(_dotted(config["verl"]["overrides"]))
+    return declared
+
+
+def numeric_settings(config: dict[str, Any], patterns: tuple[str, ...]) -> dict[str, Any]:
+    """Declared settings matching ``patterns`` (the built-in loop's numeric settings), by dotted key."""
+    return {k: v for k, v in _declared(config).items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
+def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...]) -> dict[str, Any]:
+    """What the structural hash of a command or verl scenario covers (see the module docstring)."""
+    pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
+    numeric = numeric_settings(config, patterns)
+    verl = config.get("verl") or {}
+    return {
+        "kind": "verl" if verl else "command",
+        "command": config.get("command"),
+        "entrypoint": verl.get("entrypoint"),
+        "pin_rollouts": verl.get("pin_rollouts"),
+        "settings": {k: v for k, v in _declared(config).items() if k not in numeric},
+        "env": {str(k): str(v) for k, v in config["env"].items()},
+        "inputs": input_digests(path, config["inputs"]),
+        "msprobe": {k: pd[k] for k in ("task", "scope", "list", "data_mode", "summary_mode")},
+        "num_threads": config["trainer"]["num_threads"],
+    }

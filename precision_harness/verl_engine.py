@@ -1,0 +1,164 @@
+"""verl scenarios (``engine: verl``): verl's own trainer, ``python -m verl.trainer.main_ppo``, behind the gate.
+
+The scenario gives verl overrides (``verl.overrides``, dotted keys as on verl's command line); the
+gate adds the ones it owns (:func:`gate_overrides`): the precision debugger on (tool, steps,
+save_path, config_path, stages, strict, ``actor_rollout_ref.actor.profiler.enable``), the number
+of steps, a console and file logger (the file logger's jsonl becomes ``metrics.jsonl``), no
+validation and no checkpoints, and, unless ``verl.pin_rollouts: false``, rollout pinning: the
+recording run saves its rollouts (``skip.rollout_tq``, action ``cache``) into the golden and check
+runs load them, so a failure is training-side drift, not sampling.
+
+Facts checked against verl 0.9.1 (the wheel's source): ``PrecisionDebuggerProfiler`` dumps to
+``{save_path}/step_{global_step}/{stage}/step0/rank{r}/dump.json``; only ``ActorRolloutRefWorker``
+is annotated, so only :data:`DUMPED_STAGES` are dumped; with ``config_path`` unset (or msprobe
+missing and ``strict: false``) nothing is dumped and nothing is said. verl's trainer needs a GPU or
+NPU and vLLM, SGLang or TRT-LLM: on CPU its configuration composes (:func:`compose`) but it cannot run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import ScenarioError
+
+#: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
+DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
+CHECKED_VERSION = "0.9.1"
+ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
+#: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
+METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/time*", "training/epoch")
+_PD = "global_profiler.global_tool_config.precision_debugger"
+_SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
+
+
+def installed_version() -> str | None:
+    """The installed verl's version, read without importing it (None: not installed)."""
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_engine(scenario_path: Path, stages: list[str]) -> None:
+    """verl must be installed, and dump every declared stage.
+
+    Raises:
+        ScenarioError: verl is missing (names the extra), or a declared stage is one verl does not dump.
+    """
+    version = installed_version()
+    if version is None:
+        raise ScenarioError(
+            f"{scenario_path}: engine: verl needs verl installed in this environment; "
+            "pip install 'pytest-precision[verl]' (or your own verl build)"
+        )
+    missing = [s for s in stages if s not in DUMPED_STAGES]
+    if missing:
+        raise ScenarioError(
+            f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
+            f"its trainer dumps {', '.join(DUMPED_STAGES)} (checked against verl {CHECKED_VERSION})"
+        )
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value as Hydra's override grammar reads it (``True`` -> ``true``, lists as ``[a,b]``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if _SIMPLE.match(text) and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def gate_overrides(
+    *, steps: list[int], stages: list[str], strict: bool, save_path: Path, config_path: Path, rollouts: Path | None
+) -> dict[str, Any]:
+    """The overrides the gate owns (``rollouts``: where pinned rollouts are saved and loaded, None: not pinned)."""
+    last = max(steps)
+    out: dict[str, Any] = {
+        "global_profiler.tool": "precision_debugger",
+        "global_profiler.steps": list(steps),
+        "global_profiler.save_path": str(save_path),
+        f"{_PD}.config_path": str(config_path),
+        f"{_PD}.stages": list(stages),
+        f"{_PD}.strict": strict,
+        "actor_rollout_ref.actor.profiler.enable": True,
+        "trainer.total_training_steps": last,
+        "trainer.logger": ["console", "file"],
+        "trainer.val_before_train": False,
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+    }
+    if rollouts is not None:
+        out.update(
+            {
+                "skip.rollout_tq.enable": True,
+                "skip.rollout_tq.steps": list(range(1, last + 1)),
+                "skip.rollout_tq.dump_dir": str(rollouts),
+                "skip.rollout_tq.action": "cache",
+            }
+        )
+    return out
+
+
+#: keys the gate sets on every verl run; a scenario may not override them
+OWNED = tuple(
+    gate_overrides(steps=[1], stages=[], strict=False, save_path=Path("."), config_path=Path("."), rollouts=Path("."))
+)
+
+
+def check_user_overrides(scenario_path: Path, overrides: dict[str, Any]) -> None:
+    """Raise ScenarioError for an override of a key the gate owns."""
+    for key in overrides:
+        if key in OWNED or key.startswith(("global_profiler.", "skip.rollout_tq.")):
+            raise ScenarioError(
+                f"{scenario_path}: verl.overrides: {key} is set by the gate (profiler, steps, logger, rollout "
+                "pinning); remove it, or set it through the scenario's own keys (global_profiler, verl.pin_rollouts)"
+            )
+
+
+def argv(entrypoint: list[str] | None, overrides: dict[str, Any]) -> list[str]:
+    """``python -m verl.trainer.main_ppo key=value ...`` (this interpreter unless ``entrypoint`` says otherwise)."""
+    head = list(entrypoint) if entrypoint else [sys.executable, *ENTRYPOINT]
+    return head + [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
+
+
+def config_dir() -> Path:
+    """verl's own ``trainer/config`` folder, found without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or spec.origin is None:
+        raise ScenarioError("verl is not installed: pip install 'pytest-precision[verl]'")
+    return Path(spec.origin).parent / "trainer" / "config"
+
+
+def compose(overrides: dict[str, Any], *, source: Path | str = "verl.overrides") -> Any:
+    """Compose verl's ``ppo_trainer`` config with ``overrides`` through Hydra, as ``main_ppo`` does.
+
+    Raises:
+        ScenarioError: Hydra rejects an override (a key verl's config does not have, a bad value);
+            the message is Hydra's first line, naming ``source``.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    items = [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            return hydra_compose(config_name="ppo_trainer", overrides=items)
+    except (HydraException, OmegaConfBaseException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScenarioError(f"{source}: {first}") from None
