@@ -1,0 +1,114 @@
+"""precision_harness.stage: one probe for loops without verl, in verl's layout, rank<r> folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import precision_harness
+from precision_harness.probe import StageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LOOP = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import precision_harness
+
+    if os.environ.get("INIT_GROUP"):
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/pg", rank=0, world_size=1)
+    model = torch.nn.Linear(3, 2)
+    for step in (1, 2, 3):
+        for name in ("actor_compute_log_prob", "actor_update"):
+            with precision_harness.stage(name, step=step, model=model) as where:
+                model(torch.ones(2, 3)).sum()
+            print(step, name, where)
+    """
+)
+
+
+def test_unknown_stage_is_refused_in_and_outside_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PRECISION_DUMP_DIR", raising=False)
+    expected = r"stage 'train_batch': not a verl precision_debugger stage; expected one of"
+    with pytest.raises(StageError, match=expected), precision_harness.stage("train_batch", step=1):
+        pass
+    monkeypatch.setenv("PRECISION_DUMP_DIR", "/nonexistent")
+    with pytest.raises(StageError, match="train_batch"), precision_harness.stage("train_batch", step=1):
+        pass
+
+
+def test_outside_the_gate_the_stage_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PRECISION_DUMP_DIR", raising=False)
+    ran = []
+    with precision_harness.stage("actor_update", step=1) as where:
+        ran.append(where)
+    assert ran == [None]
+    # a fresh process: outside the gate the stage imports neither torch nor msprobe
+    code = (
+        "import sys, precision_harness\n"
+        "with precision_harness.stage('actor_update', step=1): pass\n"
+        "print(sorted(m for m in ('torch', 'msprobe') if m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def _run_loop(tmp_path: Path, **extra_env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    dump = tmp_path / "run"
+    config = tmp_path / "msprobe.json"
+    section = {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"}
+    config.write_text(json.dumps({"task": "statistics", "level": "L1", "rank": [], "step": [], "statistics": section}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_") and k != "RANK"}
+    env.update(
+        PRECISION_DUMP_DIR=str(dump),
+        PRECISION_MSPROBE_CONFIG=str(config),
+        PRECISION_STEPS="1,2",
+        PRECISION_STAGES="actor_update",
+        **extra_env,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", LOOP, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, dump
+
+
+@pytest.mark.slow
+def test_layout_steps_stages_and_rank_without_a_process_group(tmp_path: Path) -> None:
+    proc, dump = _run_loop(tmp_path / "a")
+    dumps = sorted(p.relative_to(dump).as_posix() for p in dump.rglob("dump.json"))
+    assert dumps == ["step_1/actor_update/step0/rank0/dump.json", "step_2/actor_update/step0/rank0/dump.json"]
+    assert "3 actor_update None" in proc.stdout and "1 actor_compute_log_prob None" in proc.stdout
+    _, dump_r1 = _run_loop(tmp_path / "b", RANK="1")
+    assert sorted(p.parent.name for p in dump_r1.rglob("dump.json")) == ["rank1", "rank1"]
+    _, dump_pg = _run_loop(tmp_path / "c", INIT_GROUP="1")
+    assert sorted(p.parent.name for p in dump_pg.rglob("dump.json")) == ["rank0", "rank0"]
+    assert not list(dump.rglob("proc*")) and not list(dump_r1.rglob("proc*"))
+
+
+@pytest.mark.slow
+def test_stage_api_loop_example_behind_the_gate(pytester: pytest.Pytester) -> None:
+    """examples/stage_api_loop: a loop without verl recorded and then passing, from another project."""
+    shutil.copy(ROOT / "examples" / "stage_api_loop" / "train.py", pytester.path / "train.py")
+    (pytester.path / "scenarios").mkdir()
+    text = (ROOT / "examples" / "stage_api_loop" / "scenarios" / "stage_loop.yaml").read_text()
+    (pytester.path / "scenarios" / "stage_loop.yaml").write_text(
+        text.replace("[python, ", f"[{json.dumps(sys.executable)}, ")
+    )
+    (pytester.path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
+    check = pytester.runpytest_subprocess()
+    check.assert_outcomes(passed=5)
+    check.stdout.fnmatch_lines(["5 precision items: 4 identical to golden, 1 within tolerance or compared, 0 failed"])
