@@ -179,12 +179,21 @@ def command_spec(scenario: Any, run_dir: Path) -> tuple[list[str], dict[str, str
 
 
 def launch_command(
-    scenario: Any, *, run_dir: Path, device: str, timeout: float | None, pinned: Any | None = None
+    scenario: Any,
+    *,
+    run_dir: Path,
+    device: str,
+    timeout: float | None,
+    pinned: Any | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
 
     Args:
         pinned: the golden whose recorded rollouts a verl check run loads (None: generate them).
+        ray_address: given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's trainer
+            makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
+            the ranks write their dumps there.
 
     Raises:
         RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``.
@@ -200,6 +209,8 @@ def launch_command(
         pinned.export(run_dir, names)
     argv, env, exclude = command_spec(scenario, run_dir)
     env = {**determinism_env(device, scenario.config["trainer"]["num_threads"]), **env}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout)
     normalize_metrics(run_dir, exclude=list(exclude))
     return write_run_json(scenario, run_dir, argv=argv, device=device, wall_s=wall)

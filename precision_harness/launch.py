@@ -72,16 +72,17 @@ def run_scenario(
     Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
     scenario when ``ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
     whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
-    own command (:mod:`precision_harness.command`); ``pinned`` is the golden whose rollouts a verl
-    check run loads.
+    own command (:mod:`precision_harness.command`) here, with ``RAY_ADDRESS`` set to ``ray_address``
+    so the Ray they start (verl's trainer does) joins that cluster; ``pinned`` is the golden whose
+    rollouts a verl check run loads.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
     """
     out_dir = Path(out_dir)
-    if scenario.kind != "builtin" and not ray_address:
+    if scenario.kind != "builtin":
         return _run_command_scenario(
-            scenario, out_dir=out_dir, device=device, dump=dump, timeout=timeout, pinned=pinned
+            scenario, out_dir=out_dir, device=device, dump=dump, timeout=timeout, pinned=pinned, ray_address=ray_address
         )
     on_ray = uses_ray(scenario, ray_address)
     if on_ray:
@@ -126,7 +127,14 @@ def run_scenario(
 
 
 def _run_command_scenario(
-    scenario: Scenario, *, out_dir: Path, device: str, dump: bool, timeout: float | None, pinned: Any | None
+    scenario: Scenario,
+    *,
+    out_dir: Path,
+    device: str,
+    dump: bool,
+    timeout: float | None,
+    pinned: Any | None,
+    ray_address: str | None,
 ) -> RunResult:
     from precision_harness.command import launch_command
 
@@ -135,5 +143,7 @@ def _run_command_scenario(
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     t0 = time.perf_counter()
-    manifest = launch_command(scenario, run_dir=out_dir.resolve(), device=device, timeout=timeout, pinned=pinned)
+    manifest = launch_command(
+        scenario, run_dir=out_dir.resolve(), device=device, timeout=timeout, pinned=pinned, ray_address=ray_address
+    )
     return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=time.perf_counter() - t0)

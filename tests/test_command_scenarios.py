@@ -34,7 +34,7 @@ FAKE = textwrap.dedent(
     scale = float(os.environ.get("FAKE_SCALE", "1"))
     skip = os.environ.get("FAKE_SKIP", "")
     stages = os.environ["PRECISION_STAGES"].split(",") + [s for s in [os.environ.get("FAKE_EXTRA_STAGE")] if s]
-    print("fake training run, level", config["level"])
+    print("fake training run, level", config["level"], "ray", os.environ.get("RAY_ADDRESS"))
     for step in map(int, os.environ["PRECISION_STEPS"].split(",")):
         for stage in stages:
             if f"step_{step}/{stage}" == skip:
@@ -110,6 +110,15 @@ def test_command_scenario_update_check_and_drift(command_project: pytest.Pyteste
             "FAILED scenarios/fake.yaml::actor_update[[]step_2[]]*",
         ]
     )
+
+
+def test_ray_address_is_given_to_the_command(command_project: pytest.Pytester) -> None:
+    """--precision-ray-address: the command runs here and the Ray it starts (verl's trainer) joins that cluster."""
+    command_project.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
+    log = command_project.path / ".precision" / "artifacts" / "fake" / "run" / "worker.log"
+    assert "ray None" in log.read_text()
+    command_project.runpytest_subprocess("--precision-ray-address", "ray://head:10001").assert_outcomes(passed=5)
+    assert "fake training run, level L1 ray ray://head:10001" in log.read_text()
 
 
 def test_changed_input_file_makes_the_golden_stale(command_project: pytest.Pytester) -> None:
