@@ -1,0 +1,109 @@
+"""examples/: every scenario loads, the verl example composes against verl 0.9.1 and its data is what
+verl's RLHFDataset reads, and the CI jobs are valid GitHub Actions / GitLab CI using real options.
+
+The verl example and the CI jobs need an NPU or GPU runner; nothing here runs them (README says so).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from precision_harness.options import OPTIONS
+from precision_harness.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+CI = EXAMPLES / "ci"
+VERL_EXAMPLE = EXAMPLES / "verl_qwen_grpo"
+SCENARIOS = sorted(EXAMPLES.glob("*/scenarios/*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.parent.parent.name for p in SCENARIOS])
+def test_example_scenarios_load(path: Path) -> None:
+    if "engine: verl" in path.read_text():
+        pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    scenario = Scenario.load(path)
+    assert scenario.kind in ("command", "verl") and scenario.steps and scenario.stages
+
+
+def _load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_verl_example_data_and_reward_are_what_its_overrides_point_at(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    pd = pytest.importorskip("pandas")
+    from precision_harness import verl_engine
+
+    env = {**os.environ, "DATA_DIR": str(tmp_path / "data")}
+    script = VERL_EXAMPLE / "prepare_data.py"
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=120)
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("MODEL_PATH", "/models/Qwen3-0.6B")
+    scenario = Scenario.load(VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml")
+    cfg = verl_engine.compose(scenario.config["verl"]["overrides"])
+    for path in (cfg.data.train_files, cfg.data.val_files, cfg.reward.custom_reward_function.path):
+        assert Path(path).is_file(), path
+    assert cfg.actor_rollout_ref.model.path == "/models/Qwen3-0.6B"
+    train = pd.read_parquet(cfg.data.train_files)
+    assert list(train.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert len(train) == 64 and train.iloc[0]["prompt"][0]["role"] == "user"
+    reward = _load_module(Path(cfg.reward.custom_reward_function.path))
+    row = train.iloc[0]
+    answer = row["reward_model"]["ground_truth"]
+    score = getattr(reward, cfg.reward.custom_reward_function.name)
+    assert score(row["data_source"], f"The answer is {answer}", answer) == 1.0
+    assert score(row["data_source"], f"The answer is {int(answer) + 1}", answer) == 0.0
+    again = tmp_path / "again"
+    subprocess.run([sys.executable, str(script)], env={**env, "DATA_DIR": str(again)}, check=True, timeout=120)
+    assert (again / "train.parquet").read_bytes() == Path(cfg.data.train_files).read_bytes()
+
+
+CI_FILES = [(CI / "github-actions.yml", "vendor.github-workflows"), (CI / "gitlab-ci.yml", "vendor.gitlab-ci")]
+
+
+def _check_jsonschema(path: Path, schema: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", schema, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(("path", "schema"), CI_FILES, ids=["github", "gitlab"])
+def test_ci_job_is_valid_for_its_service(path: Path, schema: str, tmp_path: Path) -> None:
+    """Valid against the service's own schema (vendored by check-jsonschema); a broken copy is not."""
+    pytest.importorskip("check_jsonschema")
+    proc = _check_jsonschema(path, schema)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    broken = tmp_path / path.name
+    broken.write_text(path.read_text().replace("runs-on:", "run-on:").replace("stage: gate", "stage: [gate, 1]"))
+    assert _check_jsonschema(broken, schema).returncode != 0
+
+
+@pytest.mark.parametrize("path", [p for p, _ in CI_FILES], ids=["github", "gitlab"])
+def test_ci_job_gates_publishes_and_keeps_golden_updates_manual(path: Path) -> None:
+    text = path.read_text()
+    jobs = yaml.safe_load(text)
+    jobs = jobs.get("jobs", jobs)
+    gate = next(j for name, j in jobs.items() if name.endswith("gate"))
+    update = next(j for name, j in jobs.items() if "golden" in name)
+    gate_text, update_text = yaml.safe_dump(gate), yaml.safe_dump(update)
+    assert "--junitxml" in gate_text and "report.md" in gate_text and "precision-report" in gate_text
+    assert "--precision-golden update" not in gate_text and "--precision-golden update" in update_text
+    assert "manual" in update_text or "workflow_dispatch" in update_text
+    flags = set(re.findall(r"--precision-[a-z-]+", text))
+    known = {f"--precision-{o.name}" for o in OPTIONS if o.pytest == "option"}
+    assert flags and flags <= known, flags - known
