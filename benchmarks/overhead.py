@@ -15,7 +15,10 @@ the time of the gate's compare path (``check.check_items`` over every item) agai
 golden and against the same golden stored plain (format 1), for a target identical to the golden
 (the sha256 fast path) and for a target with every stage perturbed (the full compare).
 
-Each timing is the minimum of ``--repeat`` runs. Also prints the full gate's wall time. Nothing is
+Section ``gate``: the full gate's wall time (``pytest scenarios precision_tests``) with warm workers
+(``--precision-worker warm``, forked from a preloaded server) against a fresh interpreter per run.
+
+Each timing is the minimum of ``--repeat`` runs. Nothing is
 asserted: this is a measurement, not a test.
 
 Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N] [--sections collection,goldens,gate]
@@ -194,6 +197,19 @@ def collection_section(paths: list[Path], tmp: Path, repeat: int) -> None:
         )
 
 
+def gate_section(tmp: Path) -> None:
+    """The full gate with warm workers against a fresh interpreter per run, back to back."""
+    n_all = len(list((REPO / "scenarios").glob("*.yaml")))
+    walls = {
+        mode: pytest_wall(["scenarios", "precision_tests", "--precision-worker", mode], tmp / f"art_gate_{mode}")
+        for mode in ("fresh", "warm")
+    }
+    print(
+        f"gate (pytest scenarios precision_tests, all {n_all} scenarios): fresh {walls['fresh']:.1f} s, "
+        f"warm {walls['warm']:.1f} s wall, warm/fresh {walls['warm'] / walls['fresh']:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", type=Path)
@@ -209,9 +225,7 @@ def main() -> None:
         if "goldens" in sections:
             goldens_section(tmp, args.repeat + 1)
         if "gate" in sections:
-            gate = pytest_wall(["scenarios", "precision_tests"], tmp / "art_gate")
-            n_all = len(list((REPO / "scenarios").glob("*.yaml")))
-            print(f"gate (pytest scenarios precision_tests, all {n_all} scenarios): {gate:.1f} s wall")
+            gate_section(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from precision_harness import warm as warm_mod
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
 from precision_harness.runner.devices import determinism_env
@@ -43,7 +44,7 @@ def worker_command(scenario: Scenario, *, out_dir: Path, device: str, dump: bool
         sys.executable,
         "-m",
         "precision_harness.runner",
-        str(scenario.path),
+        str(Path(scenario.path).resolve()),
         "--out",
         str(out_dir),
         "--device",
@@ -66,6 +67,7 @@ def run_scenario(
     timeout: float | None = None,
     ray_address: str | None = None,
     pinned: Any | None = None,
+    warm: bool = False,
 ) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
@@ -74,7 +76,8 @@ def run_scenario(
     whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
     own command (:mod:`precision_harness.command`) here, with ``RAY_ADDRESS`` set to ``ray_address``
     so the Ray they start (verl's trainer does) joins that cluster; ``pinned`` is the golden whose
-    rollouts a verl check run loads.
+    rollouts a verl check run loads. ``warm``: a single-rank built-in run is forked from the warm
+    server (:mod:`precision_harness.warm`) when its determinism environment matches the server's.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
@@ -101,29 +104,61 @@ def run_scenario(
             scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump
         )
     else:
-        command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
+        command = worker_command(scenario, out_dir=out_dir.resolve(), device=device, dump=dump)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    env = {**os.environ, **determinism_env(device, scenario.config["trainer"]["num_threads"])}
+    threads = scenario.config["trainer"]["num_threads"]
+    env = {**os.environ, **determinism_env(device, threads)}
     # the worker must import this same checkout of precision_harness
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     log = out_dir / "worker.log"
+    context = None if on_ray or not warm else warm_mod.context_for(determinism_env(device, threads))
+    if context is not None:
+        returncode = _run_warm(context, scenario, command[3:], env=env, log=log, timeout=timeout)
+    else:
+        returncode = _run_fresh(scenario, command, env=env, log=log, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if returncode != 0:
+        error = out_dir / "error.txt"
+        reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {returncode}"
+        raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
+    manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
+    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)
+
+
+def _timed_out(scenario: Scenario, timeout: float | None, log: Path) -> RunFailedError:
+    return RunFailedError(
+        f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})"
+    )
+
+
+def _run_fresh(scenario: Scenario, command: list[str], *, env: dict[str, str], log: Path, timeout: float | None) -> int:
+    """Run ``command`` in a new interpreter; its exit code. Raises RunFailedError on timeout."""
     with open(log, "wb") as fh:
         try:
             proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RunFailedError(
-                f"{display_path(scenario.path)}: worker timed out after {timeout:g} s (log: {display_path(log)})"
-            ) from None
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        error = out_dir / "error.txt"
-        reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {proc.returncode}"
-        raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
-    manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
-    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)
+            raise _timed_out(scenario, timeout, log) from None
+    return proc.returncode
+
+
+def _run_warm(
+    context: Any, scenario: Scenario, argv: list[str], *, env: dict[str, str], log: Path, timeout: float | None
+) -> int:
+    """Run the worker's ``main(argv)`` in a child of the warm server; its exit code.
+
+    Raises:
+        RunFailedError: the run passed ``timeout`` (the child is killed).
+    """
+    process = warm_mod.start(context, argv, env, str(log))
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        raise _timed_out(scenario, timeout, log)
+    return process.exitcode
 
 
 def _run_command_scenario(

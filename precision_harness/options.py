@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+WORKER_MODES = ("warm", "fresh")
 
 
 def _path_or_none(value: Any) -> Path | None:
@@ -151,6 +152,14 @@ OPTIONS: tuple[Option, ...] = (
         convert=Path,
     ),
     Option(
+        "worker",
+        "warm (default): single-rank built-in runs are forked from a server that has torch, transformers "
+        "and msprobe imported; fresh: a new interpreter per run (for debugging and benchmarks). "
+        "precision-harness run and calibrate always use fresh interpreters",
+        default="warm",
+        choices=WORKER_MODES,
+    ),
+    Option(
         "timeout",
         "seconds a scenario run may take (0: no limit)",
         default="0",
@@ -184,6 +193,7 @@ class PrecisionOptions:
     golden_device: str | None = field(default=_default("golden-device"))  #: compare against this device's golden
     golden_dir: Path = field(default=_default("golden-dir"))
     timeout: float | None = field(default=_default("timeout"))
+    worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.warm)
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None

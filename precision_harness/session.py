@@ -173,6 +173,7 @@ class PrecisionSession:
             timeout=self.options.timeout,
             ray_address=self.options.ray_address,
             pinned=st.golden if st.scenario.kind == "verl" and self.options.golden_mode == "check" else None,
+            warm=self.options.worker == "warm",
         )
 
     def start(self, scenario: Scenario) -> Future:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 _T0 = time.perf_counter()
+#: set in a child of the warm server (precision_harness.warm), recorded in run.json
+WARM = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +84,7 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
         "device": device,
         "level": scenario.level,
         "dump": dump,
+        "warm": WARM,
         "rank": rank,
         "world_size": scenario.config["trainer"]["world_size"],
         "env": devices.fingerprint(device, scenario.config["trainer"]["num_threads"]),

@@ -1,0 +1,83 @@
+"""Warm workers (precision_harness.warm): runs forked from a preloaded forkserver write the same bytes as
+fresh interpreters, fall back to a fresh one when the determinism environment differs, and fail as
+fresh workers do (one line, the log's path) on a worker error or a timeout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from harness_testing import TINY
+
+from precision_harness import launch, warm
+from precision_harness.errors import RunFailedError
+from precision_harness.runner.devices import determinism_env
+from precision_harness.scenario import Scenario
+
+pytest.importorskip("msprobe")
+RUN_SCHEMA = json.loads(
+    (Path(launch.__file__).parent / "schemas" / "run_manifest.schema.json").read_text(encoding="utf-8")
+)
+
+
+def _payloads(run_dir: Path) -> dict[str, str]:
+    names = ("dump.json", "construct.json", "metrics.jsonl", "log_probs.json")
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.name in names
+    }
+
+
+def _variant(tmp_path: Path, edit: dict) -> Scenario:
+    raw = yaml.safe_load(TINY.read_text())
+    for key, value in edit.items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    path = tmp_path / "scenarios" / "tiny_ppo.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw))
+    return Scenario.load(path)
+
+
+def test_warm_and_fresh_runs_write_the_same_bytes(tmp_path: Path) -> None:
+    scenario = Scenario.load(TINY)
+    fresh = launch.run_scenario(scenario, out_dir=tmp_path / "fresh", device="cpu", warm=False)
+    forked = launch.run_scenario(scenario, out_dir=tmp_path / "warm", device="cpu", warm=True)
+    assert (fresh.manifest["warm"], forked.manifest["warm"]) == (False, True)
+    payloads = _payloads(fresh.run_dir)
+    assert any(name.endswith("dump.json") for name in payloads)
+    assert _payloads(forked.run_dir) == payloads
+    for manifest in (fresh.manifest, forked.manifest):
+        jsonschema.validate(manifest, RUN_SCHEMA)
+
+
+def test_another_determinism_environment_gets_a_fresh_interpreter(tmp_path: Path) -> None:
+    # torch reads the thread and ISA settings at import: a server started for 1 thread cannot serve 2
+    assert warm.context_for(determinism_env("cpu", 1)) is not None
+    assert warm.context_for(determinism_env("cpu", 2)) is None
+    scenario = _variant(tmp_path, {"trainer.num_threads": 2})
+    result = launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", warm=True)
+    assert result.manifest["warm"] is False
+    assert result.manifest["env"]["num_threads"] == 2
+
+
+def test_warm_worker_error_is_the_worker_s_one_line(tmp_path: Path) -> None:
+    scenario = _variant(tmp_path, {"data.max_prompt_length": 3})
+    with pytest.raises(RunFailedError) as info:
+        launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", warm=True)
+    message = str(info.value)
+    assert "scenario run failed: ValueError: data.max_prompt_length: prompt" in message
+    assert message.endswith("worker.log)") and "\n" not in message
+    assert "Traceback" in (tmp_path / "run" / "worker.log").read_text()
+
+
+def test_warm_worker_past_its_timeout_is_killed_and_one_line(tmp_path: Path) -> None:
+    scenario = _variant(tmp_path, {"trainer.total_training_steps": 50})
+    with pytest.raises(RunFailedError, match=r"tiny_ppo.yaml: worker timed out after 1 s \(log: .*worker.log\)$"):
+        launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", warm=True, timeout=1)
+    assert not (tmp_path / "run" / "run.json").exists()
