@@ -63,15 +63,23 @@ def context_for(determinism: dict[str, str]) -> BaseContext | None:
 
 
 def _start_server(determinism: dict[str, str]) -> None:
-    """Start the forkserver with ``determinism`` in its environment; the caller's environment is restored."""
+    """Start the forkserver with ``determinism`` in its environment; the caller's environment is restored.
+
+    The forkserver takes this process's environment (it has no ``env`` argument), so the variables
+    are set around its start. Only those keys change, and only to the values every run of this
+    environment gets anyway, so another thread starting a process meanwhile sees a whole environment.
+    """
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
-    saved = dict(os.environ)
+    saved = {key: os.environ.get(key) for key in determinism}
     os.environ.update(determinism)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_child(argv: list[str], env: dict[str, str], log_path: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing.forkserver
+import os
 from pathlib import Path
 
 import jsonschema
@@ -81,3 +83,15 @@ def test_warm_worker_past_its_timeout_is_killed_and_one_line(tmp_path: Path) -> 
     with pytest.raises(RunFailedError, match=r"tiny_ppo.yaml: worker timed out after 1 s \(log: .*worker.log\)$"):
         launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", warm=True, timeout=1)
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_server_starts_with_the_determinism_environment_and_the_caller_s_is_restored(monkeypatch) -> None:
+    determinism = determinism_env("cpu", 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    seen = {}
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: seen.update(os.environ))
+    before = dict(os.environ)
+    warm._start_server(determinism)
+    assert {key: seen[key] for key in determinism} == determinism
+    assert dict(os.environ) == before
