@@ -39,18 +39,20 @@ class RunResult:
         return self.run_dir / f"step_{step}" / stage
 
 
+def worker_argv(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True) -> list[str]:
+    """The arguments of ``python -m precision_harness.runner`` (paths absolute: a warm child keeps the server's cwd)."""
+    argv = [str(Path(scenario.path).resolve()), "--out", str(Path(out_dir).resolve()), "--device", device]
+    return argv + ([] if dump else ["--no-dump"])
+
+
 def worker_command(scenario: Scenario, *, out_dir: Path, device: str, dump: bool = True) -> list[str]:
-    cmd = [
+    """A fresh worker's command line."""
+    return [
         sys.executable,
         "-m",
         "precision_harness.runner",
-        str(Path(scenario.path).resolve()),
-        "--out",
-        str(out_dir),
-        "--device",
-        device,
+        *worker_argv(scenario, out_dir=out_dir, device=device, dump=dump),
     ]
-    return cmd + ([] if dump else ["--no-dump"])
 
 
 def uses_ray(scenario: Scenario, ray_address: str | None) -> bool:
@@ -104,7 +106,7 @@ def run_scenario(
             scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump
         )
     else:
-        command = worker_command(scenario, out_dir=out_dir.resolve(), device=device, dump=dump)
+        command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     threads = scenario.config["trainer"]["num_threads"]
@@ -116,7 +118,8 @@ def run_scenario(
     log = out_dir / "worker.log"
     context = None if on_ray or not warm else warm_mod.context_for(determinism_env(device, threads))
     if context is not None:
-        returncode = _run_warm(context, scenario, command[3:], env=env, log=log, timeout=timeout)
+        argv = worker_argv(scenario, out_dir=out_dir, device=device, dump=dump)
+        returncode = _run_warm(context, scenario, argv, env=env, log=log, timeout=timeout)
     else:
         returncode = _run_fresh(scenario, command, env=env, log=log, timeout=timeout)
     wall = time.perf_counter() - t0
