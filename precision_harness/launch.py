@@ -109,14 +109,14 @@ def run_scenario(
         command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    threads = scenario.config["trainer"]["num_threads"]
-    env = {**os.environ, **determinism_env(device, threads)}
+    determinism = determinism_env(device, scenario.config["trainer"]["num_threads"])
+    env = {**os.environ, **determinism}
     # the worker must import this same checkout of precision_harness
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     log = out_dir / "worker.log"
-    context = None if on_ray or not warm else warm_mod.context_for(determinism_env(device, threads))
+    context = None if on_ray or not warm else warm_mod.context_for(determinism)
     if context is not None:
         argv = worker_argv(scenario, out_dir=out_dir, device=device, dump=dump)
         returncode = _run_warm(context, scenario, argv, env=env, log=log, timeout=timeout)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
 from harness_testing import TINY
 
 from precision_harness import launch, warm
@@ -35,15 +34,8 @@ def _payloads(run_dir: Path) -> dict[str, str]:
     }
 
 
-def _variant(tmp_path: Path, edit: dict) -> Scenario:
-    raw = yaml.safe_load(TINY.read_text())
-    for key, value in edit.items():
-        section, name = key.split(".")
-        raw[section][name] = value
-    path = tmp_path / "scenarios" / "tiny_ppo.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw))
-    return Scenario.load(path)
+def _variant(tmp_path: Path, overrides: dict) -> Scenario:
+    return Scenario.load(TINY).with_overrides(overrides, directory=tmp_path / "scenarios", name="tiny_ppo")
 
 
 def test_warm_and_fresh_runs_write_the_same_bytes(tmp_path: Path) -> None:
@@ -80,7 +72,7 @@ def test_warm_worker_error_is_the_worker_s_one_line(tmp_path: Path) -> None:
 
 def test_warm_worker_past_its_timeout_is_killed_and_one_line(tmp_path: Path) -> None:
     scenario = _variant(tmp_path, {"trainer.total_training_steps": 50})
-    with pytest.raises(RunFailedError, match=r"tiny_ppo.yaml: worker timed out after 1 s \(log: .*worker.log\)$"):
+    with pytest.raises(RunFailedError, match=r"tiny_ppo\.\w+\.yaml: worker timed out after 1 s \(log: .*worker.log\)$"):
         launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", warm=True, timeout=1)
     assert not (tmp_path / "run" / "run.json").exists()
 
