@@ -51,6 +51,8 @@ class Outcome:
     seconds: float = 0.0  #: compare (and msprobe analysis) wall time
     artifacts: Path | None = None
     churn: list[ChurnRow] = field(default_factory=list)  #: update mode: the stage against the previous golden
+    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (precision_harness.localize)
+    localized: Outcome | None = None
 
     @classmethod
     def error(cls, exc: PrecisionError) -> Outcome:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.compare import DirStage, iter_tensors, load_dump, rank_dirs, sha256_file
+from precision_harness.compare import DirStage, iter_tensors, rank_dirs
 from precision_harness.tolerance import STATISTICS, relative_change
 
 
@@ -106,21 +106,17 @@ def stage_churn(
 
     ``old_stage`` is a stage directory or a golden's stage (:meth:`Golden.stage`), None for a new one.
     """
-    new_ranks = rank_dirs(new_stage)
+    new_ranks, new = rank_dirs(new_stage), DirStage(new_stage)
     old = DirStage(old_stage) if isinstance(old_stage, (str, Path)) else old_stage
     old_ranks = set(old.ranks()) if old is not None else set()
     if not old_ranks:
-        apis = sum(len(load_dump(p).get("data", {})) for p in new_ranks.values())
+        apis = sum(len(new.load(r).get("data", {})) for r in new_ranks)
         return ChurnRow(scenario, step, stage, "new", apis=apis)
-    if (
-        old_sha256
-        and set(old_sha256) == set(new_ranks)
-        and all(sha256_file(p) == old_sha256[r] for r, p in new_ranks.items())
-    ):
+    if old_sha256 and set(old_sha256) == set(new_ranks) and all(new.digest(r) == old_sha256[r] for r in new_ranks):
         return ChurnRow(scenario, step, stage, "unchanged", {s: 0.0 for s in STATISTICS})
     row = ChurnRow(scenario, step, stage, "changed", {s: 0.0 for s in STATISTICS})
     for rank in sorted(set(new_ranks) | set(old_ranks)):
-        new_dump = load_dump(new_ranks[rank]) if rank in new_ranks else {"data": {}}
+        new_dump = new.load(rank) if rank in new_ranks else {"data": {}}
         old_dump = old.load(rank) if rank in old_ranks else {"data": {}}
         _compare_dumps(new_dump, old_dump, row)
     if not row.changed_apis and not row.new_apis and not row.removed_apis:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_harness import stage_outputs
 from precision_harness.errors import GoldenCorruptError, ProbeUnavailableError
 from precision_harness.tolerance import STATISTICS, Tol, TolerancePolicy, relative_change, tolerance_ratio
 
@@ -142,7 +143,16 @@ class DirStage:
         return sorted(rank_dirs(self.path))
 
     def load(self, rank: str) -> dict[str, Any]:
-        return load_dump(self.path / "step0" / rank / "dump.json")
+        """The rank's dump.json, with its ``stage_outputs.json`` merged in where there is one."""
+        rank_dir = self.path / "step0" / rank
+        extra = rank_dir / stage_outputs.FILE
+        return stage_outputs.merged(load_dump(rank_dir / "dump.json"), load_dump(extra) if extra.is_file() else None)
+
+    def digest(self, rank: str) -> str:
+        """The rank's identity (:func:`stage_outputs.rank_digest`): equal digests, identical statistics."""
+        rank_dir = self.path / "step0" / rank
+        outputs = stage_outputs.file_digest(rank_dir / stage_outputs.FILE)
+        return stage_outputs.rank_digest(sha256_file(rank_dir / "dump.json"), outputs)
 
     def plain_dir(self, scratch: Path) -> Path:
         """The stage as plain files msprobe's own tools can open (here: the folder itself)."""
@@ -385,13 +395,15 @@ def compare_stage(
 
     Args:
         golden_dir: a stage folder, or any object with :class:`DirStage`'s methods (a golden's stage).
-        golden_sha256: ``{"rank0": sha256}`` of the golden dump.json files (from the manifest);
-            a target file with the same digest is identical and skips the table.
+        golden_sha256: ``{"rank0": digest}`` of the golden's ranks (``Golden.sha256``: the dump.json's
+            sha256, joined with the stage_outputs.json's where there is one); a target rank with the
+            same digest is identical and skips the table.
         golden_statistics: statistics count recorded for the golden (reported for identical dumps).
         artifacts: directory for ``compare_result_<rank>.csv`` tables.
     """
     verdict = StageVerdict(scenario=scenario, step=step, stage=stage, tolerance=policy.describe())
     golden = DirStage(golden_dir) if isinstance(golden_dir, (str, Path)) else golden_dir
+    target = DirStage(Path(target_dir))
     t_ranks, g_ranks = rank_dirs(Path(target_dir)), set(golden.ranks())
     verdict.ranks = sorted(set(t_ranks) | set(g_ranks))
     if not t_ranks:
@@ -405,7 +417,7 @@ def compare_stage(
     identical = (
         bool(shared)
         and golden_sha256 is not None
-        and all(golden_sha256.get(r) is not None and sha256_file(t_ranks[r]) == golden_sha256[r] for r in shared)
+        and all(golden_sha256.get(r) is not None and target.digest(r) == golden_sha256[r] for r in shared)
     )
     if identical:
         verdict.identical = not verdict.problems
@@ -416,7 +428,7 @@ def compare_stage(
         )
         return verdict
     for rank in shared:
-        rv = compare_rank(load_dump(t_ranks[rank]), golden.load(rank), policy=policy, stage=stage, rank=rank)
+        rv = compare_rank(target.load(rank), golden.load(rank), policy=policy, stage=stage, rank=rank)
         verdict.add(rv)
         if artifacts is not None and not rv.passed:
             # msprobe's own table (with its Result column), for reading beside our verdict

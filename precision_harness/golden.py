@@ -32,6 +32,7 @@ from typing import Any
 from filelock import FileLock
 
 from precision_harness import golden_codec as codec
+from precision_harness import stage_outputs
 from precision_harness.compare import count_statistics, load_dump, parse_dump, parse_metrics, sha256_file
 from precision_harness.errors import (
     GoldenCorruptError,
@@ -41,7 +42,7 @@ from precision_harness.errors import (
     ScenarioError,
 )
 from precision_harness.paths import display_path, is_relative_inside, join_inside
-from precision_harness.scenario import Scenario, validate
+from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, Scenario, validate
 
 #: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
 #: overflow of an attention-mask constant (``finfo.min``), not a bad number.
@@ -53,12 +54,18 @@ _FINITE_MAX = {
 }
 
 METRICS = "metrics.jsonl"
+#: where an ``auto`` golden keeps its record at the localisation level (the run writes it there too)
+LOCALIZE_DIR = LOCALIZE_LEVEL
 #: Files of a run directory that a golden keeps (relative glob patterns).
 GOLDEN_FILES = (
     "step_*/*/step0/rank*/dump.json",
     "step_*/*/step0/rank*/construct.json",
+    f"step_*/*/step0/rank*/{stage_outputs.FILE}",  # level: auto, beside the L0 dump
     METRICS,
     "rollouts/**/*",  # a verl scenario's pinned rollouts (skip.rollout_tq), loaded by check runs
+    # level: auto: the same stages at the localisation level, for the rerun of a failing stage
+    f"{LOCALIZE_DIR}/step_*/*/step0/rank*/dump.json",
+    f"{LOCALIZE_DIR}/step_*/*/step0/rank*/construct.json",
 )
 MANIFEST = "manifest.json"
 #: the manifest format :meth:`GoldenStore.promote` writes (1: plain payloads, 2: compressed)
@@ -199,16 +206,20 @@ class Golden:
         return self.path / f"step_{step}" / stage
 
     def sha256(self, step: int, stage: str) -> dict[str, str]:
-        """``{"rank0": sha256, ...}`` of the *content* of the stage's dump.json files.
+        """``{"rank0": digest, ...}``: each rank's dump.json content sha256, joined with its
+        stage_outputs.json's where it has one (:func:`stage_outputs.rank_digest`).
 
-        A run's dump.json with the same digest is identical to the golden: no decompression needed.
+        A run's rank with the same digest is identical to the golden: no decompression needed.
         """
         prefix = f"step_{step}/{stage}/step0/"
-        return {
-            name[len(prefix) :].split("/", 1)[0]: self.content_sha256(name)
-            for name in self.contents
-            if name.startswith(prefix) and name.endswith("/dump.json")
-        }
+        digests = {}
+        for name in self.contents:
+            if name.startswith(prefix) and name.endswith("/dump.json"):
+                rank_dir = name.removesuffix("/dump.json")
+                extra = f"{rank_dir}/{stage_outputs.FILE}"
+                outputs = self.content_sha256(extra) if extra in self.contents else None
+                digests[rank_dir[len(prefix) :]] = stage_outputs.rank_digest(self.content_sha256(name), outputs)
+        return digests
 
     def statistics(self, step: int, stage: str) -> int | None:
         return self.manifest.get("statistics", {}).get(f"step_{step}/{stage}")
@@ -230,9 +241,37 @@ class Golden:
         return GoldenStage(self, step, stage)
 
     def verify_stage(self, step: int, stage: str) -> None:
-        """Check every rank's stored dump.json of the stage against the manifest (see :meth:`verify_file`)."""
+        """Check every rank's stored dump.json (and stage_outputs.json) against the manifest (:meth:`verify_file`)."""
         for rank in self.sha256(step, stage):
-            self.verify_file(self.contents[f"step_{step}/{stage}/step0/{rank}/dump.json"])
+            for file in ("dump.json", stage_outputs.FILE):
+                name = f"step_{step}/{stage}/step0/{rank}/{file}"
+                if name in self.contents:
+                    self.verify_file(self.contents[name])
+
+    @property
+    def localizes(self) -> bool:
+        """True for a ``level: auto`` golden that holds its record at the localisation level."""
+        return self.level == AUTO and any(name.startswith(f"{LOCALIZE_DIR}/") for name in self.contents)
+
+    def localization(self) -> Golden:
+        """The golden's record at the localisation level (``L1/`` inside it), as a golden of its own.
+
+        Raises:
+            GoldenMissingError: not a ``level: auto`` golden with that record.
+        """
+        if not self.localizes:
+            raise GoldenMissingError(
+                f"{display_path(self.path)}: no {LOCALIZE_LEVEL} record (not a level: auto golden)"
+            )
+        prefix = f"{LOCALIZE_DIR}/"
+        files = {k[len(prefix) :]: v for k, v in self.manifest["files"].items() if k.startswith(prefix)}
+        manifest = {
+            **self.manifest,
+            "level": LOCALIZE_LEVEL,
+            "files": files,
+            "statistics": self.manifest.get("localize_statistics", {}),
+        }
+        return Golden(path=self.path / LOCALIZE_DIR, manifest=manifest)
 
     # ---------------------------------------------------------------------------------- reading
     def has_metrics(self) -> bool:
@@ -248,8 +287,17 @@ class Golden:
         return parse_metrics(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
 
     def load_dump(self, step: int, stage: str, rank: str) -> dict[str, Any]:
-        """One rank's parsed dump.json. Raises GoldenCorruptError (missing, edited, corrupt)."""
-        name = f"step_{step}/{stage}/step0/{rank}/dump.json"
+        """One rank's parsed dump.json, its stage_outputs.json merged in where it has one.
+
+        Raises:
+            GoldenCorruptError: missing, edited or corrupt.
+        """
+        rank_dir = f"step_{step}/{stage}/step0/{rank}"
+        dump = self._parse(f"{rank_dir}/dump.json")
+        extra = f"{rank_dir}/{stage_outputs.FILE}"
+        return stage_outputs.merged(dump, self._parse(extra) if extra in self.contents else None)
+
+    def _parse(self, name: str) -> dict[str, Any]:
         return parse_dump(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
 
     def read(self, name: str) -> bytes:
@@ -353,6 +401,24 @@ def _dump_level(root: Path, files: list[str]) -> str | None:
     return load_dump(root / dump).get("level") if dump else None
 
 
+def gates_at_recorded_level(recorded: str | None, level: str) -> bool:
+    """A ``level: auto`` scenario whose golden predates auto (recorded at the localisation level) gates at it."""
+    return level == AUTO and recorded == LOCALIZE_LEVEL
+
+
+def _statistics(contents: dict[str, bytes], prefix: str) -> dict[str, int]:
+    """``{"step_<n>/<stage>": count}`` of the statistics the gate checks, every rank and stage_outputs.json included."""
+    statistics: dict[str, int] = {}
+    for name, content in contents.items():
+        rest = name[len(prefix) :]
+        if not name.startswith(prefix) or rest.count("/") != 4:
+            continue
+        if rest.endswith("/dump.json") or rest.endswith(f"/{stage_outputs.FILE}"):
+            key = "/".join(rest.split("/")[:2])
+            statistics[key] = statistics.get(key, 0) + count_statistics(parse_dump(content, shown=name))
+    return statistics
+
+
 def _payloads(contents: dict[str, bytes]) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
     """The manifest ``files`` section and the stored bytes of compressed payloads, by stored name."""
     files, stored = {}, {}
@@ -434,7 +500,7 @@ class GoldenStore:
                 f"scenario hash {golden.manifest['scenario_hash'][:12]} (now {scenario.hash[:12]}: "
                 "model, data, batch or algorithm settings changed)"
             )
-        if golden.level != scenario.level:
+        if golden.level != scenario.level and not gates_at_recorded_level(golden.level, scenario.level):
             stale.append(f"msprobe level {golden.level} (now {scenario.level})")
         if stale:
             raise GoldenStaleError(
@@ -505,11 +571,6 @@ class GoldenStore:
             }
         )
         contents = {name: (run_dir / name).read_bytes() for name in names}
-        statistics: dict[str, int] = {}
-        for name in names:
-            if name.endswith("/dump.json"):
-                key = "/".join(name.split("/")[:2])
-                statistics[key] = statistics.get(key, 0) + count_statistics(parse_dump(contents[name], shown=name))
         files, stored = _payloads(contents)
         manifest = {
             "format": FORMAT,
@@ -523,9 +584,11 @@ class GoldenStore:
             "stages": run["stages"],
             "numeric_settings": run["numeric_settings"],
             "metrics": METRICS,
-            "statistics": statistics,
+            "statistics": _statistics(contents, ""),
             "files": files,
         }
+        if any(name.startswith(f"{LOCALIZE_DIR}/") for name in names):
+            manifest["localize_statistics"] = _statistics(contents, f"{LOCALIZE_DIR}/")
         validate(manifest, "golden_manifest", source=run_dir / "run.json")
         return manifest, stored
 

@@ -20,7 +20,7 @@ from typing import Any
 from precision_harness.check import Outcome, OutcomeKind
 from precision_harness.churn import ChurnRow, churn_table
 from precision_harness.compare import Drift, MetricsVerdict, StageVerdict
-from precision_harness.scenario import STAGES
+from precision_harness.scenario import LOCALIZE_LEVEL, STAGES
 
 REPORT_FORMAT = 1
 #: execution-order points kept per failing stage's drift profile (the plot); longer ones are thinned
@@ -44,6 +44,18 @@ def _drift_json(d: Drift | None) -> dict[str, Any] | None:
         "target": _finite(d.target),
         "ratio": _finite(d.ratio),
         "order": d.order,
+    }
+
+
+def _localized_json(local: Outcome | None) -> dict[str, Any] | None:
+    """The report's view of a level-auto localisation (None when the item was not localised)."""
+    if local is None or not isinstance(local.verdict, StageVerdict):
+        return None
+    return {
+        "level": LOCALIZE_LEVEL,
+        "passed": bool(local.passed),
+        "first_divergence": _drift_json(local.verdict.first_divergence),
+        "msprobe_first_diff": dict(local.msprobe.first_diff) if local.msprobe is not None else {},
     }
 
 
@@ -76,6 +88,8 @@ class ItemRecord:
     profile: list[list[Any]] = field(default_factory=list)  #: ``[rank, order, tensor, ratio]`` of a failing stage
     churn: list[dict[str, Any]] = field(default_factory=list)  #: :meth:`ChurnRow.to_json` rows
     run: dict[str, Any] | None = None
+    #: level auto: ``{"level", "passed", "first_divergence", "msprobe_first_diff"}`` of the L1 rerun
+    localized: dict[str, Any] | None = None
 
     @classmethod
     def from_outcome(
@@ -109,6 +123,7 @@ class ItemRecord:
             rec.msprobe_first_diff = dict(outcome.msprobe.first_diff)
             rec.graphs = [str(p) for p in outcome.msprobe.graphs]
             rec.msprobe_errors = list(outcome.msprobe.errors)
+        rec.localized = _localized_json(outcome.localized)
         return rec
 
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
@@ -142,6 +157,9 @@ class ItemRecord:
             props.append(("precision_first_divergence", f"{first['tensor']} {first['statistic']}"))
         elif self.problems and not self.passed:
             props.append(("precision_first_divergence", self.problems[0]))
+        local = (self.localized or {}).get("first_divergence")
+        if local is not None:
+            props.append(("precision_localized", f"{self.localized['level']} {local['tensor']} {local['statistic']}"))
         return props
 
 

@@ -127,6 +127,15 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
+#: ``level: auto``: gate on an L0 dump plus the runner's stage inputs/outputs, localise a failing
+#: stage by rerunning it at :data:`LOCALIZE_LEVEL` (docs/scenarios.md#level-auto).
+AUTO = "auto"
+#: the msprobe level an ``auto`` scenario dumps for the gate
+AUTO_DUMP_LEVEL = "L0"
+#: the msprobe level a failing ``auto`` stage is localised at (and the golden's second record)
+LOCALIZE_LEVEL = "L1"
+LEVEL_KEY = "global_profiler.global_tool_config.precision_debugger.level"
+
 #: Keys of the msprobe config.json that a scenario may set inline or through ``config_path``.
 MSPROBE_KEYS = ("task", "level", "scope", "list", "data_mode", "summary_mode")
 
@@ -244,8 +253,26 @@ class Scenario:
 
     @property
     def level(self) -> str:
-        """msprobe dump level: ``L0``, ``L1`` or ``mix``."""
+        """The scenario's level: msprobe's ``L0``, ``L1`` or ``mix``, or ``auto`` (:data:`AUTO`)."""
         return self.profiler["level"]
+
+    @property
+    def dump_level(self) -> str:
+        """The msprobe level the run dumps at: :attr:`level`, or ``L0`` for ``auto``."""
+        return AUTO_DUMP_LEVEL if self.level == AUTO else self.level
+
+    def localize_overrides(self, step: int, stage: str) -> dict[str, Any]:
+        """Overrides that rerun this scenario up to ``step`` and dump only ``stage`` of it, at :data:`LOCALIZE_LEVEL`.
+
+        Steps before ``step`` run the same ops without a debugger, so ``stage``'s dump equals the
+        one a full run at that level writes (msprobe's API counters restart at every stage).
+        """
+        return {
+            LEVEL_KEY: LOCALIZE_LEVEL,
+            "global_profiler.steps": [step],
+            _STAGES_KEY: [stage],
+            "trainer.total_training_steps": step,
+        }
 
     @property
     def use_critic(self) -> bool:
@@ -338,7 +365,7 @@ class Scenario:
             "task": pd["task"],
             "rank": [],
             "step": [],
-            "level": pd["level"],
+            "level": self.dump_level,
             "async_dump": False,
             pd["task"]: {
                 "scope": list(pd["scope"]),
@@ -382,7 +409,7 @@ class Scenario:
     # ------------------------------------------------------------------------------ validation
     def _check_consistency(self) -> None:
         """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
-        for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_engine):
+        for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_level, _check_engine):
             check(self)
 
 
@@ -414,6 +441,15 @@ def _check_stages(s: Scenario) -> None:
         raise ScenarioError(
             f"{s.path}: {_STAGES_KEY}: stage {not_run[0]!r} never runs in this scenario (strict: true); "
             "enable its role or remove it from stages"
+        )
+
+
+def _check_level(s: Scenario) -> None:
+    """``level: auto`` needs the built-in runner: it writes the stage inputs and outputs the L0 dump lacks."""
+    if s.kind != "builtin" and s.level == AUTO:
+        raise ScenarioError(
+            f"{s.path}: {LEVEL_KEY}: auto needs the built-in runner (it writes each stage's inputs and outputs "
+            f"beside the L0 dump); a {s.kind} scenario sets L0, L1 or mix"
         )
 
 

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import churn as churn_mod
-from precision_harness import device_check, progress
+from precision_harness import device_check, localize, progress
 from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
 from precision_harness.errors import PrecisionError, ProbeUnavailableError, RunFailedError, ScenarioError
-from precision_harness.golden import Golden, GoldenStore, update_command
+from precision_harness.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
-from precision_harness.scenario import Scenario
+from precision_harness.scenario import AUTO, Scenario
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.usage import GoldenUsage, discover_scenarios
 from precision_harness.verdict_text import settings_changed
@@ -49,6 +49,8 @@ class ScenarioState:
     churn: list[churn_mod.ChurnRow] = field(default_factory=list)  #: update mode: against the previous golden
     lock: threading.Lock = field(default_factory=threading.Lock)
     prepared: bool = False
+    runs: Scenario | None = None  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
+    localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
 
     @property
     def cross_device(self) -> bool:
@@ -141,8 +143,7 @@ class PrecisionSession:
                 st.golden_error = exc  # every item of the scenario reports it
 
     def _needs_run(self, st: ScenarioState) -> bool:
-        mode = self.options.golden_mode
-        if mode == "update" or (mode == "missing" and not self.store.exists(st.scenario.name, st.device)):
+        if self._records(st):
             return True
         self._load_golden(st)
         return st.golden_error is None
@@ -165,16 +166,44 @@ class PrecisionSession:
             raise ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
+        scenario, run = self._runs(st), run_scenario
+        kw: dict[str, Any] = {}
+        if scenario.level == AUTO and self._records(st):
+            run, kw = localize.run_recording, {"variants": self._variants(scenario)}
         st.future = self._executor.submit(
-            run_scenario,
-            st.scenario,
-            out_dir=self.run_dir(st.scenario),
+            run,
+            scenario,
+            out_dir=self.run_dir(scenario),
             device=st.device,
             timeout=self.options.timeout,
             ray_address=self.options.ray_address,
-            pinned=st.golden if st.scenario.kind == "verl" and self.options.golden_mode == "check" else None,
+            pinned=st.golden if scenario.kind == "verl" and self.options.golden_mode == "check" else None,
             warm=self.options.worker == "warm",
+            **kw,
         )
+
+    def _records(self, st: ScenarioState) -> bool:
+        """Whether this session records ``st``'s golden (update, or missing with none on disk)."""
+        mode = self.options.golden_mode
+        return mode == "update" or (mode == "missing" and not self.store.exists(st.scenario.name, st.device))
+
+    def _variants(self, scenario: Scenario) -> Path:
+        return join_inside(self.artifacts, scenario.name, "variants", what="artifacts <scenario>/variants")
+
+    def _runs(self, st: ScenarioState) -> Scenario:
+        """The scenario as this session runs it: a ``level: auto`` scenario whose golden was recorded at
+        L1 (before auto) runs and gates at L1, with a note saying to re-record."""
+        if st.runs is None:
+            st.runs = st.scenario
+            if st.scenario.level == AUTO and not self._records(st):
+                self._load_golden(st)
+                if st.golden is not None and gates_at_recorded_level(st.golden.level, st.scenario.level):
+                    st.runs = localize.at_localize_level(st.scenario, self._variants(st.scenario))
+                    self.report.notes.append(
+                        f"{st.scenario.name}: golden recorded at {st.golden.level} before level: auto; gating at "
+                        f"{st.golden.level}. Re-record for auto with: {update_command(st.scenario)}"
+                    )
+        return st.runs
 
     def start(self, scenario: Scenario) -> Future:
         """Start ``scenario``'s run whatever the golden mode (invariant checks need no golden); idempotent.
@@ -252,9 +281,35 @@ class PrecisionSession:
                 return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
             run = self.result(scenario)
             assert st.golden is not None
-            return next(check_items(run.run_dir, st.golden, [key], self._settings(st)))[1]
+            out = next(check_items(run.run_dir, st.golden, [key], self._settings(st)))[1]
+            if not out.passed and out.kind is not OutcomeKind.ERROR and not key.is_metrics and st.golden.localizes:
+                out = self._localize(st, key, out)
+            return out
         except PrecisionError as exc:
             return Outcome.error(exc)
+
+    def _localize(self, st: ScenarioState, key: ItemKey, l0: Outcome) -> Outcome:
+        """Rerun the scenario's first failing stage at L1 (level: auto); later failing stages point to it."""
+        with st.lock:
+            first, st.localized = st.localized, st.localized or key
+        if first is not None and first != key:
+            return localize.not_rerun(l0, first)
+        assert st.golden is not None
+        out_dir = join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
+        return localize.with_localization(
+            l0,
+            key,
+            lambda: localize.localize(
+                st.scenario,
+                key,
+                st.golden,
+                self._settings(st),
+                out_dir=out_dir,
+                device=st.device,
+                timeout=self.options.timeout,
+                warm=self.options.worker == "warm",
+            ),
+        )
 
     def _prepare(self, scenario: Scenario) -> ScenarioState:
         """Run (if needed) and, in update/missing mode, record the golden once per scenario."""
@@ -278,6 +333,8 @@ class PrecisionSession:
         """Promote the run to the golden (never from a partial run) and keep its churn and size."""
         scenario = st.scenario
         missing = missing_dumps(scenario, run.run_dir)
+        if scenario.level == AUTO:
+            missing += [f"{LOCALIZE_DIR}/{m}" for m in missing_dumps(scenario, run.run_dir / LOCALIZE_DIR)]
         if missing:
             raise RunFailedError(
                 f"{display_path(scenario.path)}: no golden written: the run dumped no {missing[0]} "

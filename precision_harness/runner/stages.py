@@ -21,6 +21,7 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import distributed as dp
+from precision_harness.runner import plant
 
 Batch = dict[str, torch.Tensor]
 
@@ -45,7 +46,7 @@ def forward_log_prob(
 
     Logits are divided by ``temperature`` and taken in fp32 (verl ``DataParallelPPOActor._forward_micro_batch``).
     """
-    logits = _forward_logits(model, mb, mb["responses"].shape[1]).float().div(temperature)
+    logits = _forward_logits(model, mb, mb["responses"].shape[1]).float().div(temperature * plant.factor("log_prob"))
     log_probs = core_algos.logprobs_from_logits(logits, mb["responses"])
     entropy = core_algos.entropy_from_logits(logits) if calculate_entropy else None
     return log_probs, entropy
@@ -117,14 +118,29 @@ def _mean_metrics(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: float(sum(v) / len(v)) for k, v in acc.items()}
 
 
+def _trace_calls(trace: dict[str, Any] | None, batch: Batch, keys: tuple[str, ...], metrics: dict[str, list]) -> None:
+    """Give ``trace`` this rank's ``inputs`` (``keys`` of ``batch``) and ``per_call`` metrics, before averaging."""
+    if trace is not None:
+        trace["inputs"] = {k: batch[k] for k in keys if k in batch}
+        trace["per_call"] = {k: list(v) for k, v in metrics.items()}
+
+
 @dp.dp_update
 def critic_update(
-    critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, cfg: dict[str, Any], *, n: int
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: dict[str, Any],
+    *,
+    n: int,
+    trace: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """PPO value-function update (verl ``DataParallelPPOCritic.update_critic``).
 
     Reads ``values`` (old values), ``returns``, ``response_mask`` ``(B, R)``. Returns metrics
     ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``.
+    If ``trace`` is a dict, it receives ``inputs`` (this rank's ``values`` and ``returns``) and
+    ``per_call`` (each metric per micro-batch, ``grad_norm`` per mini-batch, before averaging).
     """
     critic.train()
     mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
@@ -147,6 +163,7 @@ def critic_update(
             metrics["critic/vf_clipfrac"].append(_scalar(vf_clipfrac))
             metrics["critic/vpred_mean"].append(core_algos.masked_mean(vpreds, mb["response_mask"]).item())
         metrics["critic/grad_norm"].append(_step(params, optimizer, cfg["grad_clip"]))
+    _trace_calls(trace, batch, ("values", "returns"), metrics)
     return _mean_metrics(metrics)
 
 
@@ -159,7 +176,7 @@ def actor_update(
     *,
     n: int,
     temperature: float,
-    trace: dict[str, torch.Tensor] | None = None,
+    trace: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """PPO policy update with dual-clip loss, entropy bonus and optional KL loss.
 
@@ -172,7 +189,9 @@ def actor_update(
 
     If ``trace`` is a dict, it receives ``first_mini_batch_log_prob`` ``(ppo_mini_batch_size x n, R)``:
     the log-probs the first mini-batch of the first epoch recomputes before any optimizer step. On
-    policy they must equal ``old_log_probs`` of the same rows (verl issue #2996).
+    policy they must equal ``old_log_probs`` of the same rows (verl issue #2996); and ``inputs`` (this
+    rank's ``old_log_probs``, ``advantages``, ``ref_log_prob``, ``rollout_is_weights`` where present)
+    and ``per_call`` (each metric per micro-batch, ``grad_norm`` per mini-batch, before averaging).
     """
     actor.train()
     mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
@@ -191,6 +210,7 @@ def actor_update(
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
     first: list[torch.Tensor] = []
+    losses: list[torch.Tensor] = []  #: the loss each micro-batch backpropagates (before the micro/mini scale)
     for index, mini in enumerate(_mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"])):
         for mb in split(mini, micro):
             mask = mb["response_mask"]
@@ -221,9 +241,10 @@ def actor_update(
                     logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"]
                 )
                 kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
-                policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
+                policy_loss = policy_loss + kl_loss * (cfg["kl_loss_coef"] * plant.factor("loss"))
                 metrics["actor/kl_loss"].append(_scalar(kl_loss))
             (policy_loss * (mb["responses"].shape[0] / mini["responses"].shape[0])).backward()
+            losses.append(policy_loss)  # a reference: an op here would enter an L1 dump
             metrics["actor/pg_loss"].append(_scalar(pg_loss))
             metrics["actor/pg_clipfrac"].append(_scalar(pg_clipfrac))
             metrics["actor/ppo_kl"].append(_scalar(ppo_kl))
@@ -231,4 +252,7 @@ def actor_update(
         metrics["actor/grad_norm"].append(_step(params, optimizer, cfg["grad_clip"]))
     if trace is not None:
         trace["first_mini_batch_log_prob"] = torch.cat(first)
+    _trace_calls(
+        trace, batch, ("old_log_probs", "advantages", "ref_log_prob", "rollout_is_weights"), {"loss": losses, **metrics}
+    )
     return _mean_metrics(metrics)

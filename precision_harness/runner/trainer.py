@@ -22,10 +22,14 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
-from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner import devices, models, plant, rollout, stages
 from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
+from precision_harness.runner.outputs import StageOutputs
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
-from precision_harness.scenario import Scenario
+from precision_harness.scenario import AUTO, Scenario
+
+#: what actor_update's stage_outputs.json holds after its inputs: per micro-batch, then per mini-batch
+ACTOR_LOSSES = ("loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm")
 
 
 @dataclass
@@ -56,6 +60,8 @@ class Trainer:
         self.timings: dict[str, float] = {}
         #: a :class:`~precision_harness.probe.StageProbe`, or None to run without dumps
         self.probe: Any = None
+        #: the profiled stage's inputs and outputs while it runs (``level: auto``), else None
+        self.io: StageOutputs | None = None
 
     # ------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -102,12 +108,30 @@ class Trainer:
     # ------------------------------------------------------------------------------------ stages
     @contextmanager
     def stage(self, step: int, name: str, model: torch.nn.Module) -> Iterator[None]:
-        """Time the body; dump it when (step, stage) is profiled."""
+        """Time the body; dump it when (step, stage) is profiled, with ``stage_outputs.json`` at ``level: auto``."""
         profiled = self.probe is not None and step in self.profiled_steps and name in self.profiled_stages
+        self.io = StageOutputs() if profiled and self.scenario.level == AUTO else None
         t0 = time.perf_counter()
-        with self.probe.stage(step, name, model) if profiled else nullcontext():
+        with self.probe.stage(step, name, model) if profiled else nullcontext() as dump_dir:
             yield
+        if self.io is not None:  # after the debugger stopped: the statistics' ops stay out of the dump
+            self.io.write(Path(dump_dir) / "step0" / f"rank{self.probe.rank}")
+            self.io = None
         self.timings[f"step_{step}/{name}"] = round(time.perf_counter() - t0, 6)
+
+    def _output(self, name: str, value: torch.Tensor | None) -> None:
+        if self.io is not None:
+            self.io.output(name, value)
+
+    def _record_update(self, trace: dict[str, Any], losses: tuple[str, ...]) -> None:
+        """An update stage's inputs, then per micro-batch ``losses`` and per mini-batch ``grad_norm``."""
+        if self.io is None:
+            return
+        for key, value in trace["inputs"].items():
+            self.io.input(key, value)
+        for metric in losses:
+            for value in trace["per_call"].get(metric, []):
+                self.io.output(metric.rsplit("/", 1)[-1], value)
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One PPO step in the order of verl's ``RayPPOTrainer.fit``; returns its metrics.
@@ -160,6 +184,7 @@ class Trainer:
                 st.scores = stages.compute_rm_score(
                     self.reward_model, batch, micro_batch_size=self.cfg["reward_model"]["micro_batch_size_per_gpu"]
                 )
+                self._output("scores", st.scores)
         else:
             answers = [p.answer for p in st.prompts for _ in range(n)]
             texts = [self.tok.decode(row.tolist()) for row in batch["responses"].cpu()]
@@ -181,6 +206,8 @@ class Trainer:
                 temperature=rollout_cfg["temperature"],
                 calculate_entropy=True,
             )
+            self._output("old_log_probs", old_log_probs)
+            self._output("entropy", entropy)
         st.batch["old_log_probs"] = old_log_probs
         st.metrics["actor/entropy"] = core_algos.masked_mean(entropy, st.batch["response_mask"]).item()
 
@@ -197,6 +224,7 @@ class Trainer:
                 temperature=ar["rollout"]["temperature"],
                 calculate_entropy=False,
             )
+            self._output("ref_log_prob", st.batch["ref_log_prob"])
 
     def _compute_values(self, st: _Step) -> None:
         """``compute_values`` (when a critic runs)."""
@@ -207,6 +235,7 @@ class Trainer:
             st.batch["values"] = stages.compute_values(
                 self.critic, st.batch, micro_batch_size=self.cfg["critic"]["ppo_micro_batch_size_per_gpu"]
             )
+            self._output("values", st.batch["values"])
 
     def _compute_rollout_correction(self, st: _Step) -> None:
         """Rollout importance sampling (verl's ``rollout_is_*``): mismatch metrics always, weights when enabled."""
@@ -259,6 +288,8 @@ class Trainer:
                 index=uids,
                 norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
+        if plant.factor("advantages") != 1.0:  # test hook (runner/plant.py), outside every stage
+            advantages = advantages * plant.factor("advantages")
         batch["advantages"], batch["returns"] = st.advantages, st.returns = advantages, returns
 
     def _update_critic(self, st: _Step) -> None:
@@ -266,20 +297,25 @@ class Trainer:
         if self.critic is None:
             return
         n = self.cfg["actor_rollout_ref"]["rollout"]["n"]
+        trace: dict[str, Any] = {}
         with self.stage(st.step, "critic_update", self.critic):
-            st.metrics.update(stages.critic_update(self.critic, self.critic_optim, st.batch, self.cfg["critic"], n=n))
+            st.metrics.update(
+                stages.critic_update(self.critic, self.critic_optim, st.batch, self.cfg["critic"], n=n, trace=trace)
+            )
+            self._record_update(trace, ("critic/vf_loss", "critic/grad_norm"))
 
     def _update_actor(self, st: _Step) -> None:
         """``actor_update``; writes ``step_<n>/log_probs.json`` with its first mini-batch's log-probs."""
         ar = self.cfg["actor_rollout_ref"]
         n, temperature = ar["rollout"]["n"], ar["rollout"]["temperature"]
-        trace: dict[str, torch.Tensor] = {}
+        trace: dict[str, Any] = {}
         with self.stage(st.step, "actor_update", self.actor):
             st.metrics.update(
                 stages.actor_update(
                     self.actor, self.actor_optim, st.batch, ar["actor"], n=n, temperature=temperature, trace=trace
                 )
             )
+            self._record_update(trace, ACTOR_LOSSES)
         self._write_log_probs(st.step, st.batch, trace["first_mini_batch_log_prob"])
 
     @staticmethod
