@@ -15,19 +15,26 @@ the time of the gate's compare path (``check.check_items`` over every item) agai
 golden and against the same golden stored plain (format 1), for a target identical to the golden
 (the sha256 fast path) and for a target with every stage perturbed (the full compare).
 
+Section ``levels``: ``benchmarks/scenarios/grpo_deep24.yaml`` (grpo_tiny at 24 layers) recorded at L1
+and at ``auto`` in a throwaway project, then the wall time of ``pytest`` checking it at ``auto``
+against ``L1``, once unchanged (passing) and once with ``PRECISION_TEST_PLANT=advantages`` (failing
+from actor_update @ step_1; auto's time includes the L1 localisation rerun); and dump/no-dump for
+L0, L1 and auto: the worker's wall time and its profiled stages' time over a run without msprobe.
+
 Section ``gate``: the full gate's wall time (``pytest scenarios precision_tests``) with warm workers
 (``--precision-worker warm``, forked from a preloaded server) against a fresh interpreter per run.
 
 Each timing is the minimum of ``--repeat`` runs. Nothing is
 asserted: this is a measurement, not a test.
 
-Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N] [--sections collection,goldens,gate]
+Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N] [--sections collection,goldens,levels,gate]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -42,7 +49,7 @@ from precision_harness.check import CheckSettings, check_items, items_of  # noqa
 from precision_harness.compare import compare_stage  # noqa: E402
 from precision_harness.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
 from precision_harness.launch import run_scenario  # noqa: E402
-from precision_harness.scenario import Scenario  # noqa: E402
+from precision_harness.scenario import LEVEL_KEY, Scenario  # noqa: E402
 from precision_harness.tolerance import TolerancePolicy  # noqa: E402
 
 
@@ -55,7 +62,10 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
-def pytest_wall(args: list[str], artifacts: Path) -> float:
+def pytest_wall(
+    args: list[str], artifacts: Path, *, cwd: Path = REPO, env: dict[str, str] | None = None, expect: int = 0
+) -> float:
+    """Wall time of ``pytest ARGS`` in ``cwd``; exits if pytest's exit code is not ``expect``."""
     cmd = [
         sys.executable,
         "-m",
@@ -68,10 +78,10 @@ def pytest_wall(args: list[str], artifacts: Path) -> float:
         *args,
     ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"pytest {' '.join(args)} failed:\n{proc.stdout[-2000:]}")
+    if proc.returncode != expect:
+        raise SystemExit(f"pytest {' '.join(args)} exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}")
     return wall
 
 
@@ -210,11 +220,55 @@ def gate_section(tmp: Path) -> None:
     )
 
 
+DEEP = REPO / "benchmarks" / "scenarios" / "grpo_deep24.yaml"
+
+
+def stage_seconds(run) -> float:
+    """Seconds the run spent in its profiled stages (run.json timings), dump or not."""
+    return sum(s for k, s in run.manifest["timings"]["stages"].items() if not k.endswith("/generate_sequences"))
+
+
+def levels_section(tmp: Path) -> None:
+    """The 24-layer scenario: check at auto against L1 (passing, failing), and dump/no-dump at L0, L1, auto."""
+    project = tmp / "levels"
+    (project / "scenarios").mkdir(parents=True)
+    for level in ("L1", "auto"):
+        text = DEEP.read_text().replace("level: auto", f"level: {level}")
+        (project / "scenarios" / f"deep24_{level}.yaml").write_text(text)
+    (project / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    art = project / ".precision"
+    record = pytest_wall(["scenarios", "--precision-golden", "update"], art, cwd=project)
+    walls = {}
+    for level in ("L1", "auto"):
+        path = f"scenarios/deep24_{level}.yaml"
+        walls[level, "pass"] = pytest_wall([path], art, cwd=project)
+        planted = {"PRECISION_TEST_PLANT": "advantages"}
+        walls[level, "fail"] = pytest_wall([path], art, cwd=project, env=planted, expect=1)
+    print(f"grpo_deep24 (24 layers), both goldens recorded in {record:.1f} s")
+    for case in ("pass", "fail"):
+        l1, auto = walls["L1", case], walls["auto", case]
+        what = "passing" if case == "pass" else "failing (auto incl. L1 localisation)"
+        print(f"  check {what:<38} L1 {l1:6.1f} s  auto {auto:6.1f} s  auto/L1 {auto / l1:.2f}")
+    scenario = Scenario.load(project / "scenarios" / "deep24_auto.yaml")
+    device = scenario.config["device"]
+    base = run_scenario(scenario, out_dir=tmp / "lv_nodump", device=device, dump=False)
+    print(f"  no-dump: wall {base.wall_s:.1f} s, stages {stage_seconds(base):.1f} s")
+    for level in ("L0", "L1", "auto"):
+        variant = scenario.with_overrides({LEVEL_KEY: level}, directory=project / "variants", tag=level)
+        run = run_scenario(variant, out_dir=tmp / f"lv_{level}", device=device)
+        print(
+            f"  {level:<5} dump/no-dump: wall {run.wall_s:.1f} s ({run.wall_s / base.wall_s:.2f}x), "
+            f"stages {stage_seconds(run):.1f} s ({stage_seconds(run) / stage_seconds(base):.2f}x)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--sections", default="collection,goldens,gate", help="comma list: collection, goldens, gate")
+    parser.add_argument(
+        "--sections", default="collection,goldens,levels,gate", help="comma list: collection, goldens, levels, gate"
+    )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     paths = [p.resolve() for p in args.scenarios] or sorted((REPO / "scenarios").glob("*.yaml"))
@@ -224,6 +278,8 @@ def main() -> None:
             collection_section(paths, tmp, args.repeat)
         if "goldens" in sections:
             goldens_section(tmp, args.repeat + 1)
+        if "levels" in sections:
+            levels_section(tmp)
         if "gate" in sections:
             gate_section(tmp)
     finally:

@@ -18,10 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import CheckSettings, ItemKey, Outcome, check_items
-from precision_harness.errors import PrecisionError
+from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import LOCALIZE_DIR, Golden
 from precision_harness.launch import RunResult, run_scenario
+from precision_harness.paths import display_path
 from precision_harness.scenario import LEVEL_KEY, LOCALIZE_LEVEL, Scenario
 
 Runner = Callable[..., RunResult]
@@ -68,6 +69,9 @@ def localize(
     """
     assert key.step is not None and key.stage is not None
     record = golden.localization()
+    if not record.has_stage(key.step, key.stage):
+        raise GoldenMissingError(f"{display_path(record.path)}: no {key.stage} @ step_{key.step} in the L1 record")
+    record.verify_stage(key.step, key.stage)  # before the rerun: a corrupt record wastes no run
     variant = scenario.with_overrides(
         scenario.localize_overrides(key.step, key.stage),
         directory=out_dir,
@@ -92,6 +96,8 @@ def with_localization(l0: Outcome, key: ItemKey, attempt: Callable[[], Outcome])
         local = attempt()
     except PrecisionError as exc:
         return replace(l0, text=f"{l0.text}\n  localization failed: {exc}")
+    if local.kind is OutcomeKind.ERROR:
+        return replace(l0, text=f"{l0.text}\n  localization failed: {local.text}")
     if local.passed:
         found = f"no divergence at {LOCALIZE_LEVEL} ({local.text}); the change is in what only the stage outputs see"
         text = f"{l0.text}\n  localized at {LOCALIZE_LEVEL} ({local.seconds:.1f} s): {found}"

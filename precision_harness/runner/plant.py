@@ -8,7 +8,7 @@ what it was:
 
 * ``log_prob``: the temperature that divides the logits before ``logsumexp``/``gather``
   (``stages.forward_log_prob``; first seen by ``actor_compute_log_prob``);
-* ``loss``: the KL-loss coefficient of the policy loss (``stages.actor_update``, with ``use_kl_loss``);
+* ``loss``: the gradient-accumulation scale of each micro-batch's policy loss (``stages.actor_update``);
 * ``advantages``: the advantages, scaled between ``compute_advantage`` and the updates (outside
   every stage, as verl's driver computes them).
 """

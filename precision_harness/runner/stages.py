@@ -210,7 +210,7 @@ def actor_update(
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
     first: list[torch.Tensor] = []
-    losses: list[torch.Tensor] = []  #: the loss each micro-batch backpropagates (before the micro/mini scale)
+    losses: list[torch.Tensor] = []  #: the loss each micro-batch backpropagates (scaled by micro / mini)
     for index, mini in enumerate(_mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"])):
         for mb in split(mini, micro):
             mask = mb["response_mask"]
@@ -241,10 +241,11 @@ def actor_update(
                     logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"]
                 )
                 kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
-                policy_loss = policy_loss + kl_loss * (cfg["kl_loss_coef"] * plant.factor("loss"))
+                policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
                 metrics["actor/kl_loss"].append(_scalar(kl_loss))
-            (policy_loss * (mb["responses"].shape[0] / mini["responses"].shape[0])).backward()
-            losses.append(policy_loss)  # a reference: an op here would enter an L1 dump
+            scaled = policy_loss * (mb["responses"].shape[0] / mini["responses"].shape[0] * plant.factor("loss"))
+            scaled.backward()
+            losses.append(scaled)  # a reference: an op here would enter an L1 dump
             metrics["actor/pg_loss"].append(_scalar(pg_loss))
             metrics["actor/pg_clipfrac"].append(_scalar(pg_clipfrac))
             metrics["actor/ppo_kl"].append(_scalar(ppo_kl))
