@@ -91,6 +91,9 @@ class CheckSettings:
     rerun: Callable[[ItemKey], str] | None = None  #: the command that reruns one item
     rerecord: str | None = None  #: the command that re-records the golden
     changed: tuple[str, ...] = ()  #: numeric settings that differ from the golden's
+    #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
+    #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
+    msprobe: bool = True
 
 
 def items_of(target: Path, golden: Golden) -> list[ItemKey]:
@@ -154,6 +157,7 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
         rerun=s.rerun(key) if s.rerun else None,
         changed=list(s.changed),
         level=golden.level,
+        msprobe=s.msprobe,
     )
 
 
@@ -186,6 +190,7 @@ def check_stage(
     rerun: str | None = None,
     changed: list[str] | None = None,
     level: str | None = None,
+    msprobe: bool = True,
 ) -> Outcome:
     """Compare one stage and, when it fails, ask msprobe too (first diff; graph for L0/mix).
 
@@ -195,6 +200,7 @@ def check_stage(
         artifacts: where compare tables, ``verdict.txt`` and msprobe's output go (None: nowhere).
         shown_artifacts: how the verdict names ``artifacts`` (e.g. relative to rootdir).
         level: msprobe dump level; L0/mix failures also get msprobe's graph database.
+        msprobe: False skips msprobe's table, first diff and graph (our verdict alone).
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
@@ -207,13 +213,13 @@ def check_stage(
         policy=policy,
         golden_sha256=golden_sha256,
         golden_statistics=golden_statistics,
-        artifacts=artifacts,
+        artifacts=artifacts if msprobe else None,
     )
     if verdict.passed:
         kind = OutcomeKind.IDENTICAL if verdict.identical else OutcomeKind.COMPARED
         return Outcome(True, verdict_text.stage_text(verdict), kind, verdict, seconds=time.perf_counter() - t0)
     answer = None
-    if artifacts is not None and any(Path(target_dir).glob("step0/rank*/dump.json")):
+    if msprobe and artifacts is not None and any(Path(target_dir).glob("step0/rank*/dump.json")):
         golden = DirStage(golden_dir) if isinstance(golden_dir, (str, Path)) else golden_dir
         plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
         answer = analyze_failure(Path(target_dir), plain, artifacts, graph=level in GRAPH_LEVELS)

@@ -50,6 +50,9 @@ def _failures(doc: dict[str, Any]) -> list[str]:
     for r in failing:
         fd = r["first_divergence"]
         first = f"`{fd['tensor']}` {fd['statistic']}" if fd else (r["problems"][0] if r["problems"] else "")
+        local = (r.get("localized") or {}).get("first_divergence")
+        if local:
+            first += f"; {r['localized']['level']}: `{local['tensor']}` {local['statistic']}"
         ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
         step = r["step"] if r["step"] is not None else ""
         ratio = _ratio_text(r["worst_ratio"], r["passed"], r["kind"], bool(r["problems"]))

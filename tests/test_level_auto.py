@@ -121,7 +121,8 @@ def planted(request: pytest.FixtureRequest, project: Path) -> dict:
     site = request.param
     proc = run_pytest(project, "--precision-report", f"rep_{site}", env={"PRECISION_TEST_PLANT": site})
     report = json.loads((project / f"rep_{request.param}" / "report.json").read_text())
-    return {"site": request.param, "proc": proc, "report": report}
+    markdown = (project / f"rep_{site}" / "report.md").read_text()
+    return {"site": site, "proc": proc, "report": report, "markdown": markdown}
 
 
 def test_planted_change_fails_at_the_same_stage_and_step_as_l1(planted: dict) -> None:
@@ -141,6 +142,7 @@ def test_localized_verdict_names_the_api_the_l1_gate_names(planted: dict) -> Non
     assert not api.startswith(("Stage.", "Module.")), api  # an API, as an L1 gate names it
     assert local["first_divergence"] == l1["first_divergence"]
     assert "localized at L1 (rerun to step_1" in auto["text"] and api in auto["text"]
+    assert f"L1: `{api}`" in planted["markdown"]
     jsonschema.validate(planted["report"], load_schema("report"))
     # later failing stages point to the localised one instead of rerunning
     later = _failures(planted["report"], "plant_auto")[1:]
