@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.compare import DirStage, iter_tensors, rank_dirs
+from precision_harness.compare import DirStage, iter_tensors
 from precision_harness.tolerance import STATISTICS, relative_change
 
 
@@ -106,7 +106,8 @@ def stage_churn(
 
     ``old_stage`` is a stage directory or a golden's stage (:meth:`Golden.stage`), None for a new one.
     """
-    new_ranks, new = rank_dirs(new_stage), DirStage(new_stage)
+    new = DirStage(new_stage)
+    new_ranks = new.ranks()
     old = DirStage(old_stage) if isinstance(old_stage, (str, Path)) else old_stage
     old_ranks = set(old.ranks()) if old is not None else set()
     if not old_ranks:

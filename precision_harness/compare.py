@@ -151,7 +151,8 @@ class DirStage:
     def digest(self, rank: str) -> str:
         """The rank's identity (:func:`stage_outputs.rank_digest`): equal digests, identical statistics."""
         rank_dir = self.path / "step0" / rank
-        outputs = stage_outputs.file_digest(rank_dir / stage_outputs.FILE)
+        extra = rank_dir / stage_outputs.FILE
+        outputs = sha256_file(extra) if extra.is_file() else None
         return stage_outputs.rank_digest(sha256_file(rank_dir / "dump.json"), outputs)
 
     def plain_dir(self, scratch: Path) -> Path:

@@ -283,16 +283,16 @@ class PrecisionSession:
             assert st.golden is not None
             localizes = st.golden.localizes and not key.is_metrics
             settings = self._settings(st)
-            if localizes and st.localized is None:  # a failure here is rerun at L1, which asks msprobe
-                settings = replace(settings, msprobe=False)
-            out = next(check_items(run.run_dir, st.golden, [key], settings))[1]
+            # a failure here is rerun at L1, whose verdict asks msprobe
+            skip_msprobe = localizes and st.localized is None
+            out = next(check_items(run.run_dir, st.golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
             if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
-                out = self._localize(st, key, out)
+                out = self._localize(st, key, out, settings)
             return out
         except PrecisionError as exc:
             return Outcome.error(exc)
 
-    def _localize(self, st: ScenarioState, key: ItemKey, l0: Outcome) -> Outcome:
+    def _localize(self, st: ScenarioState, key: ItemKey, l0: Outcome, settings: CheckSettings) -> Outcome:
         """Rerun the scenario's first failing stage at L1 (level: auto); later failing stages point to it."""
         with st.lock:
             first, st.localized = st.localized, st.localized or key
@@ -307,7 +307,7 @@ class PrecisionSession:
                 st.scenario,
                 key,
                 st.golden,
-                self._settings(st),
+                settings,
                 out_dir=out_dir,
                 device=st.device,
                 timeout=self.options.timeout,

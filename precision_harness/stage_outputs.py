@@ -22,8 +22,6 @@ imports neither torch nor msprobe.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 FILE = "stage_outputs.json"
@@ -51,11 +49,3 @@ def rank_digest(dump_sha256: str, outputs_sha256: str | None) -> str:
     Two ranks with equal digests are identical statistic for statistic (the compare's fast path).
     """
     return dump_sha256 if outputs_sha256 is None else f"{dump_sha256}+{outputs_sha256}"
-
-
-def file_digest(path: Path) -> str | None:
-    """sha256 of the file at ``path``, or None when it does not exist."""
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None

@@ -50,7 +50,7 @@ class StageOutputs:
         if value is not None:
             self._outputs.append((name, value.detach() if isinstance(value, torch.Tensor) else float(value)))
 
-    def outputs(self, name: str, values: list[float]) -> None:
+    def outputs(self, name: str, values: list[torch.Tensor | float]) -> None:
         """One scalar per call (per micro-batch or mini-batch), in order."""
         for value in values:
             self.output(name, value)

@@ -130,8 +130,7 @@ class Trainer:
         for key, value in trace["inputs"].items():
             self.io.input(key, value)
         for metric in losses:
-            for value in trace["per_call"].get(metric, []):
-                self.io.output(metric.rsplit("/", 1)[-1], value)
+            self.io.outputs(metric.rsplit("/", 1)[-1], trace["per_call"].get(metric, []))
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One PPO step in the order of verl's ``RayPPOTrainer.fit``; returns its metrics.
