@@ -9,7 +9,9 @@
 - ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
   ``golden migrate`` (plain goldens rewritten compressed) and ``golden export`` (a golden as plain
   files, for msprobe's own tools);
-- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`).
+- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`);
+- ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
+  (:mod:`precision_harness.portability`); exit 1 if a dump changes.
 
 Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
 file, a missing golden, an unsafe path): each error class carries its ``exit_code``
@@ -281,6 +283,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+# ---------------------------------------------------------------------------------- portability
+def cmd_portability(args: argparse.Namespace) -> int:
+    from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
+    from precision_harness.scenario import Scenario
+
+    scenarios = [Scenario.load(path) for path in args.scenarios]  # a bad file stops before any run
+    opts = PrecisionOptions.from_cli(args)
+    settings = SETTINGS
+    if args.settings:
+        by_name = {s.name: s for s in SETTINGS}
+        unknown = [name for name in args.settings if name not in by_name]
+        if unknown:
+            raise UsageError(f"--setting {unknown[0]!r}: not one of: {', '.join(by_name)}")
+        settings = tuple(by_name[name] for name in args.settings)
+    dependent = 0
+    for scenario in scenarios:
+        how = PortabilityRun(
+            device=opts.device_for(scenario),
+            work_dir=Path(args.work_dir),
+            timeout=opts.timeout,
+            settings=settings,
+            on_run=lambda label, run, name=scenario.name: _print(f"[precision] {name}: {label} {run.wall_s:.1f} s"),
+        )
+        result = check_scenario(scenario, how)
+        dependent += not result.independent
+        for line in result.lines():
+            _print(line)
+    return EXIT_DRIFT if dependent else EXIT_PASS
+
+
 # ----------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     from precision_harness.calibrate import DEFAULT_K
@@ -331,6 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None, help="where reruns go (default .precision/calibrate/<scenario>)")
     option_table.add_cli_options(p, "calibrate")
     p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser(
+        "portability",
+        help="run scenarios under the CPU dispatch choices other processors take; exit 1 if a dump changes",
+    )
+    p.add_argument("scenarios", type=Path, nargs="+", metavar="SCENARIO", help="scenario YAML files")
+    p.add_argument(
+        "--setting",
+        dest="settings",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run only this setting, e.g. 'MKL_CBWR=COMPATIBLE' (repeatable; default: all of them)",
+    )
+    p.add_argument("--work-dir", default=".precision/portability", help="where runs go (default .precision/portability)")
+    option_table.add_cli_options(p, "portability")
+    p.set_defaults(func=cmd_portability)
     return parser
 
 

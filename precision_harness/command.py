@@ -186,10 +186,13 @@ def launch_command(
     timeout: float | None,
     pinned: Any | None = None,
     ray_address: str | None = None,
+    dispatch_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
 
     Args:
+        dispatch_env: the portability check's CPU dispatch settings, laid over the determinism
+            environment and the scenario's own ``env`` (:mod:`precision_harness.portability`).
         pinned: the golden whose recorded rollouts a verl check run loads (None: generate them).
         ray_address: given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's trainer
             makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
@@ -208,7 +211,7 @@ def launch_command(
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
     argv, env, exclude = command_spec(scenario, run_dir)
-    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"]), **env}
+    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"]), **env, **(dispatch_env or {})}
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout)

@@ -70,6 +70,7 @@ def run_scenario(
     ray_address: str | None = None,
     pinned: Any | None = None,
     warm: bool = False,
+    dispatch_env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
@@ -80,6 +81,8 @@ def run_scenario(
     so the Ray they start (verl's trainer does) joins that cluster; ``pinned`` is the golden whose
     rollouts a verl check run loads. ``warm``: a single-rank built-in run is forked from the warm
     server (:mod:`precision_harness.warm`) when its determinism environment matches the server's.
+    ``dispatch_env``: variables laid over the determinism environment (the portability check's
+    CPU dispatch settings, :mod:`precision_harness.portability`); such a run is always fresh.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
@@ -87,7 +90,14 @@ def run_scenario(
     out_dir = Path(out_dir)
     if scenario.kind != "builtin":
         return _run_command_scenario(
-            scenario, out_dir=out_dir, device=device, dump=dump, timeout=timeout, pinned=pinned, ray_address=ray_address
+            scenario,
+            out_dir=out_dir,
+            device=device,
+            dump=dump,
+            timeout=timeout,
+            pinned=pinned,
+            ray_address=ray_address,
+            dispatch_env=dispatch_env,
         )
     on_ray = uses_ray(scenario, ray_address)
     if on_ray:
@@ -110,13 +120,13 @@ def run_scenario(
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     determinism = determinism_env(device, scenario.config["trainer"]["num_threads"])
-    env = {**os.environ, **determinism}
+    env = {**os.environ, **determinism, **(dispatch_env or {})}
     # the worker must import this same checkout of precision_harness
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     log = out_dir / "worker.log"
-    context = None if on_ray or not warm else warm_mod.context_for(determinism)
+    context = None if on_ray or not warm or dispatch_env else warm_mod.context_for(determinism)
     if context is not None:
         argv = worker_argv(scenario, out_dir=out_dir, device=device, dump=dump)
         returncode = _run_warm(context, scenario, argv, env=env, log=log, timeout=timeout)
@@ -173,6 +183,7 @@ def _run_command_scenario(
     timeout: float | None,
     pinned: Any | None,
     ray_address: str | None,
+    dispatch_env: dict[str, str] | None,
 ) -> RunResult:
     from precision_harness.command import launch_command
 
@@ -182,6 +193,12 @@ def _run_command_scenario(
     out_dir.mkdir(parents=True)
     t0 = time.perf_counter()
     manifest = launch_command(
-        scenario, run_dir=out_dir.resolve(), device=device, timeout=timeout, pinned=pinned, ray_address=ray_address
+        scenario,
+        run_dir=out_dir.resolve(),
+        device=device,
+        timeout=timeout,
+        pinned=pinned,
+        ray_address=ray_address,
+        dispatch_env=dispatch_env,
     )
     return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=time.perf_counter() - t0)

@@ -98,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
         "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate", "compare", "export"),
+        cli=("run", "calibrate", "compare", "export", "portability"),
     ),
     Option(
         "artifacts",
@@ -164,7 +164,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a scenario run may take (0: no limit)",
         default="0",
         pytest="ini",
-        cli=("run", "calibrate"),
+        cli=("run", "calibrate", "portability"),
         convert=_timeout,
     ),
 )

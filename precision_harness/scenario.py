@@ -50,7 +50,13 @@ DEFAULTS: dict[str, Any] = {
     },
     "data": {"source": "arithmetic", "train_batch_size": 4, "max_prompt_length": 16, "max_response_length": 8},
     # world_size is structural (in the hash when > 1); ray.* only says where the ranks run
-    "trainer": {"total_training_steps": 2, "num_threads": 1, "world_size": 1, "ray": {"num_cpus": 1, "resources": {}}},
+    "trainer": {
+        "total_training_steps": 2,
+        "num_threads": 1,
+        "world_size": 1,
+        "cpu_kernels": "portable",
+        "ray": {"num_cpus": 1, "resources": {}},
+    },
     "actor_rollout_ref": {
         "actor": {
             "ppo_mini_batch_size": 2,

@@ -13,6 +13,10 @@ import random
 from typing import Any
 
 DEVICES = ("cpu", "cuda", "npu")
+#: what torch.backends.cpu.get_cpu_capability() reports under ATEN_CPU_CAPABILITY=avx2
+PORTABLE_CPU_CAPABILITY = "AVX2"
+#: ``PRECISION_MKLDNN=0`` turns oneDNN off in a built-in worker (one of the portability check's settings)
+MKLDNN_SWITCH = "PRECISION_MKLDNN"
 
 
 def determinism_env(device: str, num_threads: int) -> dict[str, str]:
@@ -44,11 +48,16 @@ def determinism_env(device: str, num_threads: int) -> dict[str, str]:
     return env
 
 
-def setup(device: str, *, seed: int, num_threads: int) -> Any:
+def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "portable") -> Any:
     """Seed python/numpy/torch, pin threads, turn on deterministic algorithms; return the torch device.
 
+    On cpu with ``cpu_kernels="portable"`` (``trainer.cpu_kernels``) the matrix products run
+    through :mod:`precision_harness.runner.cpu_kernels`, so a golden does not depend on the
+    processor that recorded it; ``"vendor"`` keeps torch's MKL/oneDNN dispatch.
+
     Raises:
-        RuntimeError: the requested device is not available (no CUDA, or torch_npu missing).
+        RuntimeError: the requested device is not available (no CUDA, or torch_npu missing), or
+            portable CPU kernels on a CPU where ATen cannot run its AVX2 kernels.
     """
     import numpy as np
     import torch
@@ -69,6 +78,10 @@ def setup(device: str, *, seed: int, num_threads: int) -> Any:
             pass
     elif device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device cuda: torch.cuda.is_available() is False; pick --precision-device cpu")
+    elif device == "cpu" and cpu_kernels == "portable":
+        _portable_cpu(torch)
+    if os.environ.get(MKLDNN_SWITCH) == "0":
+        torch.backends.mkldnn.enabled = False
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -79,6 +92,25 @@ def setup(device: str, *, seed: int, num_threads: int) -> Any:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     return torch.device(device)
+
+
+def _portable_cpu(torch: Any) -> None:
+    """Install the portable kernels; refuse a CPU whose ATen kernels are not the pinned AVX2 ones.
+
+    Every element-wise op and reduction (msprobe's own Mean included) runs ATen's kernel for
+    ``ATEN_CPU_CAPABILITY``; a CPU without AVX2 silently runs another one, whose transcendental
+    functions round differently, so its dumps could never match a golden: say so instead.
+    """
+    from precision_harness.runner import cpu_kernels
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != PORTABLE_CPU_CAPABILITY:
+        raise RuntimeError(
+            f"CPU goldens are recorded with ATen's {PORTABLE_CPU_CAPABILITY} kernels, but this CPU runs "
+            f"{capability} ({platform.machine()}): its dumps cannot match them; record goldens for it "
+            "in a project of its own"
+        )
+    cpu_kernels.install()
 
 
 def fingerprint(device: str, num_threads: int) -> dict[str, Any]:

@@ -66,7 +66,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg = self.cfg
-        self.device = devices.setup(self.device_name, seed=cfg["seed"], num_threads=cfg["trainer"]["num_threads"])
+        trainer = cfg["trainer"]
+        self.device = devices.setup(
+            self.device_name,
+            seed=cfg["seed"],
+            num_threads=trainer["num_threads"],
+            cpu_kernels=trainer["cpu_kernels"],
+        )
         self.tok = models.ByteTokenizer()
         actor_cfg = cfg["actor_rollout_ref"]["actor"]
         self.actor_dtype = models.DTYPES[actor_cfg["dtype"]]
