@@ -376,7 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only this setting, e.g. 'MKL_CBWR=COMPATIBLE' (repeatable; default: all of them)",
     )
-    p.add_argument("--work-dir", default=".precision/portability", help="where runs go (default .precision/portability)")
+    p.add_argument(
+        "--work-dir", default=".precision/portability", help="where runs go (default .precision/portability)"
+    )
     option_table.add_cli_options(p, "portability")
     p.set_defaults(func=cmd_portability)
     return parser

@@ -38,7 +38,16 @@ from precision_harness.runner.devices import determinism_env
 
 #: environment variables forwarded from the caller to every rank (test hooks, msprobe/torch knobs, and the
 #: CPU dispatch settings of the portability check).
-FORWARDED_ENV_PREFIXES = ("PRECISION_TEST_", "ASCEND_", "HCCL_", "NCCL_", "GLOO_", "MKL_", "ONEDNN_", "PRECISION_MKLDNN")
+FORWARDED_ENV_PREFIXES = (
+    "PRECISION_TEST_",
+    "ASCEND_",
+    "HCCL_",
+    "NCCL_",
+    "GLOO_",
+    "MKL_",
+    "ONEDNN_",
+    "PRECISION_MKLDNN",
+)
 RAY_INSTALL_HINT = "pip install 'ray[default]>=2.40' (a dependency of pytest-precision: reinstall it with pip)"
 
 
