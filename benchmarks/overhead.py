@@ -24,10 +24,16 @@ L0, L1 and auto: the worker's wall time and its profiled stages' time over a run
 Section ``gate``: the full gate's wall time (``pytest scenarios precision_tests``) with warm workers
 (``--precision-worker warm``, forked from a preloaded server) against a fresh interpreter per run.
 
+Section ``kernels``: every scenario's run (msprobe on, fresh interpreter) with the portable CPU
+kernels the goldens are recorded with (``trainer.cpu_kernels: portable``, the default) against
+torch's own MKL/oneDNN kernels (``vendor``), interleaved scenario by scenario, summed: what CPU
+portability costs the gate's runs.
+
 Each timing is the minimum of ``--repeat`` runs. Nothing is
 asserted: this is a measurement, not a test.
 
-Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N] [--sections collection,goldens,levels,gate]
+Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N]
+       [--sections collection,goldens,levels,gate,kernels]
 """
 
 from __future__ import annotations
@@ -220,6 +226,30 @@ def gate_section(tmp: Path) -> None:
     )
 
 
+def kernels_section(paths: list[Path], tmp: Path) -> None:
+    """Each scenario's worker wall time with portable and with vendor CPU kernels, interleaved."""
+    totals = {"portable": 0.0, "vendor": 0.0}
+    print(f"{'scenario':<28}{'portable s':>12}{'vendor s':>10}{'ratio':>8}")
+    for path in paths:
+        scenario = Scenario.load(path)
+        walls = {}
+        for kernels in ("portable", "vendor"):
+            variant = scenario.with_overrides(
+                {"trainer.cpu_kernels": kernels}, directory=tmp / "kernel_variants", tag=kernels
+            )
+            run = run_scenario(variant, out_dir=tmp / f"k_{scenario.name}_{kernels}", device="cpu")
+            walls[kernels] = run.wall_s
+            totals[kernels] += run.wall_s
+        print(
+            f"{scenario.name:<28}{walls['portable']:>12.1f}{walls['vendor']:>10.1f}"
+            f"{walls['portable'] / walls['vendor']:>8.2f}"
+        )
+    print(
+        f"{'all scenarios':<28}{totals['portable']:>12.1f}{totals['vendor']:>10.1f}"
+        f"{totals['portable'] / totals['vendor']:>8.2f}"
+    )
+
+
 DEEP = REPO / "benchmarks" / "scenarios" / "grpo_deep24.yaml"
 
 
@@ -267,7 +297,9 @@ def main() -> None:
     parser.add_argument("scenarios", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
-        "--sections", default="collection,goldens,levels,gate", help="comma list: collection, goldens, levels, gate"
+        "--sections",
+        default="collection,goldens,levels,gate,kernels",
+        help="comma list: collection, goldens, levels, gate, kernels",
     )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -282,6 +314,8 @@ def main() -> None:
             levels_section(tmp)
         if "gate" in sections:
             gate_section(tmp)
+        if "kernels" in sections:
+            kernels_section(paths, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,0 +1,235 @@
+"""CPU portability: the portable kernels make every dump independent of MKL/oneDNN dispatch, and the
+portability check names the (step, stage) that a dispatch-dependent kernel moves.
+
+The pytest process never imports torch: kernel tests run a snippet in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from harness_testing import base_data, write_dump
+
+from precision_harness import cli
+from precision_harness.errors import RunFailedError
+from precision_harness.launch import run_scenario
+from precision_harness.portability import (
+    METRICS,
+    SETTINGS,
+    DispatchSetting,
+    PortabilityRun,
+    check_scenario,
+    diff_runs,
+)
+from precision_harness.scenario import Scenario
+
+REPO = Path(__file__).resolve().parent.parent
+BF16 = REPO / "scenarios" / "grpo_bf16_actor.yaml"
+#: the settings that change something on an AVX2 machine when a kernel is dispatch-dependent
+#: (MKL's SSE2 branch), plus the two that move oneDNN: a fast subset for every CI run
+FAST = tuple(s for s in SETTINGS if s.name in ("MKL_CBWR=COMPATIBLE", "ONEDNN_MAX_CPU_ISA=ALL", "PRECISION_MKLDNN=0"))
+
+
+# ------------------------------------------------------------------------------------- the diff
+def _run_dir(root: Path, data: dict, metrics: list[dict]) -> Path:
+    write_dump(root / "step_1" / "actor_update", data)
+    write_dump(root / "step_1" / "actor_compute_log_prob", base_data())
+    (root / METRICS).write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return root
+
+
+def test_diff_names_the_first_differing_row_and_stage(tmp_path: Path) -> None:
+    metrics = [{"training/global_step": 1, "actor/pg_loss": 0.25}]
+    base = _run_dir(tmp_path / "base", base_data(), metrics)
+    moved = copy.deepcopy(base_data())
+    moved["Functional.linear.0.forward"]["output"][0]["Mean"] = 0.010000001
+    moved["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.91
+    other = _run_dir(tmp_path / "other", moved, [{"training/global_step": 1, "actor/pg_loss": 0.2500001}])
+    changes = diff_runs(base, other, "MKL_CBWR=COMPATIBLE")
+    assert [c.where for c in changes] == ["actor_update @ step_1", METRICS]
+    assert changes[0].first == "Functional.linear.0.forward.output.0 Mean 0.01 -> 0.010000001"
+    assert changes[1].first == "step_1 actor/pg_loss 0.25 -> 0.2500001"
+    assert all(c.setting == "MKL_CBWR=COMPATIBLE" for c in changes)
+
+
+def test_identical_runs_have_no_change(tmp_path: Path) -> None:
+    metrics = [{"training/global_step": 1, "actor/pg_loss": 0.25}]
+    base = _run_dir(tmp_path / "base", base_data(), metrics)
+    other = _run_dir(tmp_path / "other", base_data(), metrics)
+    assert diff_runs(base, other, "x") == []
+
+
+def test_stage_missing_from_a_run_is_a_change(tmp_path: Path) -> None:
+    base = _run_dir(tmp_path / "base", base_data(), [])
+    other = tmp_path / "other"
+    write_dump(other / "step_1" / "actor_update", base_data())
+    (other / METRICS).write_text("")
+    changes = diff_runs(base, other, "x")
+    assert [(c.where, c.first) for c in changes] == [("actor_compute_log_prob @ step_1", "missing from this run")]
+
+
+def test_report_lines_group_settings_by_stage() -> None:
+    from precision_harness.portability import Change, ScenarioPortability
+
+    result = ScenarioPortability(scenario="s", settings=["A=1", "B=2"], files=6)
+    assert result.lines() == [
+        "s: dispatch-independent: 6 stage dumps and metrics.jsonl byte-identical under 2 settings (3 runs)"
+    ]
+    result.changes = [
+        Change("A=1", "actor_update @ step_2", "row2"),
+        Change("A=1", "actor_update @ step_1", "row1"),
+        Change("B=2", "actor_update @ step_1", "row1b"),
+    ]
+    assert result.lines() == [
+        "s: 2 of 6 stage dumps change with the CPU dispatch",
+        "  actor_update @ step_1: first differing row row1",
+        "    under A=1; B=2",
+        "  actor_update @ step_2: first differing row row2",
+        "    under A=1",
+    ]
+
+
+def test_every_setting_has_a_distinct_name_and_says_what_it_emulates() -> None:
+    names = [s.name for s in SETTINGS]
+    assert len(set(names)) == len(names) and all(s.emulates for s in SETTINGS)
+    assert DispatchSetting(env=(("A", "1"), ("B", "2")), emulates="x").name == "A=1 B=2"
+
+
+# ------------------------------------------------------------------------------------- the CLI
+def test_cli_unknown_setting_is_one_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["portability", str(BF16), "--setting", "MKL_CBWR=AVX512"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--setting 'MKL_CBWR=AVX512': not one of: MKL_CBWR=COMPATIBLE" in err
+
+
+def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmodel: {hidden_size: -1}\n")
+    code = cli.main(["portability", str(BF16), str(bad), "--work-dir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "bad.yaml" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------------------ the kernels
+KERNEL_SNIPPET = textwrap.dedent(
+    """
+    import json, sys, torch
+    from precision_harness.runner import cpu_kernels
+    torch.manual_seed(0)
+    a, b = torch.randn(37, 70), torch.randn(70, 29)
+    c, v = torch.randn(37, 29), torch.randn(70)
+    A, B, C = torch.randn(3, 9, 70), torch.randn(3, 70, 11), torch.randn(3, 9, 11)
+    cases = {
+        "mm": lambda: torch.mm(a, b),
+        "addmm": lambda: torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+        "bmm": lambda: torch.bmm(A, B),
+        "baddbmm": lambda: torch.baddbmm(C, A, B, beta=0.0, alpha=1.5),
+        "mv": lambda: torch.mv(a, v),
+        "addmv": lambda: torch.addmv(c[:, 0], a, v),
+        "dot": lambda: torch.dot(v, v),
+        "linear_bf16": lambda: torch.nn.functional.linear(a.bfloat16(), b.T.bfloat16(), c[0].bfloat16()),
+        "matmul_out": lambda: torch.matmul(a, b, out=torch.empty(0)),
+        "addmm_": lambda: c.clone().addmm_(a, b),
+    }
+    ref = {k: f().double() for k, f in cases.items()}
+    ref["linear_bf16"] = torch.nn.functional.linear(
+        a.bfloat16().double(), b.T.bfloat16().double(), c[0].bfloat16().double()
+    )
+    cpu_kernels.install()
+    out = {}
+    for k, f in cases.items():
+        y = f()
+        rel = ((y.double() - ref[k]).abs().max() / ref[k].abs().max()).item()
+        out[k] = {"bytes": y.float().numpy().tobytes().hex(), "rel": rel, "dtype": str(y.dtype), "shape": list(y.shape)}
+    x = torch.randn(5, 70, requires_grad=True)
+    torch.nn.functional.linear(x, b.T).sum().backward()
+    out["grad_err"] = (x.grad.double() - b.double().sum(1).expand(5, 70)).abs().max().item()
+    out["mkldnn"] = torch.backends.mkldnn.enabled
+    json.dump(out, sys.stdout)
+    """
+)
+
+
+def _kernels(env: dict[str, str]) -> dict:
+    from precision_harness.runner.devices import determinism_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", KERNEL_SNIPPET],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **determinism_env("cpu", 2), **env, "PYTHONPATH": str(REPO)},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> None:
+    pinned = _kernels({})
+    for name, case in pinned.items():
+        if not isinstance(case, dict):
+            continue
+        bound = 2**-8 if name == "linear_bf16" else 1e-6  # bf16: one rounding of the output, half an ulp
+        assert case["rel"] < bound, (name, case["rel"])
+    assert pinned["linear_bf16"]["dtype"] == "torch.bfloat16" and pinned["mm"]["shape"] == [37, 29]
+    assert pinned["grad_err"] < 1e-4 and pinned["mkldnn"] is False
+    for env in ({"MKL_CBWR": "COMPATIBLE"}, {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}):
+        other = _kernels(env)
+        changed = [k for k in pinned if isinstance(pinned[k], dict) and pinned[k]["bytes"] != other[k]["bytes"]]
+        assert changed == [], (env, changed)
+
+
+# ------------------------------------------------------------------------------ the scenarios
+def _vendor(tmp_path: Path) -> Scenario:
+    return Scenario.load(BF16).with_overrides(
+        {"trainer.cpu_kernels": "vendor"}, directory=tmp_path / "variant", name="grpo_bf16_actor", tag="vendor"
+    )
+
+
+def test_bf16_scenario_is_dispatch_independent(tmp_path: Path) -> None:
+    result = check_scenario(Scenario.load(BF16), PortabilityRun(device="cpu", work_dir=tmp_path, settings=FAST))
+    assert result.independent, "\n".join(result.lines())
+    assert result.files == 6 and result.settings == [s.name for s in FAST]
+
+
+def test_check_names_the_bf16_stage_a_dispatch_dependent_kernel_moves(tmp_path: Path) -> None:
+    """With the portable kernels undone (torch's MKL kernels), MKL's SSE2 branch moves the fp32
+    rollout's log-probs, so the bf16 actor's update is the first stage to change."""
+    compat = tuple(s for s in SETTINGS if s.name == "MKL_CBWR=COMPATIBLE")
+    result = check_scenario(_vendor(tmp_path), PortabilityRun(device="cpu", work_dir=tmp_path / "w", settings=compat))
+    assert not result.independent
+    first = result.changes[0]
+    assert first.where == "actor_update @ step_1" and first.setting == "MKL_CBWR=COMPATIBLE"
+    assert " -> " in first.first
+    assert result.lines()[0].startswith("grpo_bf16_actor: ")
+
+
+def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None:
+    """ATEN_CPU_CAPABILITY=default is what a CPU without AVX2 runs: its dumps could never match."""
+    with pytest.raises(RunFailedError) as info:
+        run_scenario(
+            Scenario.load(BF16), out_dir=tmp_path / "run", device="cpu", dispatch_env={"ATEN_CPU_CAPABILITY": "default"}
+        )
+    message = str(info.value)
+    assert "CPU goldens are recorded with ATen's AVX2 kernels, but this CPU runs DEFAULT" in message
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.skipif(os.environ.get("PRECISION_NIGHTLY") != "1", reason="nightly: PRECISION_NIGHTLY=1 runs it")
+def test_every_committed_scenario_is_dispatch_independent(tmp_path: Path) -> None:
+    failures = []
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        result = check_scenario(Scenario.load(path), PortabilityRun(device="cpu", work_dir=tmp_path))
+        if not result.independent:
+            failures.extend(result.lines())
+    assert not failures, "\n".join(failures)
