@@ -128,8 +128,10 @@ KERNEL_SNIPPET = textwrap.dedent(
     a, b = torch.randn(37, 70), torch.randn(70, 29)
     c, v = torch.randn(37, 29), torch.randn(70)
     A, B, C = torch.randn(3, 9, 70), torch.randn(3, 70, 11), torch.randn(3, 9, 11)
+    ai, bi = torch.randint(-1000, 1000, (5, 7)), torch.randint(-1000, 1000, (7, 3))
     cases = {
         "mm": lambda: torch.mm(a, b),
+        "mm_int64": lambda: torch.mm(ai, bi),
         "addmm": lambda: torch.addmm(c, a, b, beta=0.5, alpha=2.0),
         "bmm": lambda: torch.bmm(A, B),
         "baddbmm": lambda: torch.baddbmm(C, A, B, beta=0.0, alpha=1.5),
@@ -182,6 +184,7 @@ def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> No
         bound = 2**-8 if name == "linear_bf16" else 1e-6  # bf16: one rounding of the output, half an ulp
         assert case["rel"] < bound, (name, case["rel"])
     assert pinned["linear_bf16"]["dtype"] == "torch.bfloat16" and pinned["mm"]["shape"] == [37, 29]
+    assert pinned["mm_int64"]["rel"] == 0 and pinned["mm_int64"]["dtype"] == "torch.int64"
     assert pinned["grad_err"] < 1e-4 and pinned["mkldnn"] is False
     for env in ({"MKL_CBWR": "COMPATIBLE"}, {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}):
         other = _kernels(env)

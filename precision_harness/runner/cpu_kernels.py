@@ -13,7 +13,8 @@ to ``avx2`` by ``devices.determinism_env``), which every x86-64 CPU with AVX2 ho
 with one computation built from ATen's element-wise multiply and its ``sum`` reduction:
 
 - every product ``a[i, p] * b[p, j]`` is formed in the accumulation dtype (fp32 for fp32, bf16
-  and fp16 inputs, where the product of two bf16 or fp16 numbers is exact; fp64 for fp64);
+  and fp16 inputs, where the product of two bf16 or fp16 numbers is exact; the input dtype
+  otherwise: fp64, integers);
 - the products are summed over ``p`` by ATen's reduction in the accumulation dtype, whose order
   depends only on the shapes and the thread count (pinned per scenario);
 - ``alpha``/``beta`` are applied in the accumulation dtype, then the result is rounded once to
@@ -54,8 +55,13 @@ _aten = torch.ops.aten
 _LIBRARY: Any = None
 
 
+#: inputs accumulated in fp32: their products are exact in fp32 (bf16, fp16) or already fp32
+_FP32_ACCUMULATED = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """fp32 for fp32/bf16/fp16; the dtype itself otherwise (fp64, and integers, whose sums are exact)."""
+    return torch.float32 if dtype in _FP32_ACCUMULATED else dtype
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
