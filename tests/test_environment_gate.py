@@ -23,6 +23,7 @@ from harness_testing import TINY, base_data, write_dump
 
 from precision_harness import session as session_mod
 from precision_harness.check import CheckSettings, ItemKey, OutcomeKind, check_items
+from precision_harness.cli import main
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.golden import Golden, GoldenStore
 from precision_harness.launch import RunResult
@@ -175,6 +176,21 @@ def test_golden_without_its_model_still_gates(gate) -> None:
     out = gate(old, A100)
     assert out.kind is OutcomeKind.COMPARED
     assert out.text.splitlines()[1].startswith("  environment not fully recorded: GPU not recorded -> NVIDIA A100")
+
+
+def test_compare_applies_cross_device_rules_to_another_model(tmp_path: Path, capsys) -> None:
+    """``precision-harness compare`` reads both run.json: another GPU model is another device's kernels."""
+    scenario = Scenario.load(TINY)
+    golden = _run_dir(tmp_path / "golden", scenario, H100)
+    artifacts = ["--artifacts", str(tmp_path / "artifacts")]
+    a100 = _run_dir(tmp_path / "a100", scenario, A100, _drift)
+    assert main(["compare", str(a100), str(golden), *artifacts]) == 0  # within the cross-device fp32 rtol 1e-3
+    upgraded = _run_dir(tmp_path / "upgraded", scenario, {**H100, "torch": "2.14.0+cpu"}, _drift)
+    capsys.readouterr()
+    assert main(["compare", str(upgraded), str(golden), *artifacts]) == 1
+    out = capsys.readouterr().out.splitlines()
+    failing = next(i for i, line in enumerate(out) if line.startswith("FAIL actor_update @ step_1"))
+    assert out[failing + 1] == ENV_LINE
 
 
 # ----------------------------------------------------------------------- report and summary
