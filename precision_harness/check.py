@@ -22,6 +22,7 @@ from precision_harness import compare as compare_mod
 from precision_harness import verdict_text
 from precision_harness.churn import ChurnRow
 from precision_harness.compare import DirStage, MetricsVerdict, StageVerdict
+from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import Golden, GoldenStage
 from precision_harness.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure
@@ -53,6 +54,8 @@ class Outcome:
     churn: list[ChurnRow] = field(default_factory=list)  #: update mode: the stage against the previous golden
     #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (precision_harness.localize)
     localized: Outcome | None = None
+    #: the run's environment against the golden's (every item of a scenario carries the same)
+    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
 
     @classmethod
     def error(cls, exc: PrecisionError) -> Outcome:
@@ -94,6 +97,8 @@ class CheckSettings:
     #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
     #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
     msprobe: bool = True
+    #: the target's environment against the golden's: a failing verdict names it first after its headline
+    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
 
 
 def items_of(target: Path, golden: Golden) -> list[ItemKey]:
@@ -128,6 +133,7 @@ def check_items(
             )
         except PrecisionError as exc:
             out = Outcome.error(exc)
+        out.environment = settings.environment
         yield key, out
 
 
@@ -158,6 +164,7 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
         changed=list(s.changed),
         level=golden.level,
         msprobe=s.msprobe,
+        environment=s.environment.headline(),
     )
 
 
@@ -172,6 +179,7 @@ def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
         policy=s.policy,
         rerun=s.rerun(METRICS_ITEM) if s.rerun else None,
         changed=list(s.changed),
+        environment=s.environment.headline(),
     )
 
 
@@ -191,6 +199,7 @@ def check_stage(
     changed: list[str] | None = None,
     level: str | None = None,
     msprobe: bool = True,
+    environment: str | None = None,
 ) -> Outcome:
     """Compare one stage and, when it fails, ask msprobe too (first diff; graph for L0/mix).
 
@@ -201,6 +210,7 @@ def check_stage(
         shown_artifacts: how the verdict names ``artifacts`` (e.g. relative to rootdir).
         level: msprobe dump level; L0/mix failures also get msprobe's graph database.
         msprobe: False skips msprobe's table, first diff and graph (our verdict alone).
+        environment: :meth:`EnvironmentDiff.headline`, the first line after a failing verdict's headline.
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
@@ -229,6 +239,7 @@ def check_stage(
         artifacts=shown,
         rerun=rerun,
         changed=changed,
+        environment=environment,
         msprobe=answer.lines(graph_dir=(shown / "graph") if shown is not None else None) if answer else None,
     )
     if artifacts is not None:
@@ -247,8 +258,12 @@ def check_metrics(
     policy: TolerancePolicy,
     rerun: str | None = None,
     changed: list[str] | None = None,
+    environment: str | None = None,
 ) -> Outcome:
-    """Compare a ``metrics.jsonl`` with the golden's (a file, or its parsed rows) with ``policy.for_metric``."""
+    """Compare a ``metrics.jsonl`` with the golden's (a file, or its parsed rows) with ``policy.for_metric``.
+
+    ``environment`` (:meth:`EnvironmentDiff.headline`) is the first line after a failing verdict's headline.
+    """
     __tracebackhide__ = True
     t0 = time.perf_counter()
     golden_rows = compare_mod.read_metrics(golden) if isinstance(golden, (str, Path)) else golden
@@ -260,5 +275,6 @@ def check_metrics(
         rerun=None if verdict.passed else rerun,
         policy_exact=policy.exact,
         changed=None if verdict.passed else changed,
+        environment=None if verdict.passed else environment,
     )
     return Outcome(verdict.passed, text, OutcomeKind.COMPARED, verdict, seconds=time.perf_counter() - t0)

@@ -96,22 +96,30 @@ def _compare_target(target: Path, artifacts: Path) -> Path:
     out = artifacts / "target"
     shutil.rmtree(out, ignore_errors=True)
     golden.export(out)
-    (out / "run.json").write_text(json.dumps({"scenario": golden.scenario, "device": golden.device}), encoding="utf-8")
+    run = {"scenario": golden.scenario, "device": golden.device, "env": golden.env}
+    (out / "run.json").write_text(json.dumps(run), encoding="utf-8")
     return out
+
+
+def _target_run(target: Path) -> dict:
+    """The target's run.json (device, environment), ``{}`` where it has none or it is unreadable."""
+    try:
+        run = json.loads((target / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return run if isinstance(run, dict) else {}
 
 
 def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
     """``--device``, else the device our runner wrote into the target's run.json (None: unknown)."""
     if opts.device != "auto":
         return opts.device
-    try:
-        return json.loads((target / "run.json").read_text(encoding="utf-8")).get("device")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return _target_run(target).get("device")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from precision_harness.check import CheckSettings, check_items
+    from precision_harness.environment import EnvironmentDiff
     from precision_harness.report import ItemRecord, PrecisionReport
     from precision_harness.scenario import Scenario
     from precision_harness.tolerance import TolerancePolicy
@@ -120,9 +128,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     target, golden, artifacts, keys = _compare_inputs(args, opts)
     tolerance = Scenario.load(args.scenario).config["tolerance"] if args.scenario else None
     device = _target_device(target, opts)
-    cross = device is not None and golden.device is not None and device != golden.device
+    environment = EnvironmentDiff.between(golden.env, _target_run(target).get("env"))
+    # another accelerator model is another device's kernels: the cross-device rules, as for another device type
+    cross = (device is not None and golden.device is not None and device != golden.device) or bool(
+        environment.device_model
+    )
     policy = TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross)
-    settings = CheckSettings(scenario=golden.scenario, policy=policy, artifacts=artifacts)
+    settings = CheckSettings(scenario=golden.scenario, policy=policy, artifacts=artifacts, environment=environment)
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):
         _print(("PASS " if out.passed else "FAIL ") + out.text)

@@ -129,8 +129,26 @@ def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
     return found
 
 
-def write_run_json(scenario: Any, run_dir: Path, *, argv: list[str], device: str, wall_s: float) -> dict[str, Any]:
-    """``run.json`` for a command run: what the golden manifest records, and what was dumped undeclared."""
+def command_fingerprint(argv: list[str], *, device: str, num_threads: int, environ: dict[str, str]) -> dict[str, Any]:
+    """A command run's ``env``: what the gate knows without importing torch (the command's own process
+    loaded it): python, the command, the machine's CPU, threads and the determinism variables ``environ``
+    gave the command for ``device``. Package versions are the command's business and are not recorded."""
+    from precision_harness import machine
+    from precision_harness.runner.devices import determinism_settings
+
+    return {
+        "python": platform.python_version(),
+        "command": " ".join(argv),
+        "machine": platform.machine(),
+        **machine.cpu_fingerprint(),
+        "num_threads": num_threads,
+        "determinism_env": determinism_settings(device, num_threads, environ),
+    }
+
+
+def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device: str, wall_s: float) -> dict[str, Any]:
+    """``run.json`` for a command run (``env``: :func:`command_fingerprint`): what the golden manifest
+    records, and what was dumped undeclared."""
     declared = {(s, st) for s in scenario.steps for st in scenario.stages}
     undeclared = sorted(f"step_{s}/{st}" for s, st in dumped_stages(run_dir) - declared)
     manifest = {
@@ -143,7 +161,7 @@ def write_run_json(scenario: Any, run_dir: Path, *, argv: list[str], device: str
         "dump": True,
         "rank": 0,
         "world_size": 1,
-        "env": {"python": platform.python_version(), "command": " ".join(argv)},
+        "env": env,
         "steps": list(scenario.steps),
         "stages": list(scenario.stages),
         "numeric_settings": scenario.numeric_settings,
@@ -211,9 +229,11 @@ def launch_command(
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
     argv, env, exclude = command_spec(scenario, run_dir)
-    env = {**determinism_env(device, scenario.config["trainer"]["num_threads"]), **env, **(dispatch_env or {})}
+    threads = scenario.config["trainer"]["num_threads"]
+    env = {**determinism_env(device, threads), **env, **(dispatch_env or {})}
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout)
     normalize_metrics(run_dir, exclude=list(exclude))
-    return write_run_json(scenario, run_dir, argv=argv, device=device, wall_s=wall)
+    fingerprint = command_fingerprint(argv, device=device, num_threads=threads, environ={**os.environ, **env})
+    return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)

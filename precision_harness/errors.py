@@ -41,6 +41,13 @@ class GoldenStaleError(GoldenError):
     """The golden was recorded from another scenario hash or msprobe level: re-record, not drift."""
 
 
+class GoldenDeviceModelError(GoldenError):
+    """The golden was recorded on another accelerator model (GPU or NPU name) than the run's device.
+
+    Not used silently: the gate asks for ``--precision-golden-device`` (cross-device rules) or a re-record.
+    """
+
+
 class ProbeUnavailableError(PrecisionError):
     """mindstudio-probe (msprobe) is not importable in the interpreter that needs it."""
 

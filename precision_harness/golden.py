@@ -149,6 +149,7 @@ class Golden:
             "device": run.get("device"),
             "level": run.get("level") or _dump_level(path, files),
             "numeric_settings": run.get("numeric_settings"),
+            "env": run.get("env"),
             "metrics": METRICS,
             "files": {rel: {"sha256": sha256_file(path / rel), "bytes": (path / rel).stat().st_size} for rel in files},
         }
@@ -162,6 +163,11 @@ class Golden:
     @property
     def device(self) -> str | None:
         return self.manifest.get("device")
+
+    @property
+    def env(self) -> dict[str, Any] | None:
+        """The recording run's environment (runner.devices.fingerprint), None for a directory without run.json."""
+        return self.manifest.get("env")
 
     @property
     def level(self) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import LOCALIZE_DIR, Golden
 from precision_harness.launch import RunResult, run_scenario
@@ -80,7 +81,8 @@ def localize(
     )
     t0 = time.perf_counter()
     result = run(variant, out_dir=Path(out_dir) / "run", **kw)
-    local_settings = replace(settings, artifacts=Path(out_dir), rerun=None)  # the L0 verdict gives the rerun
+    # the L0 verdict gives the rerun command and the environment line
+    local_settings = replace(settings, artifacts=Path(out_dir), rerun=None, environment=EnvironmentDiff())
     outcome = next(check_items(result.run_dir, record, [key], local_settings))[1]
     outcome.seconds = time.perf_counter() - t0
     return outcome

@@ -138,8 +138,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "golden-device",
-        "compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden) "
-        "with the scenario's tolerance.cross_device rules",
+        "compare against the golden recorded on DEVICE (e.g. an NPU run against the GPU golden), or on "
+        "another GPU/NPU model (refused without this flag), with the scenario's tolerance.cross_device rules",
         choices=("cpu", "cuda", "npu"),
         metavar="DEVICE",
     ),

@@ -20,6 +20,7 @@ from typing import Any
 from precision_harness.check import Outcome, OutcomeKind
 from precision_harness.churn import ChurnRow, churn_table
 from precision_harness.compare import Drift, MetricsVerdict, StageVerdict
+from precision_harness.environment import EnvironmentDiff, grouped
 from precision_harness.scenario import LOCALIZE_LEVEL, STAGES
 
 REPORT_FORMAT = 1
@@ -27,6 +28,8 @@ REPORT_FORMAT = 1
 MAX_PROFILE_POINTS = 4000
 #: problems kept per record
 MAX_RECORD_PROBLEMS = 20
+#: scenarios named in a summary line about an environment difference before "and N more"
+MAX_NAMED_SCENARIOS = 3
 
 
 def _finite(x: Any) -> float | None:
@@ -90,6 +93,8 @@ class ItemRecord:
     run: dict[str, Any] | None = None
     #: level auto: ``{"level", "passed", "first_divergence", "msprobe_first_diff"}`` of the L1 rerun
     localized: dict[str, Any] | None = None
+    #: the run's environment against the golden's: :meth:`EnvironmentDiff.to_json` rows (empty: same, or unknown)
+    environment_diff: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_outcome(
@@ -124,6 +129,7 @@ class ItemRecord:
             rec.graphs = [str(p) for p in outcome.msprobe.graphs]
             rec.msprobe_errors = list(outcome.msprobe.errors)
         rec.localized = _localized_json(outcome.localized)
+        rec.environment_diff = outcome.environment.to_json()
         return rec
 
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
@@ -147,7 +153,7 @@ class ItemRecord:
         return asdict(self)
 
     def user_properties(self) -> list[tuple[str, str]]:
-        """The JUnit XML properties of the item: verdict kind, worst ratio, first divergence."""
+        """The JUnit XML properties of the item: verdict kind, worst ratio, first divergence, environment diff."""
         props = [("precision_verdict", self.kind)]
         if self.stage is not None and self.kind in (OutcomeKind.COMPARED.value, OutcomeKind.IDENTICAL.value):
             ratio = self.worst_ratio if self.worst_ratio is not None else math.inf
@@ -160,6 +166,8 @@ class ItemRecord:
         local = (self.localized or {}).get("first_divergence")
         if local is not None:
             props.append(("precision_localized", f"{self.localized['level']} {local['tensor']} {local['statistic']}"))
+        if self.environment_diff:
+            props.append(("precision_environment_diff", EnvironmentDiff.from_json(self.environment_diff).summary))
         return props
 
 
@@ -211,6 +219,7 @@ class PrecisionReport:
                 else [f"{self.num_identical} identical to golden", f"{self.num_compared} within tolerance or compared"]
             )
             yield f"{self.num_items} precision items: {', '.join(counts)}, {self.num_failed} failed"
+        yield from self._environment_lines()
         yield from self._run_lines()
         for u in self.unused:
             yield f"golden unused: {u['path']} (no collected scenario {u['scenario']}; remove with --precision-prune)"
@@ -230,6 +239,15 @@ class PrecisionReport:
             if recorded:
                 yield recorded[0].text
                 yield from churn_lines([ChurnRow.from_json(c) for r in recorded for c in r.churn])
+
+    def _environment_lines(self) -> Iterator[str]:
+        """One line per distinct environment difference (usually one for the whole run), never one per item."""
+        by_scenario = self._by_scenario()
+        rows = [(n, next((r.environment_diff for r in rs if r.environment_diff), [])) for n, rs in by_scenario.items()]
+        checked = [n for n, rs in by_scenario.items() if any(r.kind != OutcomeKind.RECORDED.value for r in rs)]
+        for env, names in grouped(rows):
+            failed = sum(not r.passed for n in names for r in by_scenario[n])
+            yield environment_line(env, scenarios=names if names != checked else None, failed=failed)
 
     def _run_lines(self) -> Iterator[str]:
         for name, records in self._by_scenario().items():
@@ -308,7 +326,24 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
         "cells": cells,
         "run": next((r.run for r in records if r.run), None),
         "compare_s": round(sum(r.compare_s for r in records), 4),
+        "environment_diff": next((r.environment_diff for r in records if r.environment_diff), []),
     }
+
+
+def environment_line(env: EnvironmentDiff, *, scenarios: list[str] | None, failed: int) -> str:
+    """The terminal summary's line about an environment difference.
+
+    ``scenarios`` names the scenarios it concerns (None: every checked scenario). A difference made
+    only of fields the golden does not record (an older golden) is a plain note, not a warning.
+    """
+    whom = ""
+    if scenarios:
+        more = len(scenarios) - MAX_NAMED_SCENARIOS
+        whom = " for " + ", ".join(scenarios[:MAX_NAMED_SCENARIOS]) + (f" and {more} more" if more > 0 else "")
+    if not env.differs:
+        return f"environment not fully recorded{whom} (older goldens record less; a re-record adds it): {env.summary}"
+    verdict = "checked, the goldens held" if not failed else f"{failed} failed item(s) name it first"
+    return f"environment differs from the golden's{whom} ({env.summary}): {verdict}"
 
 
 def churn_lines(rows: list[ChurnRow]) -> list[str]:

@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any
 
+from precision_harness.environment import grouped
 from precision_harness.errors import PrecisionError
 
 CSS = """
@@ -172,6 +173,19 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
     return re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg") :], flags=re.S)
 
 
+def environment_section(doc: dict[str, Any]) -> str:
+    """``#environment``: the run's environment against the goldens', once per distinct difference ("" if none)."""
+    groups = grouped((sc["name"], sc.get("environment_diff") or []) for sc in doc["scenarios"])
+    if not groups:
+        return ""
+    rows = "".join(
+        f"<li><b>{html.escape(', '.join(names))}</b>: "
+        f"{'differs' if env.differs else 'not fully recorded'}: {html.escape(env.summary)}</li>"
+        for env, names in groups
+    )
+    return f'<section id="environment"><h2>Environment against the golden\'s</h2><ul>{rows}</ul></section>'
+
+
 def html_report(doc: dict[str, Any]) -> str:
     """The whole report.html."""
     s = doc["summary"]
@@ -201,6 +215,7 @@ def html_report(doc: dict[str, Any]) -> str:
         if sc["cells"]:
             parts.append(heatmap(sc))
     parts.append("</section>")
+    parts.append(environment_section(doc))
     failing = [r for r in doc["items"] if not r["passed"]]
     if failing:
         parts.append('<section id="failures"><h2>Failures</h2>')

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from precision_harness.churn import ChurnRow, churn_table
+from precision_harness.environment import grouped
 
 
 def _ratio_text(r: float | None, passed: bool, kind: str, structural: bool = True) -> str:
@@ -19,7 +20,7 @@ def _ratio_text(r: float | None, passed: bool, kind: str, structural: bool = Tru
 
 def markdown_report(doc: dict[str, Any]) -> str:
     """report.md: a pull-request comment (summary, failing items, heatmaps, churn, unused goldens)."""
-    lines = _summary(doc) + _failures(doc) + _heatmaps(doc) + _churn(doc) + _goldens(doc)
+    lines = _summary(doc) + _environment(doc) + _failures(doc) + _heatmaps(doc) + _churn(doc) + _goldens(doc)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -34,6 +35,18 @@ def _summary(doc: dict[str, Any]) -> list[str]:
         f"{s['recorded']} recorded, {s['failed']} failed",
         "",
     ]
+
+
+def _environment(doc: dict[str, Any]) -> list[str]:
+    """What differs between the run's environment and the goldens', once per distinct difference."""
+    groups = grouped((sc["name"], sc.get("environment_diff") or []) for sc in doc["scenarios"])
+    if not groups:
+        return []
+    differs = any(env.differs for env, _ in groups)
+    lines = ["### Environment " + ("differs from the golden's" if differs else "not fully recorded by the golden"), ""]
+    for env, names in groups:
+        lines.append(f"- {', '.join(names)}: {env.summary}")
+    return [*lines, ""]
 
 
 def _failures(doc: dict[str, Any]) -> list[str]:

@@ -22,7 +22,14 @@ from typing import Any
 from precision_harness import churn as churn_mod
 from precision_harness import device_check, localize, progress
 from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
-from precision_harness.errors import PrecisionError, ProbeUnavailableError, RunFailedError, ScenarioError
+from precision_harness.environment import EnvironmentDiff
+from precision_harness.errors import (
+    GoldenDeviceModelError,
+    PrecisionError,
+    ProbeUnavailableError,
+    RunFailedError,
+    ScenarioError,
+)
 from precision_harness.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
@@ -51,10 +58,13 @@ class ScenarioState:
     prepared: bool = False
     runs: Scenario | None = None  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
     localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
+    environment: EnvironmentDiff | None = None  #: the run's environment against the golden's, once run
 
     @property
     def cross_device(self) -> bool:
-        return self.golden_device != self.device
+        """Another device's golden, or another accelerator model's (allowed by --precision-golden-device)."""
+        model = self.environment.device_model if self.environment is not None else None
+        return self.golden_device != self.device or model is not None
 
 
 def missing_dumps(scenario: Scenario, run_dir: Path) -> list[str]:
@@ -281,6 +291,7 @@ class PrecisionSession:
                 return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
             run = self.result(scenario)
             assert st.golden is not None
+            self._environment(st, run)
             localizes = st.golden.localizes and not key.is_metrics
             settings = self._settings(st)
             # a failure here is rerun at L1, whose verdict asks msprobe
@@ -291,6 +302,26 @@ class PrecisionSession:
             return out
         except PrecisionError as exc:
             return Outcome.error(exc)
+
+    def _environment(self, st: ScenarioState, run: RunResult) -> EnvironmentDiff:
+        """The run's environment against the golden's, worked out once per scenario.
+
+        Raises:
+            GoldenDeviceModelError: the golden was recorded on another GPU/NPU model and
+                --precision-golden-device was not given (goldens are kept per device type, not model).
+        """
+        if st.environment is None:
+            assert st.golden is not None
+            st.environment = EnvironmentDiff.between(st.golden.env, run.manifest.get("env"))
+        model = st.environment.device_model
+        if model is not None and not self.options.golden_device:
+            path = display_path(self.store.path(st.scenario.name, st.golden_device))
+            raise GoldenDeviceModelError(
+                f"{path}/: recorded on {model.golden}, this run is on {model.run}: a golden is not used for another "
+                f"{model.what} model silently; gate across models with --precision-golden-device {st.golden_device} "
+                f"(tolerance.cross_device rules) or re-record it on this model with: {update_command(st.scenario)}"
+            )
+        return st.environment
 
     def _localize(self, st: ScenarioState, key: ItemKey, l0: Outcome, settings: CheckSettings) -> Outcome:
         """Rerun the scenario's first failing stage at L1 (level: auto); later failing stages point to it."""
@@ -375,6 +406,7 @@ class PrecisionSession:
             rerun=lambda key: self.rerun_command(scenario, key.selector),
             rerecord=update_command(scenario),
             changed=tuple(settings_changed(golden.numeric_settings, scenario.numeric_settings)),
+            environment=st.environment or EnvironmentDiff(),
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

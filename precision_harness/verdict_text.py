@@ -48,10 +48,13 @@ def stage_text(
     rerun: str | None = None,
     changed: list[str] | None = None,
     msprobe: list[tuple[str, str]] | None = None,
+    environment: str | None = None,
 ) -> str:
-    """The verdict of one stage, as in the architecture's "A failing stage reads like this".
+    """The verdict of one stage, as in the README's "A failing stage reads like this".
 
-    ``msprobe`` rows (label, text), msprobe's own first diff and graph command, follow ours.
+    ``environment`` (the run's environment against the golden's, when it differs) is the first line
+    after the headline: after an upgrade it is the first suspect. ``msprobe`` rows (label, text),
+    msprobe's own first diff and graph command, follow ours.
     """
     ranks = ", ".join(v.ranks) or "rank0"
     where = f"{v.stage} @ step_{v.step}, {ranks}"
@@ -70,6 +73,8 @@ def stage_text(
         lines.append(f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})")
     else:
         lines.append(f"{where}: {len(v.problems)} structural difference(s) from the golden")
+    if environment:
+        lines.append(f"  {environment}")
     multi = len(v.ranks) > 1
     first, largest = v.first_divergence, v.largest
     if first is not None:
@@ -92,9 +97,14 @@ def stage_text(
 
 
 def metrics_text(
-    v: MetricsVerdict, *, rerun: str | None = None, changed: list[str] | None = None, policy_exact: bool = False
+    v: MetricsVerdict,
+    *,
+    rerun: str | None = None,
+    changed: list[str] | None = None,
+    policy_exact: bool = False,
+    environment: str | None = None,
 ) -> str:
-    """The verdict of a scenario's metrics.jsonl item."""
+    """The verdict of a scenario's metrics.jsonl item (``environment`` first after a failing headline)."""
     if v.passed:
         return f"metrics.jsonl: {v.checked} values within tolerance"
     lines = [
@@ -102,6 +112,8 @@ def metrics_text(
         if v.drifts
         else f"metrics.jsonl: {len(v.problems)} structural difference(s)"
     ]
+    if environment:
+        lines.append(f"  {environment}")
     for d in sorted(v.drifts, key=lambda d: -d.ratio)[:MAX_PROBLEMS]:
         lines.append(
             f"  step_{d.step:<3} {d.name:<34} {_num(d.golden)} -> {_num(d.target)} "
