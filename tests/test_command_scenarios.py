@@ -205,6 +205,12 @@ def test_command_not_found_and_timeout(command_project: pytest.Pytester) -> None
             "inputs: 'missing.py' not found",
         ),
         (
+            "command: [python, t.py]\ninputs: ['${oc.env:PRECISION_TEST_UNSET_DIR}/d.bin']\n"
+            "global_profiler: {steps: [1]}\n",
+            "inputs: '${oc.env:PRECISION_TEST_UNSET_DIR}/d.bin' reads ${oc.env:PRECISION_TEST_UNSET_DIR} but "
+            "PRECISION_TEST_UNSET_DIR is not set",
+        ),
+        (
             "command: [python, t.py]\nglobal_profiler:\n  steps: [1]\n  global_tool_config:\n"
             "    precision_debugger: {stages: [train_batch], strict: true}\n",
             "unknown stage 'train_batch' (strict: true)",
