@@ -32,7 +32,7 @@ from typing import Any
 from filelock import FileLock
 
 from precision_harness import golden_codec as codec
-from precision_harness import stage_outputs
+from precision_harness import identity, stage_outputs
 from precision_harness.compare import count_statistics, load_dump, parse_dump, parse_metrics, sha256_file
 from precision_harness.errors import (
     GoldenCorruptError,
@@ -440,12 +440,31 @@ def _payloads(contents: dict[str, bytes]) -> tuple[dict[str, dict[str, Any]], di
     return files, stored
 
 
-def _identity(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What a golden records, whatever its storage: equal identities mean an unchanged golden."""
+def _recorded(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a golden records, whatever its storage and whether it lists its identity components:
+    equal records mean an unchanged golden."""
     suffix = codec.SUFFIX if manifest.get("codec") == codec.CODEC else ""
     files = {k.removesuffix(suffix): v.get("content_sha256", v["sha256"]) for k, v in manifest["files"].items()}
-    rest = {k: v for k, v in manifest.items() if k not in ("files", "format", "codec")}
+    rest = {k: v for k, v in manifest.items() if k not in ("files", "format", "codec", "identity")}
     return {**rest, "files": files}
+
+
+#: what a stale message says when the golden cannot name the change, by scenario kind
+_UNNAMED_CHANGE = {
+    "builtin": "model, data, batch or algorithm settings changed",
+    "command": "argv, env, settings, msprobe config, num_threads or an input file changed",
+    "verl": "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed",
+}
+
+
+def _what_changed(recorded: dict[str, Any] | None, scenario: Scenario) -> str:
+    """The identity components that differ (``model.hidden_size: 16 -> 24``), or why they cannot be named."""
+    generic = _UNNAMED_CHANGE.get(scenario.kind, _UNNAMED_CHANGE["builtin"])
+    if recorded is None:
+        # goldens recorded before the manifest kept its identity: only the hash can be compared
+        return f"{generic}; the golden does not record its identity components, so the change cannot be named"
+    lines = identity.changes(recorded, scenario.identity)
+    return identity.summary(lines) if lines else generic
 
 
 class GoldenStore:
@@ -487,7 +506,8 @@ class GoldenStore:
         Raises:
             GoldenMissingError: no golden recorded (the message gives the command that records it).
             GoldenCorruptError: the manifest is unreadable, fails its schema, or names a path outside the golden.
-            GoldenStaleError: recorded from another scenario structure or msprobe level.
+            GoldenStaleError: recorded from another scenario structure or msprobe level; the message
+                names each identity component that changed where the golden records them.
         """
         self._recover(scenario.name, device)
         path = self.path(scenario.name, device)
@@ -504,7 +524,7 @@ class GoldenStore:
         if golden.manifest["scenario_hash"] != scenario.hash:
             stale.append(
                 f"scenario hash {golden.manifest['scenario_hash'][:12]} (now {scenario.hash[:12]}: "
-                "model, data, batch or algorithm settings changed)"
+                f"{_what_changed(golden.manifest.get('identity'), scenario)})"
             )
         if golden.level != scenario.level and not gates_at_recorded_level(golden.level, scenario.level):
             stale.append(f"msprobe level {golden.level} (now {scenario.level})")
@@ -593,6 +613,8 @@ class GoldenStore:
             "statistics": _statistics(contents, ""),
             "files": files,
         }
+        if run["scenario_hash"] == scenario.hash:  # the identity describes the hash the run was made under
+            manifest["identity"] = scenario.identity
         if any(name.startswith(f"{LOCALIZE_DIR}/") for name in names):
             manifest["localize_statistics"] = _statistics(contents, f"{LOCALIZE_DIR}/")
         validate(manifest, "golden_manifest", source=run_dir / "run.json")
@@ -601,8 +623,9 @@ class GoldenStore:
     def promote(self, run_dir: Path, scenario: Scenario, device: str, *, _fail_after_copy: bool = False) -> bool:
         """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically.
 
-        Returns False (and writes nothing) when the existing golden already records the same content
-        and settings, so an unchanged re-record does not touch git.
+        Returns False when the existing golden already records the same content and settings: an
+        unchanged re-record writes nothing, except that a golden recorded before manifests kept
+        ``identity`` gains it (its manifest only; payloads and format stay as they are).
 
         Raises:
             GoldenCorruptError: ``run_dir`` has no ``run.json`` (unfinished run).
@@ -625,7 +648,9 @@ class GoldenStore:
                 )
             ):
                 manifest["noise"] = old.noise
-            if old is not None and _identity(old.manifest) == _identity(manifest):
+            if old is not None and _recorded(old.manifest) == _recorded(manifest):
+                if "identity" in manifest and old.manifest.get("identity") != manifest["identity"]:
+                    _write_manifest(final / MANIFEST, {**old.manifest, "identity": manifest["identity"]})
                 return False
             _swap_in(final, stored, manifest, fail_after_copy=_fail_after_copy)
         return True

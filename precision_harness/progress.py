@@ -73,22 +73,39 @@ def follow(
     poll: float = 0.5,
     total_steps: int | None = None,
 ) -> None:
-    """Until ``future`` is done, call ``report("grpo_tiny: step 1/2 actor_update (4.1 s)")`` as stages start."""
-    offset = 0
+    """Call ``report("grpo_tiny: step 1/2 actor_update (4.1 s)")`` for every stage start the run logs.
+
+    While ``future`` runs, stages are reported as they start; once it is done (or if it already was),
+    the starts not read yet are reported too. So every start line is reported exactly once, in the
+    order the run wrote them, however the run's end falls between two polls: what a gate prints
+    depends on what the run did, not on timing. Never raises for the run's error (the caller's
+    ``future.result()`` does).
+    """
     path = Path(run_dir) / PROGRESS_FILE
-    while True:
-        try:
-            future.result(timeout=poll)
-            return
-        except FutureTimeout:
-            pass
-        except BaseException:
-            return
+    offset = 0
+
+    def report_new() -> None:
+        nonlocal offset
         events, offset = read_events(path, offset)
+        of = f"/{total_steps}" if total_steps else ""
         for e in events:
             if e.get("event") == "start":
-                of = f"/{total_steps}" if total_steps else ""
                 report(f"{scenario}: step {e.get('step')}{of} {e.get('stage')} ({e.get('t', 0):.1f} s)")
+
+    while not _finished(future, poll):
+        report_new()
+    report_new()
+
+
+def _finished(future: Future, timeout: float) -> bool:
+    """Wait up to ``timeout`` s; True once ``future`` is done, with a result or an error."""
+    try:
+        future.result(timeout=timeout)
+    except FutureTimeout:
+        return False
+    except BaseException:  # the run's error is raised by whoever asks for the result
+        return True
+    return True
 
 
 def timing_line(run: dict[str, Any], *, profiled: set[str] | None = None) -> str:

@@ -22,6 +22,7 @@ import yaml
 
 from precision_harness import scenario_command
 from precision_harness.errors import ScenarioError
+from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
@@ -203,6 +204,9 @@ class Scenario:
     config: dict[str, Any] = field(repr=False)
     hash: str
     kind: str = "builtin"  #: ``builtin`` (our PPO loop), ``command`` or ``verl`` (docs/scenarios.md)
+    #: what :attr:`hash` is made of, as flat components (:mod:`precision_harness.identity`); a golden
+    #: records it, so a stale golden names what changed
+    identity: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------------------------- loading
     @classmethod
@@ -243,11 +247,13 @@ class Scenario:
         name = config.get("name") or path.stem
         config["name"] = name
         if kind == "builtin":
-            digest = _scenario_hash(config)
+            components = structural_settings(config)
+            digest = _scenario_hash(components)
         else:
-            digest = hashlib.sha256(canonical_json(scenario_command.identity(path, config, NUMERIC_SETTINGS)).encode())
-            digest = digest.hexdigest()
-        scenario = cls(name=name, path=path, config=config, hash=digest, kind=kind)
+            nested = scenario_command.identity(path, config, NUMERIC_SETTINGS)
+            digest = hashlib.sha256(canonical_json(nested).encode()).hexdigest()
+            components = flat_command(nested)
+        scenario = cls(name=name, path=path, config=config, hash=digest, kind=kind, identity=components)
         scenario._check_consistency()
         return scenario
 
@@ -684,15 +690,19 @@ def numeric_settings(config: dict[str, Any]) -> dict[str, Any]:
     return _split_settings(config)[1]
 
 
-def _scenario_hash(config: dict[str, Any]) -> str:
-    """sha256 over the structural settings: model, data, shapes, algorithm choices, seed, msprobe config.
+def structural_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The structural settings of a resolved config, flattened: a built-in scenario's identity components.
 
-    The msprobe ``level`` is left out: :meth:`GoldenStore.load` compares it on its own, so a stale
-    golden's message can say "recorded at L0, now L1" instead of an opaque hash change.
+    Model, data, shapes, algorithm choices, seed, msprobe config; not the numeric settings (compared
+    by value), and not the msprobe ``level`` (:meth:`GoldenStore.load` compares it on its own, so a
+    stale golden's message can say "recorded at L0, now L1").
     """
-    structural, _ = _split_settings(config)
-    if structural.get("trainer.world_size") == 1:
-        del structural[
-            "trainer.world_size"
-        ]  # the single-rank default keeps the hashes recorded before world_size existed
-    return hashlib.sha256(canonical_json(structural).encode()).hexdigest()
+    return _split_settings(config)[0]
+
+
+def _scenario_hash(structural: dict[str, Any]) -> str:
+    """sha256 over the structural settings (:func:`structural_settings`)."""
+    hashed = dict(structural)
+    if hashed.get("trainer.world_size") == 1:
+        del hashed["trainer.world_size"]  # the single-rank default keeps the hashes recorded before world_size existed
+    return hashlib.sha256(canonical_json(hashed).encode()).hexdigest()

@@ -9,9 +9,11 @@ neither has the built-in loop's model, data or algorithm sections.
 
 **Staleness.** A golden is stale (re-record, not drift) when the scenario's identity changed: the
 argv (or verl's entrypoint), the declared ``settings`` and ``env``, the verl overrides, the msprobe
-config and the sha256 of every file listed under ``inputs``. Numeric settings (the same globs as
-the built-in loop's, :data:`precision_harness.scenario.NUMERIC_SETTINGS`, applied to ``settings``
-and ``verl.overrides`` keys) are compared by value instead: the verdict names the one that changed.
+config and the sha256 of every file listed under ``inputs``: what defines the experiment (data
+files, model configs, checkpoints), never the training code, whose edit must show as drift at the
+stage it reaches. Numeric settings (the same globs as the built-in loop's,
+:data:`precision_harness.scenario.NUMERIC_SETTINGS`, applied to ``settings`` and ``verl.overrides``
+keys) are compared by value instead: the verdict names the one that changed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import copy
 import fnmatch
 import hashlib
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,17 +101,42 @@ def check_raw(path: Path, raw: dict[str, Any], kind: str) -> None:
         )
 
 
-def input_digests(path: Path, inputs: list[str]) -> dict[str, str]:
-    """``{relative path: sha256}`` of each file under ``inputs`` (relative to the scenario's folder).
+#: ``${oc.env:NAME}`` in an ``inputs`` path: the syntax the verl overrides use for the same folders
+_ENV_REF = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def input_path(path: Path, rel: str) -> Path:
+    """The file an ``inputs`` entry names: ``${oc.env:NAME}`` replaced by ``$NAME``, relative to the scenario's folder.
 
     Raises:
-        ScenarioError: an input is missing or not a file (names it).
+        ScenarioError: the entry uses a variable that is not set (names the entry and the variable).
+    """
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ScenarioError(
+                f"{path}: inputs: {rel!r} reads ${{oc.env:{name}}} but {name} is not set; set it to the folder the "
+                "run reads its data from, or list the file relative to the scenario's folder"
+            )
+        return os.environ[name]
+
+    return path.parent / _ENV_REF.sub(value, rel)
+
+
+def input_digests(path: Path, inputs: list[str]) -> dict[str, str]:
+    """``{entry as listed: sha256}`` of each file under ``inputs`` (:func:`input_path`).
+
+    An entry is named as listed, so the same data under another ``$DATA_DIR`` is the same identity.
+
+    Raises:
+        ScenarioError: an input is missing or not a file, or uses a variable that is not set (names it).
     """
     out = {}
     for rel in inputs:
-        target = path.parent / rel
+        target = input_path(path, rel)
         if not target.is_file():
-            raise ScenarioError(f"{path}: inputs: {rel!r} not found (relative to {path.parent})")
+            raise ScenarioError(f"{path}: inputs: {rel!r} not found ({target}); write it first or fix the path")
         out[rel] = hashlib.sha256(target.read_bytes()).hexdigest()
     return out
 

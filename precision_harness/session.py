@@ -59,6 +59,7 @@ class ScenarioState:
     runs: Scenario | None = None  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
     localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
     environment: EnvironmentDiff | None = None  #: the run's environment against the golden's, once run
+    progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
 
     @property
     def cross_device(self) -> bool:
@@ -241,7 +242,9 @@ class PrecisionSession:
         if st.golden_error is not None:
             raise st.golden_error
         assert st.future is not None
-        if self.on_progress is not None and not st.future.done():
+        if self.on_progress is not None and not st.progress_shown:
+            # once per run, even one already finished: the lines printed must not depend on timing
+            st.progress_shown = True
             total = scenario.total_steps
             progress.follow(
                 self.run_dir(scenario), st.future, scenario=scenario.name, report=self.on_progress, total_steps=total

@@ -17,8 +17,27 @@ from precision_harness.compare import Drift, MetricsVerdict, StageVerdict
 MAX_PROBLEMS = 5
 
 
-def _num(x: float | None) -> str:
-    return "None" if x is None else f"{x:.7g}"
+#: significant digits a verdict value starts at; more are added only where a pair needs them
+MIN_DIGITS = 7
+#: enough for any two different float64 values to print differently
+MAX_DIGITS = 17
+
+
+def _num(x: float | None, digits: int = MIN_DIGITS) -> str:
+    return "None" if x is None else f"{x:.{digits}g}"
+
+
+def pair(golden: float | None, target: float | None) -> str:
+    """``"golden -> target"`` with the fewest digits (7 to 17) at which two different values read differently.
+
+    At a fixed 7 digits ``0.99990001 -> 0.99990002`` would print ``0.9999 -> 0.9999``: a failing
+    verdict that shows equal numbers.
+    """
+    for digits in range(MIN_DIGITS, MAX_DIGITS + 1):
+        g, t = _num(golden, digits), _num(target, digits)
+        if g != t or golden == target:
+            break
+    return f"{g} -> {t}"
 
 
 def _how_far(ratio: float, rel: float, *, exact: bool) -> str:
@@ -30,7 +49,7 @@ def _how_far(ratio: float, rel: float, *, exact: bool) -> str:
 def _drift_line(label: str, d: Drift, multi_rank: bool) -> str:
     rank = f"{d.rank} " if multi_rank else ""
     how = _how_far(d.ratio, d.rel, exact=d.tol.rtol == 0 and d.tol.atol == 0)
-    return f"  {label:<18}{rank}{d.tensor}  {d.statistic} {_num(d.golden)} -> {_num(d.target)} ({how})"
+    return f"  {label:<18}{rank}{d.tensor}  {d.statistic} {pair(d.golden, d.target)} ({how})"
 
 
 def settings_changed(golden: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
@@ -116,7 +135,7 @@ def metrics_text(
         lines.append(f"  {environment}")
     for d in sorted(v.drifts, key=lambda d: -d.ratio)[:MAX_PROBLEMS]:
         lines.append(
-            f"  step_{d.step:<3} {d.name:<34} {_num(d.golden)} -> {_num(d.target)} "
+            f"  step_{d.step:<3} {d.name:<34} {pair(d.golden, d.target)} "
             f"({_how_far(d.ratio, d.rel, exact=policy_exact)})"
         )
     if len(v.drifts) > MAX_PROBLEMS:

@@ -8,6 +8,7 @@ this repository.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -64,7 +65,7 @@ def scenario_text(extra: str = "", stages: str = STAGES, command: str | None = N
     command = command or f"[{json.dumps(sys.executable)}, fake_train.py]"
     return (
         f"command: {command}\n"
-        "inputs: [fake_train.py]\n"
+        "inputs: [dump_data.json]\n"
         "metrics: true\n"
         "global_profiler:\n"
         "  steps: [1, 2]\n"
@@ -122,12 +123,16 @@ def test_ray_address_is_given_to_the_command(command_project: pytest.Pytester) -
 
 
 def test_changed_input_file_makes_the_golden_stale(command_project: pytest.Pytester) -> None:
+    """The data the command reads is an input: another file is another experiment, and the verdict names it."""
     command_project.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
-    script = command_project.path / "scenarios" / "fake_train.py"
-    script.write_text(script.read_text() + "\n# edited\n")
+    data = command_project.path / "scenarios" / "dump_data.json"
+    old = hashlib.sha256(data.read_bytes()).hexdigest()[:8]
+    data.write_text(json.dumps(base_data(), indent=1))
+    new = hashlib.sha256(data.read_bytes()).hexdigest()[:8]
     result = command_project.runpytest_subprocess("-k", "step_1 and actor_update")
     result.assert_outcomes(failed=1, deselected=4)
-    result.stdout.fnmatch_lines(["*golden is stale, recorded under scenario hash * (now *"])
+    named = f"input dump_data.json changed (sha256 {old} -> {new})"
+    result.stdout.fnmatch_lines([f"*golden is stale, recorded under scenario hash * (now *: {named}); re-record*"])
 
 
 def test_declared_stage_not_dumped_fails_and_writes_no_golden(command_project: pytest.Pytester, monkeypatch) -> None:
@@ -200,6 +205,12 @@ def test_command_not_found_and_timeout(command_project: pytest.Pytester) -> None
             "inputs: 'missing.py' not found",
         ),
         (
+            "command: [python, t.py]\ninputs: ['${oc.env:PRECISION_TEST_UNSET_DIR}/d.bin']\n"
+            "global_profiler: {steps: [1]}\n",
+            "inputs: '${oc.env:PRECISION_TEST_UNSET_DIR}/d.bin' reads ${oc.env:PRECISION_TEST_UNSET_DIR} but "
+            "PRECISION_TEST_UNSET_DIR is not set",
+        ),
+        (
             "command: [python, t.py]\nglobal_profiler:\n  steps: [1]\n  global_tool_config:\n"
             "    precision_debugger: {stages: [train_batch], strict: true}\n",
             "unknown stage 'train_batch' (strict: true)",
@@ -216,11 +227,11 @@ def test_bad_command_scenario_is_one_line(tmp_path: Path, text: str, message: st
 
 def test_identity_of_a_command_scenario(tmp_path: Path) -> None:
     """argv, env, declared settings and inputs make it; numeric settings are compared by value, not hashed."""
-    (tmp_path / "t.py").write_text("print(1)\n")
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1 + 1"}\n')
 
     def load(extra: str) -> Scenario:
         path = tmp_path / "s.yaml"
-        path.write_text("command: [python, t.py]\ninputs: [t.py]\nglobal_profiler: {steps: [1, 2]}\n" + extra)
+        path.write_text("command: [python, t.py]\ninputs: [prompts.jsonl]\nglobal_profiler: {steps: [1, 2]}\n" + extra)
         return Scenario.load(path)
 
     base = load("settings: {actor_rollout_ref: {actor: {optim: {lr: 1.0e-6}}}, model: {path: qwen}}\n")
@@ -233,7 +244,7 @@ def test_identity_of_a_command_scenario(tmp_path: Path) -> None:
         "settings: {actor_rollout_ref: {actor: {optim: {lr: 1.0e-6}}}, model: {path: qwen}}\nenv: {X: 1}\n",
     ):
         assert load(other).hash != base.hash
-    (tmp_path / "t.py").write_text("print(2)\n")
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "2 + 2"}\n')
     assert (
         load("settings: {actor_rollout_ref: {actor: {optim: {lr: 1.0e-6}}}, model: {path: qwen}}\n").hash != base.hash
     )

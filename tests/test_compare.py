@@ -9,6 +9,8 @@ import pytest
 from harness_testing import base_data, tensor, write_dump
 
 from precision_harness.compare import (
+    MetricDrift,
+    MetricsVerdict,
     compare_metrics,
     compare_stage,
     count_statistics,
@@ -19,7 +21,7 @@ from precision_harness.compare import (
 )
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.tolerance import TolerancePolicy
-from precision_harness.verdict_text import stage_text
+from precision_harness.verdict_text import metrics_text, stage_text
 
 POLICY = TolerancePolicy()
 
@@ -133,6 +135,16 @@ def test_exact_mode_fails_on_any_difference(dumps, tmp_path: Path) -> None:
     assert run(target, golden).passed
     v = run(target, golden, TolerancePolicy(mode="exact"))
     assert not v.passed and "must match exactly" in stage_text(v)
+
+
+def test_verdict_values_differ_on_the_page(dumps, tmp_path: Path) -> None:
+    """Values differing only in the 9th significant digit print with 9 digits, not as two equal 7-digit numbers."""
+    target, golden = dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Norm=12.5000001))
+    text = stage_text(run(target, golden, TolerancePolicy(mode="exact")))
+    assert "Functional.linear.0.forward.output.0  Norm 12.5 -> 12.5000001 (rel 8.0e-09, must match exactly)" in text
+    drift = MetricDrift(step=2, name="actor/pg_loss", golden=0.999900001, target=0.999900002, ratio=2.0, rel=1e-9)
+    text = metrics_text(MetricsVerdict(scenario="s", checked=4, drifts=[drift]))
+    assert "actor/pg_loss" in text and " 0.999900001 -> 0.999900002 (rel 1.0e-09, 2x tolerance)" in text
 
 
 def test_api_glob_override_loosens_one_api(dumps, tmp_path: Path) -> None:

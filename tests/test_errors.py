@@ -110,7 +110,7 @@ def test_stale_golden_structural_change(project: pytest.Pytester) -> None:
     result = project.runpytest_subprocess()
     assert_one_line_error(
         result,
-        "*golden is stale, recorded under scenario hash * (now *: model, data, batch or algorithm settings changed)*",
+        "*golden is stale, recorded under scenario hash * (now *: model.hidden_size: 16 -> 24); re-record with*",
     )
 
 

@@ -26,12 +26,50 @@ VERL_EXAMPLE = EXAMPLES / "verl_qwen_grpo"
 SCENARIOS = sorted(EXAMPLES.glob("*/scenarios/*.yaml"))
 
 
+def _verl_example_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """DATA_DIR written by the example's prepare_data.py and a MODEL_PATH with a config.json (its inputs);
+    returns the data folder."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    pytest.importorskip("pandas")
+    data, model = tmp_path / "data", tmp_path / "Qwen3-0.6B"
+    env = {**os.environ, "DATA_DIR": str(data)}
+    script = VERL_EXAMPLE / "prepare_data.py"
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=120)
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}\n')
+    monkeypatch.setenv("DATA_DIR", str(data))
+    monkeypatch.setenv("MODEL_PATH", str(model))
+    return data
+
+
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.parent.parent.name for p in SCENARIOS])
-def test_example_scenarios_load(path: Path) -> None:
+def test_example_scenarios_load(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if "engine: verl" in path.read_text():
-        pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+        _verl_example_env(tmp_path, monkeypatch)
     scenario = Scenario.load(path)
     assert scenario.kind in ("command", "verl") and scenario.steps and scenario.stages
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.parent.parent.name for p in SCENARIOS])
+def test_example_inputs_are_data_not_code(path: Path) -> None:
+    """inputs define the experiment; a .py under inputs would turn a code edit (a regression) into a stale golden."""
+    inputs = yaml.safe_load(path.read_text()).get("inputs") or []
+    assert not [x for x in inputs if x.endswith(".py")], inputs
+
+
+def test_verl_example_identity_is_its_data_and_model_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another dataset makes the golden stale; an edit to the reward function (code) does not."""
+    data = _verl_example_env(tmp_path, monkeypatch)
+    path = VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml"
+    base = Scenario.load(path)
+    assert {k for k in base.identity if k.startswith("inputs[")} == {
+        "inputs[${oc.env:DATA_DIR}/train.parquet]",
+        "inputs[${oc.env:MODEL_PATH}/config.json]",
+    }
+    (data / "reward.py").write_text((data / "reward.py").read_text() + "\n# edited\n")
+    assert Scenario.load(path).hash == base.hash
+    (data / "train.parquet").write_bytes((data / "train.parquet").read_bytes() + b"\0")
+    assert Scenario.load(path).hash != base.hash
 
 
 def _load_module(path: Path):
@@ -42,20 +80,17 @@ def _load_module(path: Path):
 
 
 def test_verl_example_data_and_reward_are_what_its_overrides_point_at(tmp_path: Path, monkeypatch) -> None:
-    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    pd = pytest.importorskip("pandas")
+    data = _verl_example_env(tmp_path, monkeypatch)
+    import pandas as pd
+
     from precision_harness import verl_engine
 
-    env = {**os.environ, "DATA_DIR": str(tmp_path / "data")}
-    script = VERL_EXAMPLE / "prepare_data.py"
-    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, timeout=120)
-    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("MODEL_PATH", "/models/Qwen3-0.6B")
     scenario = Scenario.load(VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml")
     cfg = verl_engine.compose(scenario.config["verl"]["overrides"])
     for path in (cfg.data.train_files, cfg.data.val_files, cfg.reward.custom_reward_function.path):
         assert Path(path).is_file(), path
-    assert cfg.actor_rollout_ref.model.path == "/models/Qwen3-0.6B"
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "Qwen3-0.6B")
+    assert Path(cfg.data.train_files) == data / "train.parquet"
     train = pd.read_parquet(cfg.data.train_files)
     assert list(train.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert len(train) == 64 and train.iloc[0]["prompt"][0]["role"] == "user"
@@ -66,7 +101,8 @@ def test_verl_example_data_and_reward_are_what_its_overrides_point_at(tmp_path: 
     assert score(row["data_source"], f"The answer is {answer}", answer) == 1.0
     assert score(row["data_source"], f"The answer is {int(answer) + 1}", answer) == 0.0
     again = tmp_path / "again"
-    subprocess.run([sys.executable, str(script)], env={**env, "DATA_DIR": str(again)}, check=True, timeout=120)
+    env = {**os.environ, "DATA_DIR": str(again)}
+    subprocess.run([sys.executable, str(VERL_EXAMPLE / "prepare_data.py")], env=env, check=True, timeout=120)
     assert (again / "train.parquet").read_bytes() == Path(cfg.data.train_files).read_bytes()
 
 

@@ -12,7 +12,7 @@ import pytest
 from harness_testing import TINY, base_data, write_dump
 
 from precision_harness import golden as golden_mod
-from precision_harness import golden_codec
+from precision_harness import golden_codec, identity
 from precision_harness.compare import sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.golden import GoldenStore
@@ -168,6 +168,106 @@ def test_stale_scenario_hash_and_level(tmp_path: Path, scenario: Scenario) -> No
     assert "--precision-golden update" in msg
 
 
+def _stale_message(store: GoldenStore, scenario: Scenario) -> str:
+    with pytest.raises(GoldenStaleError) as exc:
+        store.load(scenario, "cpu")
+    assert "\n" not in str(exc.value) and "re-record with: pytest" in str(exc.value)
+    return str(exc.value)
+
+
+def _edited(tmp_path: Path, text: str, old: str, new: str) -> Scenario:
+    """``text`` with ``old`` replaced by ``new``, as ``tiny_ppo.yaml`` in a folder of its own."""
+    assert old in text
+    path = tmp_path / "edited" / "tiny_ppo.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text.replace(old, new))
+    return Scenario.load(path)
+
+
+def test_stale_names_the_structural_setting_and_both_values(tmp_path: Path, scenario: Scenario) -> None:
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
+    assert store.load(scenario, "cpu").manifest["identity"] == scenario.identity
+    edited = _edited(tmp_path, TINY.read_text(), "hidden_size: 16", "hidden_size: 24")
+    msg = _stale_message(store, edited)
+    assert f"(now {edited.hash[:12]}: model.hidden_size: 16 -> 24); re-record with" in msg
+    assert "model, data, batch or algorithm settings changed" not in msg
+
+
+def test_stale_golden_recorded_without_identity_says_so(tmp_path: Path, scenario: Scenario) -> None:
+    """A golden recorded before the manifest kept its identity still loads; stale, it falls back to the hash."""
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", scenario), scenario, "cpu")
+    manifest_path = store.path("tiny_ppo", "cpu") / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["identity"]
+    manifest_path.write_text(json.dumps(manifest))
+    assert store.load(scenario, "cpu").scenario == "tiny_ppo"
+    msg = _stale_message(store, _edited(tmp_path, TINY.read_text(), "hidden_size: 16", "hidden_size: 24"))
+    assert (
+        "model, data, batch or algorithm settings changed; the golden does not record its identity components, "
+        "so the change cannot be named)" in msg
+    )
+
+
+COMMAND = """command: [python, train.py, --lr=1]
+inputs: [data/prompts.jsonl]
+env: {MODE: fast}
+global_profiler:
+  steps: [1, 2]
+  global_tool_config:
+    precision_debugger: {stages: [actor_update], strict: true}
+"""
+
+
+@pytest.fixture
+def command_golden(tmp_path: Path) -> tuple[GoldenStore, Path]:
+    """A recorded golden of a command scenario whose input is a data file; returns the store and the file."""
+    data = tmp_path / "edited" / "data" / "prompts.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"prompt": "1 + 1"}\n')
+    recorded = _edited(tmp_path, COMMAND, "", "")
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(fake_run(tmp_path / "run", recorded), recorded, "cpu")
+    return store, data
+
+
+def test_stale_command_scenario_names_the_argv_element(tmp_path: Path, command_golden) -> None:
+    store, _ = command_golden
+    msg = _stale_message(store, _edited(tmp_path, COMMAND, "--lr=1]", "--lr=2]"))
+    assert ": argv[2]: --lr=1 -> --lr=2); re-record with" in msg
+
+
+def test_stale_command_scenario_names_the_input_file(tmp_path: Path, command_golden) -> None:
+    store, data = command_golden
+    old = hashlib.sha256(data.read_bytes()).hexdigest()
+    data.write_text('{"prompt": "2 + 2"}\n')
+    new = hashlib.sha256(data.read_bytes()).hexdigest()
+    msg = _stale_message(store, _edited(tmp_path, COMMAND, "", ""))
+    assert f": input data/prompts.jsonl changed (sha256 {old[:8]} -> {new[:8]})); re-record with" in msg
+
+
+def test_stale_command_scenario_names_env_and_settings(tmp_path: Path, command_golden) -> None:
+    store, _ = command_golden
+    edited = COMMAND.replace("{MODE: fast}", "{MODE: slow, EXTRA: '1'}") + "settings: {model: {path: qwen}}\n"
+    msg = _stale_message(store, _edited(tmp_path, edited, "", ""))
+    assert ": env.EXTRA: (unset) -> 1; env.MODE: fast -> slow; settings.model.path: (unset) -> qwen)" in msg
+
+
+def test_identity_changes_in_argv_order_and_capped() -> None:
+    old = {f"argv[{i}]": f"a{i}" for i in range(12)} | {"inputs[d.bin]": "1" * 64}
+    new = {f"argv[{i}]": f"b{i}" for i in range(11)} | {"inputs[e.bin]": "2" * 64}
+    lines = identity.changes(old, new)
+    assert lines[:3] == ["argv[0]: a0 -> b0", "argv[1]: a1 -> b1", "argv[2]: a2 -> b2"]
+    assert lines[10:] == [
+        "argv[10]: a10 -> b10",
+        "argv[11]: a11 -> (unset)",
+        "input d.bin no longer listed",
+        "input e.bin added",
+    ]
+    assert identity.summary(lines).endswith("argv[4]: a4 -> b4; and 9 more")
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("files", "../outside.json"), ("files", "/etc/hostname"), ("files", "step_1/../../x"), ("metrics", "../m.jsonl")],
@@ -308,6 +408,19 @@ def test_rerecord_of_a_plain_golden_with_the_same_content_writes_nothing(tmp_pat
     before = _snapshot(path)
     assert store.promote(tmp_path / "run", scenario, "cpu") is False
     assert _snapshot(path) == before
+
+
+def test_rerecord_of_a_golden_without_identity_adds_it_to_the_manifest_only(tmp_path: Path, scenario: Scenario) -> None:
+    """A golden recorded before manifests kept ``identity`` gains it on an unchanged re-record; nothing else moves."""
+    store, path, _ = _compressed(tmp_path, scenario)
+    _plain_golden(store, scenario)
+    manifest = json.loads((path / "manifest.json").read_text())
+    del manifest["identity"]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    payloads = {k: v for k, v in _snapshot(path).items() if k != "manifest.json"}
+    assert store.promote(tmp_path / "run", scenario, "cpu") is False
+    assert {k: v for k, v in _snapshot(path).items() if k != "manifest.json"} == payloads
+    assert json.loads((path / "manifest.json").read_text()) == {**manifest, "identity": scenario.identity}
 
 
 def test_lfs_pattern_routes_every_committed_payload_and_no_manifest(tmp_path: Path) -> None:

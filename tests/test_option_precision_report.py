@@ -117,9 +117,11 @@ def test_failure_shows_msprobe_beside_ours(lr_changed: dict) -> None:
 
 
 def test_progress_and_timings(lr_changed: dict) -> None:
+    """Every stage start of the run is shown once, in execution order, whenever the run ended."""
     out = lr_changed["check"].stdout
-    assert "[precision] tiny_ppo: step 1/2 actor_compute_log_prob (" in out
-    assert "[precision] tiny_ppo: step 2/2 actor_update (" in out
+    shown = [x.rsplit(" (", 1)[0] for x in out.splitlines() if x.startswith("[precision] tiny_ppo: step ")]
+    stages = ("actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update", "actor_update")
+    assert shown == [f"[precision] tiny_ppo: step {step}/2 {stage}" for step in (1, 2) for stage in stages]
     line = next(x for x in out.splitlines() if x.startswith("tiny_ppo on cpu: run "))
     assert "10 dumped stages" in line and ", compare " in line
 

@@ -98,17 +98,48 @@ def test_layout_steps_stages_and_rank_without_a_process_group(tmp_path: Path) ->
     assert not list(dump.rglob("proc*")) and not list(dump_r1.rglob("proc*"))
 
 
-@pytest.mark.slow
-def test_stage_api_loop_example_behind_the_gate(pytester: pytest.Pytester) -> None:
-    """examples/stage_api_loop: a loop without verl recorded and then passing, from another project."""
-    shutil.copy(ROOT / "examples" / "stage_api_loop" / "train.py", pytester.path / "train.py")
+def _stage_loop_project(pytester: pytest.Pytester) -> Path:
+    """examples/stage_api_loop copied into a project of its own; returns its train.py."""
+    train = pytester.path / "train.py"
+    shutil.copy(ROOT / "examples" / "stage_api_loop" / "train.py", train)
     (pytester.path / "scenarios").mkdir()
     text = (ROOT / "examples" / "stage_api_loop" / "scenarios" / "stage_loop.yaml").read_text()
     (pytester.path / "scenarios" / "stage_loop.yaml").write_text(
         text.replace("[python, ", f"[{json.dumps(sys.executable)}, ")
     )
     (pytester.path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    return train
+
+
+@pytest.mark.slow
+def test_stage_api_loop_example_behind_the_gate(pytester: pytest.Pytester) -> None:
+    """examples/stage_api_loop: a loop without verl recorded and then passing, from another project."""
+    _stage_loop_project(pytester)
     pytester.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
     check = pytester.runpytest_subprocess()
     check.assert_outcomes(passed=5)
     check.stdout.fnmatch_lines(["5 precision items: 4 identical to golden, 1 within tolerance or compared, 0 failed"])
+
+
+@pytest.mark.slow
+def test_an_edit_to_the_loops_code_is_drift_not_a_stale_golden(pytester: pytest.Pytester) -> None:
+    """A regression must never look like a stale golden: the learning rate edited in train.py fails
+    actor_update with a statistics verdict, at both steps, and nothing asks for a re-record."""
+    train = _stage_loop_project(pytester)
+    pytester.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
+    assert "lr=1e-2," in train.read_text()
+    train.write_text(train.read_text().replace("lr=1e-2,", "lr=1.0001e-2,"))
+    check = pytester.runpytest_subprocess("-rA")
+    assert "golden is stale" not in check.stdout.str()
+    check.assert_outcomes(passed=3, failed=2)
+    check.stdout.fnmatch_lines(
+        [
+            "actor_update @ step_1, rank0: * of * statistics beyond tolerance (fp32: *)",
+            # AdamW's decay factor 1 - lr * weight_decay, a Python scalar L1 records: it moves by 1e-8
+            "  first divergence  Tensor.mul_.0.forward.input.1  "
+            "Max 0.9999 -> 0.99989999 (rel 1.0e-08, must match exactly)",
+            "actor_update @ step_2, rank0: * of * statistics beyond tolerance (fp32: *)",
+            "FAILED scenarios/stage_loop.yaml::actor_update[[]step_1[]]*",
+            "FAILED scenarios/stage_loop.yaml::actor_update[[]step_2[]]*",
+        ]
+    )
