@@ -26,8 +26,8 @@ Section ``gate``: the full gate's wall time (``pytest scenarios precision_tests`
 
 Section ``kernels``: every scenario's run (msprobe on, fresh interpreter) with the portable CPU
 kernels the goldens are recorded with (``trainer.cpu_kernels: portable``, the default) against
-torch's own MKL/oneDNN kernels (``vendor``), interleaved scenario by scenario, summed: what CPU
-portability costs the gate's runs.
+torch's own MKL/oneDNN kernels (``vendor``), interleaved scenario by scenario (after one discarded
+warm-up run, alternating which goes first), summed: what CPU portability costs the gate's runs.
 
 Each timing is the minimum of ``--repeat`` runs. Nothing is
 asserted: this is a measurement, not a test.
@@ -226,18 +226,27 @@ def gate_section(tmp: Path) -> None:
     )
 
 
+def _kernels_variant(scenario: Scenario, kernels: str, tmp: Path) -> Scenario:
+    return scenario.with_overrides({"trainer.cpu_kernels": kernels}, directory=tmp / "kernel_variants", tag=kernels)
+
+
 def kernels_section(paths: list[Path], tmp: Path) -> None:
-    """Each scenario's worker wall time with portable and with vendor CPU kernels, interleaved."""
+    """Each scenario's worker wall time with portable and with vendor CPU kernels, interleaved.
+
+    One discarded run first warms the page cache; the order alternates from scenario to scenario,
+    so neither side always runs first.
+    """
+    first = Scenario.load(paths[0])
+    run_scenario(_kernels_variant(first, "vendor", tmp), out_dir=tmp / "k_warmup", device="cpu")
     totals = {"portable": 0.0, "vendor": 0.0}
     print(f"{'scenario':<28}{'portable s':>12}{'vendor s':>10}{'ratio':>8}")
-    for path in paths:
+    for i, path in enumerate(paths):
         scenario = Scenario.load(path)
         walls = {}
-        for kernels in ("portable", "vendor"):
-            variant = scenario.with_overrides(
-                {"trainer.cpu_kernels": kernels}, directory=tmp / "kernel_variants", tag=kernels
+        for kernels in ("portable", "vendor")[:: 1 if i % 2 == 0 else -1]:
+            run = run_scenario(
+                _kernels_variant(scenario, kernels, tmp), out_dir=tmp / f"k_{scenario.name}_{kernels}", device="cpu"
             )
-            run = run_scenario(variant, out_dir=tmp / f"k_{scenario.name}_{kernels}", device="cpu")
             walls[kernels] = run.wall_s
             totals[kernels] += run.wall_s
         print(
