@@ -161,10 +161,23 @@ def test_threads_and_determinism_changed() -> None:
     assert diff(RUN_ENV, run) == ["threads 1 -> 4", "deterministic algorithms on -> off", "MKL_CBWR AVX2 -> unset"]
 
 
+#: the ``env`` of golden/grpo_tiny/cpu/manifest.json as recorded before the machine fields existed
+OLD_GOLDEN_ENV = {
+    "cpu_capability": "AVX2",
+    "device": "cpu",
+    "machine": "x86_64",
+    "mindstudio-probe": "26.2.0",
+    "num_threads": 1,
+    "numpy": "2.4.6",
+    "python": "3.11.7",
+    "torch": "2.13.0+cpu",
+    "transformers": "5.10.4",
+}
+
+
 def test_old_golden_without_the_new_fields_says_not_recorded() -> None:
-    """Every committed golden predates the machine fields: they read "not recorded" and do not alarm."""
-    golden = json.loads((ROOT / "golden/grpo_tiny/cpu/manifest.json").read_text())["env"]
-    assert "cpu_model" not in golden  # if this fails the goldens were re-recorded: use an older manifest here
+    """A golden recorded before the machine fields: they read "not recorded" and do not alarm."""
+    golden = OLD_GOLDEN_ENV
     env = EnvironmentDiff.between(golden, RUN_ENV)
     lines = [str(c) for c in env.changes]
     assert "CPU not recorded -> AMD EPYC 7B13 (avx2, fma)" in lines
