@@ -96,3 +96,157 @@ def test_main_ppo_starts_and_gets_past_the_transfer_queue_import(tmp_path: Path)
     assert "No module named 'transfer_queue'" not in out
     assert "Unknown trainer 'precision_probe_no_such_trainer'" in out, out[-3000:]
     assert code != 0
+
+
+# --- the CPU support: overrides, environment, bad input (fast; verl is imported only in subprocesses) ---
+
+SCENARIO = EXAMPLE / "scenarios" / "grpo_tiny_cpu.yaml"
+
+
+def _example(tmp_path: Path):
+    from precision_harness.scenario import Scenario
+
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    return Scenario.load(SCENARIO)
+
+
+def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path) -> None:
+    """The example's overrides plus the gate's CPU and profiler overrides compose against verl's own config."""
+    pytest.importorskip("hydra", reason="verl's config is composed with hydra")
+    scenario = _example(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    argv, env, _, header = command.command_spec(scenario, run_dir, device="cpu")
+    overrides = dict(arg.split("=", 1) for arg in argv[3:])
+    os_env = {**os.environ, "PRECISION_SCENARIO_DIR": str(SCENARIO.parent)}
+    old = dict(os.environ)
+    try:
+        os.environ.update(os_env)
+        cfg = verl_engine.compose(overrides)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert cfg.actor_rollout_ref.rollout.name == "precision_cpu"
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1
+    assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "precision_harness.verl_cpu.extension"
+    assert env["VERL_PLATFORM"] == "precision_cpu"
+    assert env["PRECISION_SCENARIO_DIR"] == str(SCENARIO.parent)
+    # every gate-owned override and variable is listed at the top of the run's log
+    for key in verl_engine.cpu_overrides(critic=False):
+        assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
+    assert "precision gate:   env VERL_PLATFORM=precision_cpu" in header
+
+
+def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
+    scenario = _example(tmp_path)
+    argv, env, _, header = command.command_spec(scenario, tmp_path, device="cuda")
+    assert "VERL_PLATFORM" not in env and not any("precision_cpu" in a for a in argv)
+    assert header[0] == "precision gate: verl on cuda: gate-owned overrides (docs/scenarios.md):"
+
+
+def test_a_scenario_may_not_set_a_cpu_owned_key(tmp_path: Path) -> None:
+    from precision_harness.errors import ScenarioError
+
+    scenario = _example(tmp_path)
+    scenario.config["verl"]["overrides"]["actor_rollout_ref.rollout.name"] = "vllm"
+    with pytest.raises(ScenarioError) as err:
+        command.command_spec(scenario, tmp_path, device="cpu")
+    assert str(err.value).count("\n") == 0
+    assert "actor_rollout_ref.rollout.name is set by the gate on cpu" in str(err.value)
+
+
+def test_unsupported_verl_version_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_harness.errors import ScenarioError
+
+    scenario = _example(tmp_path)
+    monkeypatch.setattr(verl_engine, "installed_version", lambda: "0.8.0")
+    with pytest.raises(ScenarioError) as err:
+        command.command_spec(scenario, tmp_path, device="cpu")
+    text = str(err.value)
+    assert text.count("\n") == 0
+    assert "verl 0.8.0 is not supported" in text and "tested with verl 0.9.1" in text
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_verl_loads_the_cpu_platform_replica_and_patches_through_its_hook() -> None:
+    """``import verl`` with the gate's variables registers the platform and the replica and applies each patch."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    code = """
+import verl
+from verl.plugin.platform.platform_manager import get_platform
+from verl.utils.device import get_device_id, get_nccl_backend
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout.base import get_rollout_class
+import verl.workers.engine_workers as ew, verl.workers.engine.fsdp.transformer_impl as fi
+p = get_platform()
+print(p.device_name, get_device_id(), get_nccl_backend())
+print(RolloutReplicaRegistry.get("precision_cpu").__name__, get_rollout_class("precision_cpu", "async").__name__)
+print(ew.initialize_global_process_group_ray.__precision_patched__, fi.CPUOffloadPolicy().pin_memory)
+"""
+    proc = _python(code, verl_engine.cpu_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()[-3:]
+    assert lines == ["cpu cpu gloo", "CPUReplica CPUServerAdapter", "True False"]
+
+
+def test_the_cpu_support_refuses_another_verl_in_one_line() -> None:
+    """Loaded under a verl version it was not tested with, the CPU package stops with one line naming the versions."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    code = """
+import importlib.metadata as m
+real = m.version
+m.version = lambda name: "0.10.0" if name == "verl" else real(name)
+import precision_harness.verl_cpu.extension
+"""
+    proc = _python(code)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: engine: verl on cpu: verl 0.10.0 is not supported")
+    assert "tested with verl 0.9.1" in last
+
+
+def test_seeded_responses_differ_within_a_group_and_repeat_across_runs() -> None:
+    from precision_harness.verl_cpu.rollout import response_tokens
+
+    alphabet = list(range(10, 37))
+    group = [response_tokens(42, "det-3", [1, 2, 3], alphabet, 16, index=k) for k in range(4)]
+    assert len({tuple(r) for r in group}) == 4
+    assert group == [response_tokens(42, "det-3", [1, 2, 3], alphabet, 16, index=k) for k in range(4)]
+    assert all(8 <= len(r) <= 16 and set(r) <= set(alphabet) for r in group)
+
+
+def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A command that starts a detached grandchild (as ray.init starts its GCS and raylet) and hangs: the timeout
+    is one line naming the last stage reached, and the grandchild is gone."""
+    from precision_harness.errors import RunFailedError
+
+    pidfile = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time, os\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        f"os.makedirs({str(tmp_path / 'step_1' / 'actor_update' / 'step0')!r}, exist_ok=True)\n"
+        "time.sleep(600)\n"
+    )
+
+    class _Scenario:
+        path = tmp_path / "s.yaml"
+
+    with pytest.raises(RunFailedError) as err:
+        command.run_command(_Scenario(), [sys.executable, "-c", script], run_dir=tmp_path, env={}, timeout=3)
+    text = str(err.value)
+    assert text.count("\n") == 0 and "command timed out after 3 s; last stage reached: step_1/actor_update" in text
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
