@@ -30,6 +30,7 @@ import fnmatch
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import time
@@ -308,8 +309,35 @@ def command_spec(
     header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
     header += [f"precision gate:   {k}={verl_engine.hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
-    argv = verl_engine.argv(verl["entrypoint"], {**user, **gate})
+    # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
+    hydra = {"hydra.run.dir": str(run_dir / "hydra")}
+    argv = verl_engine.argv(verl["entrypoint"], {**user, **gate, **hydra})
     return argv, env, tuple(verl["metrics_exclude"]), header
+
+
+def _generate_rollouts(
+    scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, header: list[str]
+) -> float:
+    """Pass 1 of a recording run with pinned rollouts: run once to generate and save the rollouts, keep only them.
+
+    verl's trainer feeds a batch it generated and one it loaded from ``skip.rollout_tq`` to the
+    training stages in different row orders (it regroups a loaded batch by prompt), so the micro-batches,
+    their padding and every dumped shape differ between the two paths. Check runs always load, so the
+    golden must come from a run that loaded too: pass 2 (the caller) replays what this pass saved.
+    The pass's log is kept as ``worker.generate.log``; each pass has the full ``timeout``.
+    """
+    head = [*header, "precision gate: pass 1 of 2: generating the rollouts to pin (its dumps are discarded)"]
+    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=head)
+    for entry in run_dir.iterdir():
+        if entry.name in (ROLLOUTS, "msprobe_config.json"):
+            continue
+        if entry.name == "worker.log":
+            entry.replace(run_dir / "worker.generate.log")
+        elif entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return wall
 
 
 def launch_command(
@@ -349,7 +377,11 @@ def launch_command(
     env = {**determinism_env(device, threads), **env, **(dispatch_env or {})}
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
-    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+    wall = 0.0
+    if pinned is None and scenario.kind == "verl" and scenario.config["verl"]["pin_rollouts"]:
+        wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
+    wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
     normalize_metrics(run_dir, exclude=list(exclude))
     fingerprint = command_fingerprint(argv, device=device, num_threads=threads, environ={**os.environ, **env})
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)

@@ -7,6 +7,7 @@ gloo): they are marked slow and take minutes on a 2-core CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -118,6 +119,7 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     run_dir.mkdir()
     argv, env, _, header = command.command_spec(scenario, run_dir, device="cpu")
     overrides = dict(arg.split("=", 1) for arg in argv[3:])
+    assert overrides.pop("hydra.run.dir") == str(run_dir / "hydra")  # Hydra's outputs/ stays out of the scenario
     os_env = {**os.environ, "PRECISION_SCENARIO_DIR": str(SCENARIO.parent)}
     old = dict(os.environ)
     try:
@@ -250,3 +252,128 @@ def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
     assert text.count("\n") == 0 and "command timed out after 3 s; last stage reached: step_1/actor_update" in text
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+# --- the committed golden of examples/verl_cpu: a real training signal (no run; torch only in a subprocess) ---
+
+GOLDEN = EXAMPLE / "golden" / "grpo_tiny_cpu" / "cpu"
+
+
+def test_the_golden_run_trained() -> None:
+    """At step 1 the advantages are not 0 (rewards vary within groups), the policy loss and the gradient norm are
+    not 0, and the actor's weights at step 2 differ from step 1's (the update changed them)."""
+    from precision_harness.golden import Golden
+
+    golden = Golden.from_dir(GOLDEN)
+    step1 = next(m for m in golden.metrics() if m["training/global_step"] == 1)
+    assert step1["critic/advantages/min"] < 0 < step1["critic/advantages/max"]
+    assert step1["actor/pg_loss"] != 0 and step1["actor/grad_norm"] > 0
+    assert step1["critic/score/min"] < step1["critic/score/max"]
+    before = golden.load_dump(1, "actor_compute_log_prob", "rank0")["data"]
+    after = golden.load_dump(2, "actor_compute_log_prob", "rank0")["data"]
+    weights = [k for k in before if k.startswith("Functional.linear.")]
+    assert weights
+    moved = [k for k in weights if before[k]["input_args"][1] != after[k]["input_args"][1]]
+    assert moved == weights, f"weights unchanged by step 1's update: {sorted(set(weights) - set(moved))[:3]}"
+
+
+def test_rewards_vary_within_every_grpo_group_of_the_pinned_rollouts(tmp_path: Path) -> None:
+    """The pinned rollouts (verl's skip.rollout_tq batch, a torch file) read in a subprocess: each prompt's 4
+    responses do not all score the same."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    from precision_harness.golden import Golden
+
+    golden = Golden.from_dir(GOLDEN)
+    names = [n for n in golden.contents if n.startswith("rollouts/") and n.endswith("tq_batch.pt")]
+    assert len(names) == 2, names
+    golden.export(tmp_path, names)
+    code = """
+import json, sys, collections, torch
+out = []
+for path in sys.argv[1:]:
+    batch = torch.load(path, weights_only=False)
+    scores = [float(row.sum()) for row in batch["tensordict"]["rm_scores"].unbind(0)]
+    groups = collections.defaultdict(list)
+    for key, score in zip(batch["keys"], scores):
+        groups[key.split("_")[0]].append(score)
+    out.append(sorted(len(set(v)) for v in groups.values()))
+print(json.dumps(out))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    distinct = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(len(step) == 4 and min(step) >= 2 for step in distinct), distinct
+
+
+# --- end to end: the example behind the gate (minutes each; opt in with PRECISION_VERL_CPU_E2E=1) ---
+
+E2E = pytest.mark.skipif(
+    os.environ.get("PRECISION_VERL_CPU_E2E") != "1",
+    reason="verl's real trainer on CPU takes about 4 min a run: set PRECISION_VERL_CPU_E2E=1",
+)
+
+
+def _marked_anywhere() -> list[int]:
+    """Live processes carrying any PRECISION_RUN_ID mark (a gate run's Ray or verl process left behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"\0" + command.ENV_RUN_ID.encode() + b"=" in b"\0" + (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _gate(*args: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(SCENARIO)]
+    argv += ["-o", f"precision_golden_dir={EXAMPLE / 'golden'}", *args]
+    return subprocess.run(
+        argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_check_passes_against_the_committed_golden_and_leaves_no_process() -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    assert not _marked_anywhere()
+    proc = _gate("-o", "precision_timeout=900")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "7 passed" in proc.stdout
+    assert not _marked_anywhere()
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_planted_advantage_change_fails_actor_update_at_step_1() -> None:
+    """verl's own advantage estimator scaled by 1+1e-4 in every process: the log-prob stages at step 1 still pass,
+    actor_update at step 1 fails."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = _gate("-o", "precision_timeout=900", env={"PRECISION_TEST_PLANT": "advantages"})
+    out = proc.stdout
+    assert proc.returncode != 0, out[-4000:]
+    assert "FAILED examples/verl_cpu/scenarios/grpo_tiny_cpu.yaml::actor_update[step_1]" in out, out[-4000:]
+    failed = {line.split("::", 1)[1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert "actor_compute_log_prob[step_1]" not in failed and "ref_compute_log_prob[step_1]" not in failed, failed
+    assert not _marked_anywhere()
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_timeout_is_one_line_and_leaves_no_process() -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = _gate("-o", "precision_timeout=40", "-k", "metrics")
+    assert proc.returncode != 0
+    assert re.search(
+        r"grpo_tiny_cpu\.yaml: command timed out after 40 s; (last stage reached: \S+|no stage was reached)",
+        proc.stdout,
+    ), proc.stdout[-3000:]
+    assert not _marked_anywhere()
