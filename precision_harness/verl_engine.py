@@ -43,7 +43,7 @@ CPU_MODULE = "precision_harness.verl_cpu.extension"
 CPU_PLATFORM = "precision_cpu"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 #: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
-METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/time*", "training/epoch")
+METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/perf/*", "*/time*", "training/epoch")
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 
