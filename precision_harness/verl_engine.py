@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_harness.errors import ScenarioError
+from precision_harness.errors import ScenarioError, VerlMissingError
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
@@ -60,11 +60,12 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
     """verl must be installed, and dump every declared stage.
 
     Raises:
-        ScenarioError: verl is missing (names the extra), or a declared stage is one verl does not dump.
+        VerlMissingError: verl is missing (names the extra; pytest skips the scenario).
+        ScenarioError: a declared stage is one verl does not dump.
     """
     version = installed_version()
     if version is None:
-        raise ScenarioError(
+        raise VerlMissingError(
             f"{scenario_path}: engine: verl needs verl installed in this environment; "
             "pip install 'pytest-precision[verl]' (or your own verl build)"
         )
