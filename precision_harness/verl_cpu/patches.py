@@ -16,10 +16,10 @@ again, each patch re-checked, and added to :data:`precision_harness.verl_engine.
    up in this table by ``(name, mode)``, and verl has no public way to add one. The entry
    ``("precision_cpu", "async")`` names :class:`precision_harness.verl_cpu.rollout.CPUServerAdapter`.
 4. Test hook only, off unless ``PRECISION_TEST_PLANT=advantages`` (:mod:`precision_harness.runner.plant`):
-   every estimator in ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` (what verl's
-   ``get_adv_estimator_fn`` returns to the trainer's advantage computation) is wrapped to scale the
-   advantages it returns by ``1 + 1e-4``: the planted change the gate's tests expect to fail
-   ``actor_update`` at step 1.
+   every estimator in ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` is wrapped to scale the
+   advantages it returns by ``1 + 1e-4``, in the registry (``get_adv_estimator_fn``) and as the
+   ``core_algos`` attribute it was registered from (``compute_advantage`` in ``ray_trainer.py`` calls
+   GRPO and GAE that way): the planted change the gate's tests expect to fail ``actor_update`` at step 1.
 """
 
 from __future__ import annotations
@@ -90,5 +90,11 @@ def apply(version: str) -> None:
 
         registry = core_algos.ADV_ESTIMATOR_REGISTRY
         for name, fn in list(registry.items()):
-            if not getattr(fn, "__precision_patched__", False):
-                registry[name] = _planted_estimator(fn, scale)
+            if getattr(fn, "__precision_patched__", False):
+                continue
+            planted = _planted_estimator(fn, scale)
+            registry[name] = planted
+            # verl.trainer.ppo.ray_trainer.compute_advantage calls GAE and GRPO as core_algos attributes
+            for attr, value in list(vars(core_algos).items()):
+                if value is fn:
+                    setattr(core_algos, attr, planted)
