@@ -16,7 +16,7 @@ import pytest
 
 from precision_harness import device_check, options
 from precision_harness.check import METRICS_ITEM, ItemKey
-from precision_harness.errors import PrecisionError
+from precision_harness.errors import PrecisionError, VerlMissingError
 from precision_harness.launch import RunResult
 from precision_harness.options import PrecisionOptions
 from precision_harness.report import ItemRecord
@@ -277,6 +277,8 @@ class ScenarioFile(pytest.File):
         usage = self.config.stash[_SESSION_KEY].usage
         try:
             scenario = Scenario.load(self.path)
+        except VerlMissingError as exc:
+            pytest.skip(str(exc))
         except PrecisionError as exc:
             usage.mark_partial(f"{self.path.name} failed to collect")
             raise self.CollectError(str(exc)) from None

@@ -8,23 +8,33 @@ The gate gives the command (run with the scenario file's folder as its working d
 ``PRECISION_STEPS``         comma list of ``global_profiler.steps``
 ``PRECISION_STAGES``        comma list of ``precision_debugger.stages``
 ``PRECISION_METRICS``       where the run may write a ``metrics.jsonl``
+``PRECISION_SCENARIO_DIR``  the scenario file's folder (verl overrides read it as ``${oc.env:...}``)
 ==========================  ===============================================================
 
 plus the scenario's ``env`` and the same thread pinning as a built-in scenario. After the command
 exits, the run directory holds its dumps (``step_<n>/<stage>/step0/rank<r>/dump.json``), the
 metrics (lines in verl's ``FileLogger`` form, ``{"step": n, "data": {...}}``, are converted to one
 object per step) and a ``run.json`` written here. A command that is not found, exits non-zero or
-runs past the timeout is a one-line :class:`RunFailedError` with the last lines of its log.
+runs past the timeout is a one-line :class:`RunFailedError` with the last lines of its log (a
+timeout also names the last stage that was dumped).
+
+The command runs in a session of its own, marked by ``PRECISION_RUN_ID`` in its environment. When it
+ends (exit, failure or timeout) every process that still carries the mark is killed, by id: Ray's
+GCS, raylet and workers, which verl's trainer starts and a killed driver leaves behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,9 @@ from precision_harness.probe import (
 
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
+ENV_SCENARIO_DIR = "PRECISION_SCENARIO_DIR"
+#: marks every process a command run starts, so that none outlives it (:func:`reap`)
+ENV_RUN_ID = "PRECISION_RUN_ID"
 METRICS = "metrics.jsonl"
 
 
@@ -57,39 +70,121 @@ def command_env(scenario: Any, run_dir: Path) -> dict[str, str]:
             ENV_STEPS: ",".join(map(str, scenario.steps)),
             ENV_STAGES: ",".join(scenario.stages),
             ENV_METRICS: str(run_dir / METRICS),
+            ENV_SCENARIO_DIR: str(Path(scenario.path).resolve().parent),
         }
     )
     return env
 
 
-def run_command(scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None) -> float:
+def run_command(
+    scenario: Any,
+    argv: list[str],
+    *,
+    run_dir: Path,
+    env: dict[str, str],
+    timeout: float | None,
+    header: list[str] | None = None,
+) -> float:
     """Run ``argv`` in the scenario's folder with ``env`` added; return its wall time (s).
+
+    ``header``: lines written at the top of ``run_dir/worker.log`` before the command's output.
+    Every process left with the run's ``PRECISION_RUN_ID`` is killed when the command ends (:func:`reap`).
 
     Raises:
         RunFailedError: the command is not found, exits non-zero or runs past ``timeout`` (the
-            message quotes the last lines of ``run_dir/worker.log`` and names it).
+            message quotes the last lines of ``run_dir/worker.log`` and names it; a timeout names
+            the last stage dumped).
     """
     shown = display_path(scenario.path)
     log = run_dir / "worker.log"
+    run_id = env.get(ENV_RUN_ID) or uuid.uuid4().hex
     t0 = time.perf_counter()
     with open(log, "wb") as fh:
+        if header:
+            fh.write("".join(f"{line}\n" for line in header).encode())
+            fh.flush()
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 argv,
                 cwd=scenario.path.parent,
-                env={**os.environ, **env},
+                env={**os.environ, **env, ENV_RUN_ID: run_id},
                 stdout=fh,
                 stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
+                start_new_session=True,
             )
         except FileNotFoundError:
             raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.path.parent})") from None
+        try:
+            returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise RunFailedError(f"{shown}: command timed out after {timeout:g} s{_tail(log)}") from None
-    if proc.returncode != 0:
-        raise RunFailedError(f"{shown}: command exited with {proc.returncode}{_tail(log)}")
+            _kill_group(proc)
+            reap(run_id)
+            raise RunFailedError(
+                f"{shown}: command timed out after {timeout:g} s; {last_stage(run_dir)}{_tail(log)}"
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            reap(run_id)
+            raise
+    reap(run_id)
+    if returncode != 0:
+        raise RunFailedError(f"{shown}: command exited with {returncode}{_tail(log)}")
     return time.perf_counter() - t0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the command's session (it was started in one of its own) and wait for the command."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def marked_processes(run_id: str) -> list[int]:
+    """The ids of live processes whose environment holds ``PRECISION_RUN_ID=run_id`` (Linux /proc)."""
+    mark = f"{ENV_RUN_ID}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def reap(run_id: str, *, grace_s: float = 5.0) -> list[int]:
+    """Terminate, then kill, every process marked with ``run_id``; return their ids.
+
+    Ray's GCS and raylet, started by a command's ``ray.init()``, sit in sessions of their own and
+    survive a killed driver; they and Ray's workers inherit the command's environment, so the mark
+    finds them.
+    """
+    pids = marked_processes(run_id)
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            pids = marked_processes(run_id)
+            if not pids:
+                break
+            time.sleep(0.1)
+    return pids
+
+
+def last_stage(run_dir: Path) -> str:
+    """``last stage reached: step_<n>/<stage>`` (the newest dump folder), or that none was reached."""
+    stages = [d for d in run_dir.glob("step_*/*/step0") if d.is_dir()]
+    if not stages:
+        return "no stage was reached"
+    newest = max(stages, key=lambda d: d.stat().st_mtime)
+    return f"last stage reached: {newest.parent.parent.name}/{newest.parent.name}"
 
 
 def _tail(log: Path) -> str:
@@ -176,14 +271,24 @@ def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device:
 ROLLOUTS = "rollouts"
 
 
-def command_spec(scenario: Any, run_dir: Path) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
-    """``(argv, environment, metric globs never gated)`` of a command or verl scenario's run."""
+def command_spec(
+    scenario: Any, run_dir: Path, *, device: str = "cpu"
+) -> tuple[list[str], dict[str, str], tuple[str, ...], list[str]]:
+    """``(argv, environment, metric globs never gated, log header)`` of a command or verl scenario's run.
+
+    A verl scenario on ``cpu`` also gets :func:`verl_engine.cpu_env` and :func:`verl_engine.cpu_overrides`.
+    The log header lists every gate-owned override and variable.
+
+    Raises:
+        ScenarioError: on cpu, an unsupported verl, or a scenario override of a CPU-owned key.
+    """
     env = command_env(scenario, run_dir)
     if scenario.kind == "command":
-        return list(scenario.config["command"]), env, ()
+        return list(scenario.config["command"]), env, (), []
     from precision_harness import verl_engine
 
     verl = scenario.config["verl"]
+    user = dict(verl["overrides"])
     gate = verl_engine.gate_overrides(
         steps=list(scenario.steps),
         stages=list(scenario.stages),
@@ -193,7 +298,46 @@ def command_spec(scenario: Any, run_dir: Path) -> tuple[list[str], dict[str, str
         rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
     )
     env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
-    return verl_engine.argv(verl["entrypoint"], {**verl["overrides"], **gate}), env, tuple(verl["metrics_exclude"])
+    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
+    if device == "cpu":
+        verl_engine.check_cpu_version(scenario.path)
+        cpu = verl_engine.cpu_overrides(critic=verl_engine.uses_critic(user))
+        verl_engine.check_cpu_overrides(scenario.path, user, cpu)
+        gate = {**cpu, **gate}
+        owned_env.update(verl_engine.cpu_env())
+        env.update(verl_engine.cpu_env())
+    header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
+    header += [f"precision gate:   {k}={verl_engine.hydra_value(v)}" for k, v in gate.items()]
+    header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
+    # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
+    hydra = {"hydra.run.dir": str(run_dir / "hydra")}
+    argv = verl_engine.argv(verl["entrypoint"], {**user, **gate, **hydra})
+    return argv, env, tuple(verl["metrics_exclude"]), header
+
+
+def _generate_rollouts(
+    scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, header: list[str]
+) -> float:
+    """Pass 1 of a recording run with pinned rollouts: run once to generate and save the rollouts, keep only them.
+
+    verl's trainer feeds a batch it generated and one it loaded from ``skip.rollout_tq`` to the
+    training stages in different row orders (it regroups a loaded batch by prompt), so the micro-batches,
+    their padding and every dumped shape differ between the two paths. Check runs always load, so the
+    golden must come from a run that loaded too: pass 2 (the caller) replays what this pass saved.
+    The pass's log is kept as ``worker.generate.log``; each pass has the full ``timeout``.
+    """
+    head = [*header, "precision gate: pass 1 of 2: generating the rollouts to pin (its dumps are discarded)"]
+    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=head)
+    for entry in run_dir.iterdir():
+        if entry.name in (ROLLOUTS, "msprobe_config.json"):
+            continue
+        if entry.name == "worker.log":
+            entry.replace(run_dir / "worker.generate.log")
+        elif entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return wall
 
 
 def launch_command(
@@ -228,12 +372,16 @@ def launch_command(
     if pinned is not None:
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
-    argv, env, exclude = command_spec(scenario, run_dir)
+    argv, env, exclude, header = command_spec(scenario, run_dir, device=device)
     threads = scenario.config["trainer"]["num_threads"]
     env = {**determinism_env(device, threads), **env, **(dispatch_env or {})}
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
-    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout)
+    wall = 0.0
+    if pinned is None and scenario.kind == "verl" and scenario.config["verl"]["pin_rollouts"]:
+        wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
+    wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
     normalize_metrics(run_dir, exclude=list(exclude))
     fingerprint = command_fingerprint(argv, device=device, num_threads=threads, environ={**os.environ, **env})
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)

@@ -23,6 +23,10 @@ class ScenarioError(PrecisionError):
     exit_code = EXIT_USAGE
 
 
+class VerlMissingError(ScenarioError):
+    """An ``engine: verl`` scenario where verl is not installed: pytest skips it (one line naming the extra)."""
+
+
 class GoldenError(PrecisionError):
     """A golden is absent, corrupt or recorded under other settings."""
 

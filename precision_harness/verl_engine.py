@@ -11,8 +11,14 @@ runs load them, so a failure is training-side drift, not sampling.
 Facts checked against verl 0.9.1 (the wheel's source): ``PrecisionDebuggerProfiler`` dumps to
 ``{save_path}/step_{global_step}/{stage}/step0/rank{r}/dump.json``; only ``ActorRolloutRefWorker``
 is annotated, so only :data:`DUMPED_STAGES` are dumped; with ``config_path`` unset (or msprobe
-missing and ``strict: false``) nothing is dumped and nothing is said. verl's trainer needs a GPU or
-NPU and vLLM, SGLang or TRT-LLM: on CPU its configuration composes (:func:`compose`) but it cannot run.
+missing and ``strict: false``) nothing is dumped and nothing is said.
+
+On the CPU (``--precision-device cpu``) the gate runs the same trainer through verl's extension hook:
+:func:`cpu_env` makes every verl process import :mod:`precision_harness.verl_cpu` (a CPU platform
+with gloo, the rollout replica ``precision_cpu``, the patches of verl internals, refused for a verl
+other than :data:`SUPPORTED_VERSIONS`), and :func:`cpu_overrides` adds the resource and engine
+settings verl needs there. Both are gate-owned, printed at the top of the run's log and listed in
+docs/scenarios.md.
 """
 
 from __future__ import annotations
@@ -24,14 +30,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_harness.errors import ScenarioError
+from precision_harness.errors import ScenarioError, VerlMissingError
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
 CHECKED_VERSION = "0.9.1"
+#: the verl versions the CPU support (precision_harness.verl_cpu, its patches) was checked against
+SUPPORTED_VERSIONS = ("0.9.1",)
+#: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
+CPU_MODULE = "precision_harness.verl_cpu.extension"
+#: the platform and rollout replica that module registers
+CPU_PLATFORM = "precision_cpu"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 #: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
-METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/time*", "training/epoch")
+METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/perf/*", "*/time*", "training/epoch")
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 
@@ -48,11 +60,12 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
     """verl must be installed, and dump every declared stage.
 
     Raises:
-        ScenarioError: verl is missing (names the extra), or a declared stage is one verl does not dump.
+        VerlMissingError: verl is missing (names the extra; pytest skips the scenario).
+        ScenarioError: a declared stage is one verl does not dump.
     """
     version = installed_version()
     if version is None:
-        raise ScenarioError(
+        raise VerlMissingError(
             f"{scenario_path}: engine: verl needs verl installed in this environment; "
             "pip install 'pytest-precision[verl]' (or your own verl build)"
         )
@@ -62,6 +75,86 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
             f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
             f"its trainer dumps {', '.join(DUMPED_STAGES)} (checked against verl {CHECKED_VERSION})"
         )
+
+
+def unsupported_version_message(version: str | None) -> str:
+    """The one line for a verl the CPU support was not checked against."""
+    return (
+        f"engine: verl on cpu: verl {version} is not supported; the CPU platform, rollout replica and patches "
+        f"(precision_harness/verl_cpu) were tested with verl {', '.join(SUPPORTED_VERSIONS)}: "
+        f"pip install 'pytest-precision[verl]'"
+    )
+
+
+def check_cpu_version(scenario_path: Path) -> None:
+    """Raise ScenarioError unless the installed verl is one the CPU support was tested with."""
+    version = installed_version()
+    if version not in SUPPORTED_VERSIONS:
+        raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
+
+
+def cpu_env() -> dict[str, str]:
+    """The variables that make verl load the CPU support in every process it starts (its extension hook)."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": CPU_MODULE,  # verl/__init__.py imports it in every process
+        "VERL_PLATFORM": CPU_PLATFORM,  # the platform it registers (verl would fall back to nvidia/NCCL)
+        "VERL_ENGINE_DEVICE": "cuda",  # verl's engine registry has FSDP under cuda/nvidia only
+        "VERL_ENGINE_VENDOR": "nvidia",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def cpu_overrides(*, critic: bool) -> dict[str, Any]:
+    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``)."""
+    out: dict[str, Any] = {
+        # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
+        "ray_kwargs.ray_init.num_cpus": 8,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        # verl's single controller hard-codes use_gpu=True: one declared Ray GPU, which no process uses
+        "+ray_kwargs.ray_init.num_gpus": 1,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.nnodes": 1,
+        # no FlashAttention on CPU
+        "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+        "actor_rollout_ref.model.use_remove_padding": False,
+        # FSDP1 needs an accelerator; FSDP2 runs on gloo
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.ref.use_torch_compile": False,
+        # the seeded replica; it needs stable request ids (det-<index>)
+        "actor_rollout_ref.rollout.name": CPU_PLATFORM,
+        "actor_rollout_ref.rollout.full_determinism": True,
+        # its responses carry no log-probs (they are not sampled from the model)
+        "actor_rollout_ref.rollout.calculate_log_probs": False,
+    }
+    if critic:
+        out.update(
+            {
+                "critic.strategy": "fsdp2",
+                "+critic.model.override_config.attn_implementation": "sdpa",
+                "critic.model.use_remove_padding": False,
+            }
+        )
+    return out
+
+
+def uses_critic(overrides: dict[str, Any]) -> bool:
+    """Whether verl's trainer builds a critic for these overrides (verl's ``need_critic``)."""
+    if overrides.get("critic.enable") is not None:
+        return bool(overrides["critic.enable"])
+    return overrides.get("algorithm.adv_estimator") == "gae"
+
+
+def check_cpu_overrides(scenario_path: Path, overrides: dict[str, Any], cpu: dict[str, Any]) -> None:
+    """Raise ScenarioError for a scenario override of a key the gate owns on the CPU."""
+    owned = {key.lstrip("+") for key in cpu}
+    for key in overrides:
+        if key.lstrip("+") in owned:
+            raise ScenarioError(
+                f"{scenario_path}: verl.overrides: {key.lstrip('+')} is set by the gate on cpu (the CPU platform, "
+                "rollout replica and resources, docs/scenarios.md); remove it"
+            )
 
 
 def hydra_value(value: Any) -> str:

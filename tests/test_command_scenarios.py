@@ -184,7 +184,9 @@ def test_command_not_found_and_timeout(command_project: pytest.Pytester) -> None
     scenario.write_text(scenario_text(command=f"[{json.dumps(sys.executable)}, -c, 'import time; time.sleep(30)']"))
     (command_project.path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\nprecision_timeout = 2\n")
     slow = command_project.runpytest_subprocess("-k", "metrics", "--precision-golden", "update")
-    slow.stdout.fnmatch_lines(["*fake.yaml: command timed out after 2 s; last lines: no output (log: *worker.log)"])
+    slow.stdout.fnmatch_lines(
+        ["*fake.yaml: command timed out after 2 s; no stage was reached; last lines: no output (log: *worker.log)"]
+    )
 
 
 @pytest.mark.parametrize(

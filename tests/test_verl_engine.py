@@ -1,10 +1,11 @@
 """engine: verl scenarios: the overrides the gate owns compose against the installed verl, bad input is
 one line, and rollout pinning is what makes a sampled run gate-able.
 
-verl's trainer needs a GPU or NPU, so the end-to-end test swaps its entrypoint
-(``verl.entrypoint``) for a fake trainer that reads the same Hydra overrides, writes the profiler's
-layout under ``global_profiler.save_path``, logs through ``$VERL_FILE_LOGGER_PATH`` as verl's
-``FileLogger`` does, and samples a random rollout unless ``skip.rollout_tq`` gives it a saved one.
+These tests swap verl's entrypoint (``verl.entrypoint``) for a fake trainer, which takes seconds
+where verl's real trainer takes minutes (that one runs on CPU in tests/test_verl_cpu.py). The fake
+reads the same Hydra overrides, writes the profiler's layout under ``global_profiler.save_path``,
+logs through ``$VERL_FILE_LOGGER_PATH`` as verl's ``FileLogger`` does, and samples a random rollout
+unless ``skip.rollout_tq`` gives it a saved one.
 """
 
 from __future__ import annotations

@@ -1,0 +1,399 @@
+"""verl's real trainer on the CPU (``engine: verl``, issue 19): the [verl] extra runs ``main_ppo``, the CPU
+support (precision_harness/verl_cpu) and its bad input.
+
+The end-to-end tests start ``python -m verl.trainer.main_ppo`` for real (Ray, TransferQueue, FSDP2 on
+gloo): they are marked slow and take minutes on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from precision_harness import command, verl_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "verl_cpu"
+
+
+def _pins(text: str) -> dict[str, str]:
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)", text, re.M)}
+
+
+def test_verl_extra_pins_what_main_ppo_imports() -> None:
+    """The [verl] extra names verl at the supported version and TransferQueue (main_ppo's v1 trainer imports
+    transfer_queue), and constraints/cpu.txt pins the same versions."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["verl"]
+    declared = {re.split(r"[=<>!~\[; ]", req, maxsplit=1)[0].lower(): req for req in extra}
+    for name in ("verl", "transferqueue", "pyzmq", "msgspec"):
+        assert name in declared, f"[verl] extra lacks {name}"
+    assert declared["verl"] == f"verl=={verl_engine.SUPPORTED_VERSIONS[0]}"
+    pins = _pins((ROOT / "constraints" / "cpu.txt").read_text())
+    assert pins["verl"] == verl_engine.SUPPORTED_VERSIONS[0]
+    assert declared["transferqueue"] == f"TransferQueue=={pins['transferqueue']}"
+    assert "pyzmq" in pins and "msgspec" in pins
+
+
+def test_transfer_queue_is_installed_with_verl() -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    import importlib.util
+
+    assert importlib.util.find_spec("transfer_queue") is not None, "pip install 'pytest-precision[verl]'"
+
+
+def _run_marked(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run ``argv`` as the gate does (own session, marked); kill everything marked afterwards."""
+    run_id = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**os.environ, **env, command.ENV_RUN_ID: run_id},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            command._kill_group(proc)
+        left = command.reap(run_id)
+    assert not left, f"processes left behind: {left}"
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_main_ppo_starts_and_gets_past_the_transfer_queue_import(tmp_path: Path) -> None:
+    """verl's real entry point, in this venv: Hydra, validation, Ray and the TaskRunner start, and the run reaches
+    ``import transfer_queue`` and the v1 trainer registry (an unknown trainer mode stops it right after)."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    overrides = {
+        "trainer.v1.trainer_mode": "precision_probe_no_such_trainer",
+        "algorithm.adv_estimator": "grpo",
+        "data.train_files": str(EXAMPLE / "data" / "train.parquet"),
+        "data.val_files": str(EXAMPLE / "data" / "train.parquet"),
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.model.path": str(EXAMPLE / "model"),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+        "ray_kwargs.ray_init.num_cpus": 2,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.logger": ["console"],
+    }
+    argv = verl_engine.argv(None, overrides)
+    assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+    code, out = _run_marked(argv, env={"RAY_DEDUP_LOGS": "0"}, cwd=tmp_path, timeout=300)
+    assert "No module named 'transfer_queue'" not in out
+    assert "Unknown trainer 'precision_probe_no_such_trainer'" in out, out[-3000:]
+    assert code != 0
+
+
+# --- the CPU support: overrides, environment, bad input (fast; verl is imported only in subprocesses) ---
+
+SCENARIO = EXAMPLE / "scenarios" / "grpo_tiny_cpu.yaml"
+
+
+def _example(tmp_path: Path):
+    from precision_harness.scenario import Scenario
+
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    return Scenario.load(SCENARIO)
+
+
+def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path) -> None:
+    """The example's overrides plus the gate's CPU and profiler overrides compose against verl's own config."""
+    pytest.importorskip("hydra", reason="verl's config is composed with hydra")
+    scenario = _example(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    argv, env, _, header = command.command_spec(scenario, run_dir, device="cpu")
+    overrides = dict(arg.split("=", 1) for arg in argv[3:])
+    assert overrides.pop("hydra.run.dir") == str(run_dir / "hydra")  # Hydra's outputs/ stays out of the scenario
+    os_env = {**os.environ, "PRECISION_SCENARIO_DIR": str(SCENARIO.parent)}
+    old = dict(os.environ)
+    try:
+        os.environ.update(os_env)
+        cfg = verl_engine.compose(overrides)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert cfg.actor_rollout_ref.rollout.name == "precision_cpu"
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1
+    assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "precision_harness.verl_cpu.extension"
+    assert env["VERL_PLATFORM"] == "precision_cpu"
+    assert env["PRECISION_SCENARIO_DIR"] == str(SCENARIO.parent)
+    # every gate-owned override and variable is listed at the top of the run's log
+    for key in verl_engine.cpu_overrides(critic=False):
+        assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
+    assert "precision gate:   env VERL_PLATFORM=precision_cpu" in header
+
+
+def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
+    scenario = _example(tmp_path)
+    argv, env, _, header = command.command_spec(scenario, tmp_path, device="cuda")
+    assert "VERL_PLATFORM" not in env and not any("precision_cpu" in a for a in argv)
+    assert header[0] == "precision gate: verl on cuda: gate-owned overrides (docs/scenarios.md):"
+
+
+def test_a_scenario_may_not_set_a_cpu_owned_key(tmp_path: Path) -> None:
+    from precision_harness.errors import ScenarioError
+
+    scenario = _example(tmp_path)
+    scenario.config["verl"]["overrides"]["actor_rollout_ref.rollout.name"] = "vllm"
+    with pytest.raises(ScenarioError) as err:
+        command.command_spec(scenario, tmp_path, device="cpu")
+    assert str(err.value).count("\n") == 0
+    assert "actor_rollout_ref.rollout.name is set by the gate on cpu" in str(err.value)
+
+
+def test_unsupported_verl_version_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_harness.errors import ScenarioError
+
+    scenario = _example(tmp_path)
+    monkeypatch.setattr(verl_engine, "installed_version", lambda: "0.8.0")
+    with pytest.raises(ScenarioError) as err:
+        command.command_spec(scenario, tmp_path, device="cpu")
+    text = str(err.value)
+    assert text.count("\n") == 0
+    assert "verl 0.8.0 is not supported" in text and "tested with verl 0.9.1" in text
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_verl_loads_the_cpu_platform_replica_and_patches_through_its_hook() -> None:
+    """``import verl`` with the gate's variables registers the platform and the replica and applies each patch."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    code = """
+import verl
+from verl.plugin.platform.platform_manager import get_platform
+from verl.utils.device import get_device_id, get_nccl_backend
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout.base import get_rollout_class
+import verl.workers.engine_workers as ew, verl.workers.engine.fsdp.transformer_impl as fi
+p = get_platform()
+print(p.device_name, get_device_id(), get_nccl_backend())
+print(RolloutReplicaRegistry.get("precision_cpu").__name__, get_rollout_class("precision_cpu", "async").__name__)
+print(ew.initialize_global_process_group_ray.__precision_patched__, fi.CPUOffloadPolicy().pin_memory)
+"""
+    proc = _python(code, verl_engine.cpu_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()[-3:]
+    assert lines == ["cpu cpu gloo", "CPUReplica CPUServerAdapter", "True False"]
+
+
+def test_the_cpu_support_refuses_another_verl_in_one_line() -> None:
+    """Loaded under a verl version it was not tested with, the CPU package stops with one line naming the versions."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    code = """
+import importlib.metadata as m
+real = m.version
+m.version = lambda name: "0.10.0" if name == "verl" else real(name)
+import precision_harness.verl_cpu.extension
+"""
+    proc = _python(code)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: engine: verl on cpu: verl 0.10.0 is not supported")
+    assert "tested with verl 0.9.1" in last
+
+
+def test_seeded_responses_differ_within_a_group_and_repeat_across_runs() -> None:
+    from precision_harness.verl_cpu.rollout import response_tokens
+
+    alphabet = list(range(10, 37))
+    group = [response_tokens(42, "det-3", [1, 2, 3], alphabet, 16, index=k) for k in range(4)]
+    assert len({tuple(r) for r in group}) == 4
+    assert group == [response_tokens(42, "det-3", [1, 2, 3], alphabet, 16, index=k) for k in range(4)]
+    assert all(8 <= len(r) <= 16 and set(r) <= set(alphabet) for r in group)
+
+
+def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A command that starts a detached grandchild (as ray.init starts its GCS and raylet) and hangs: the timeout
+    is one line naming the last stage reached, and the grandchild is gone."""
+    from precision_harness.errors import RunFailedError
+
+    pidfile = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time, os\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        f"os.makedirs({str(tmp_path / 'step_1' / 'actor_update' / 'step0')!r}, exist_ok=True)\n"
+        "time.sleep(600)\n"
+    )
+
+    class _Scenario:
+        path = tmp_path / "s.yaml"
+
+    with pytest.raises(RunFailedError) as err:
+        command.run_command(_Scenario(), [sys.executable, "-c", script], run_dir=tmp_path, env={}, timeout=3)
+    text = str(err.value)
+    assert text.count("\n") == 0 and "command timed out after 3 s; last stage reached: step_1/actor_update" in text
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+# --- the committed golden of examples/verl_cpu: a real training signal (no run; torch only in a subprocess) ---
+
+GOLDEN = EXAMPLE / "golden" / "grpo_tiny_cpu" / "cpu"
+
+
+def test_the_golden_run_trained() -> None:
+    """At step 1 the advantages are not 0 (rewards vary within groups), the policy loss and the gradient norm are
+    not 0, and the actor's weights at step 2 differ from step 1's (the update changed them)."""
+    from precision_harness.golden import Golden
+
+    golden = Golden.from_dir(GOLDEN)
+    step1 = next(m for m in golden.metrics() if m["training/global_step"] == 1)
+    assert step1["critic/advantages/min"] < 0 < step1["critic/advantages/max"]
+    assert step1["actor/pg_loss"] != 0 and step1["actor/grad_norm"] > 0
+    assert step1["critic/score/min"] < step1["critic/score/max"]
+    before = golden.load_dump(1, "actor_compute_log_prob", "rank0")["data"]
+    after = golden.load_dump(2, "actor_compute_log_prob", "rank0")["data"]
+    weights = [k for k in before if k.startswith("Functional.linear.")]
+    assert weights
+    moved = [k for k in weights if before[k]["input_args"][1] != after[k]["input_args"][1]]
+    assert moved == weights, f"weights unchanged by step 1's update: {sorted(set(weights) - set(moved))[:3]}"
+
+
+def test_rewards_vary_within_every_grpo_group_of_the_pinned_rollouts(tmp_path: Path) -> None:
+    """The pinned rollouts (verl's skip.rollout_tq batch, a torch file) read in a subprocess: each prompt's 4
+    responses do not all score the same."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    from precision_harness.golden import Golden
+
+    golden = Golden.from_dir(GOLDEN)
+    names = [n for n in golden.contents if n.startswith("rollouts/") and n.endswith("tq_batch.pt")]
+    assert len(names) == 2, names
+    golden.export(tmp_path, names)
+    code = """
+import json, sys, collections, torch
+out = []
+for path in sys.argv[1:]:
+    batch = torch.load(path, weights_only=False)
+    scores = [float(row.sum()) for row in batch["tensordict"]["rm_scores"].unbind(0)]
+    groups = collections.defaultdict(list)
+    for key, score in zip(batch["keys"], scores):
+        groups[key.split("_")[0]].append(score)
+    out.append(sorted(len(set(v)) for v in groups.values()))
+print(json.dumps(out))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *(str(tmp_path / n) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    distinct = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(len(step) == 4 and min(step) >= 2 for step in distinct), distinct
+
+
+# --- end to end: the example behind the gate (minutes each; opt in with PRECISION_VERL_CPU_E2E=1) ---
+
+E2E = pytest.mark.skipif(
+    os.environ.get("PRECISION_VERL_CPU_E2E") != "1",
+    reason="verl's real trainer on CPU takes about 4 min a run: set PRECISION_VERL_CPU_E2E=1",
+)
+
+
+def _marked_anywhere() -> list[int]:
+    """Live processes carrying any PRECISION_RUN_ID mark (a gate run's Ray or verl process left behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"\0" + command.ENV_RUN_ID.encode() + b"=" in b"\0" + (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _gate(*args: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(SCENARIO)]
+    argv += ["-o", f"precision_golden_dir={EXAMPLE / 'golden'}", *args]
+    return subprocess.run(
+        argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_check_passes_against_the_committed_golden_and_leaves_no_process() -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    assert not _marked_anywhere()
+    proc = _gate("-o", "precision_timeout=900")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "7 passed" in proc.stdout
+    assert not _marked_anywhere()
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_planted_advantage_change_fails_actor_update_at_step_1() -> None:
+    """verl's own advantage estimator scaled by 1+1e-4 in every process: the log-prob stages at step 1 still pass,
+    actor_update at step 1 fails."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = _gate("-o", "precision_timeout=900", env={"PRECISION_TEST_PLANT": "advantages"})
+    out = proc.stdout
+    assert proc.returncode != 0, out[-4000:]
+    assert "FAILED examples/verl_cpu/scenarios/grpo_tiny_cpu.yaml::actor_update[step_1]" in out, out[-4000:]
+    failed = {line.split("::", 1)[1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert "actor_compute_log_prob[step_1]" not in failed and "ref_compute_log_prob[step_1]" not in failed, failed
+    assert not _marked_anywhere()
+
+
+@E2E
+@pytest.mark.slow
+def test_e2e_timeout_is_one_line_and_leaves_no_process() -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = _gate("-o", "precision_timeout=40", "-k", "metrics")
+    assert proc.returncode != 0
+    assert re.search(
+        r"grpo_tiny_cpu\.yaml: command timed out after 40 s; (last stage reached: \S+|no stage was reached)",
+        proc.stdout,
+    ), proc.stdout[-3000:]
+    assert not _marked_anywhere()
+
+
+def test_without_verl_a_verl_scenario_is_skipped_in_one_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl not installed: pytest skips the scenario with one line naming the extra (not a collection error)."""
+    monkeypatch.setattr(verl_engine, "installed_version", lambda: None)
+    (pytester.path / "scenarios").mkdir()
+    (pytester.path / "scenarios" / "v.yaml").write_text(
+        "engine: verl\nverl: {overrides: {algorithm.adv_estimator: grpo}}\n"
+        "global_profiler:\n  steps: [1]\n  global_tool_config:\n    precision_debugger: {stages: [actor_update]}\n"
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs", "scenarios")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED *scenarios/v.yaml: engine: verl needs verl installed in this environment; "
+            "pip install 'pytest-precision[[]verl]'*"  # [[] is fnmatch's literal [
+        ]
+    )
