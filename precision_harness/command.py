@@ -33,6 +33,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections import deque
@@ -224,16 +225,25 @@ def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
     return found
 
 
-def command_fingerprint(argv: list[str], *, device: str, num_threads: int, environ: dict[str, str]) -> dict[str, Any]:
+def shown_command(argv: list[str], run_dir: Path) -> str:
+    """``argv`` as a golden records it: this interpreter as ``python`` and the run folder as ``$RUN_DIR``,
+    so a committed manifest names no path of the machine that recorded it."""
+    return " ".join(argv).replace(sys.executable, "python").replace(str(run_dir), "$RUN_DIR")
+
+
+def command_fingerprint(
+    argv: list[str], *, run_dir: Path, device: str, num_threads: int, environ: dict[str, str]
+) -> dict[str, Any]:
     """A command run's ``env``: what the gate knows without importing torch (the command's own process
-    loaded it): python, the command, the machine's CPU, threads and the determinism variables ``environ``
-    gave the command for ``device``. Package versions are the command's business and are not recorded."""
+    loaded it): python, the command (:func:`shown_command`), the machine's CPU, threads and the
+    determinism variables ``environ`` gave the command for ``device``. Package versions are the
+    command's business and are not recorded."""
     from precision_harness import machine
     from precision_harness.runner.devices import determinism_settings
 
     return {
         "python": platform.python_version(),
-        "command": " ".join(argv),
+        "command": shown_command(argv, run_dir),
         "machine": platform.machine(),
         **machine.cpu_fingerprint(),
         "num_threads": num_threads,
@@ -383,5 +393,7 @@ def launch_command(
         header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
     wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
     normalize_metrics(run_dir, exclude=list(exclude))
-    fingerprint = command_fingerprint(argv, device=device, num_threads=threads, environ={**os.environ, **env})
+    fingerprint = command_fingerprint(
+        argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
+    )
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)

@@ -94,10 +94,9 @@ def test_command_scenario_update_check_and_drift(command_project: pytest.Pyteste
     rec.stdout.fnmatch_lines(["golden recorded: golden/fake/cpu (* MB stored, +* MB)"])
     golden = command_project.path / "golden" / "fake" / "cpu"
     manifest = json.loads((golden / "manifest.json").read_text())
-    assert (
-        manifest["env"]["command"].endswith("fake_train.py")
-        and "timing_s/gen" not in (golden / "manifest.json").read_text()
-    )
+    # the golden names no path of the recording machine: the interpreter is "python"
+    assert manifest["env"]["command"] == "python fake_train.py"
+    assert "timing_s/gen" not in (golden / "manifest.json").read_text()
     check = command_project.runpytest_subprocess()
     check.assert_outcomes(passed=5)
     check.stdout.fnmatch_lines(["5 precision items: 4 identical to golden, 1 within tolerance or compared, 0 failed"])
@@ -283,3 +282,13 @@ def test_loop_with_verls_own_profiler_from_another_project(pytester: pytest.Pyte
     out = drift.stdout.str()
     assert "FAILED scenarios/loop.yaml::actor_update[step_2]" in out and "FAILED scenarios/loop.yaml::metrics" in out
     assert "PASSED scenarios/loop.yaml::actor_compute_log_prob[step_2]" in out
+
+
+def test_recorded_command_names_no_machine_path(tmp_path: Path) -> None:
+    from precision_harness.command import shown_command
+
+    run = tmp_path / "artifacts" / "run"
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo", f"global_profiler.save_path={run}", f"x={run}/rollouts"]
+    assert shown_command(argv, run) == (
+        "python -m verl.trainer.main_ppo global_profiler.save_path=$RUN_DIR x=$RUN_DIR/rollouts"
+    )
