@@ -18,7 +18,6 @@ on, or ATen code that asks cpuinfo directly.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,10 +30,12 @@ from precision_harness.compare import (
     compare_stage,
     rank_dirs,
     read_metrics,
+    sha256_file,
 )
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
+from precision_harness.verdict_text import pair
 
 METRICS = "metrics.jsonl"
 _EXACT = TolerancePolicy(mode="exact")
@@ -117,10 +118,6 @@ def _where_order(where: str) -> tuple[int, str]:
     return (int(step), stage)
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def stage_dirs(run_dir: Path) -> dict[str, Path]:
     """``{"actor_update @ step_1": RUN/step_1/actor_update, ...}`` for every dumped stage of a run."""
     found = {}
@@ -129,10 +126,6 @@ def stage_dirs(run_dir: Path) -> dict[str, Path]:
             step = stage_dir.parent.name.removeprefix("step_")
             found[f"{stage_dir.name} @ step_{step}"] = stage_dir
     return found
-
-
-def _num(x: float | None) -> str:
-    return "None" if x is None else repr(x)
 
 
 def _stage_change(target: Path | None, baseline: Path) -> str | None:
@@ -147,7 +140,7 @@ def _stage_change(target: Path | None, baseline: Path) -> str | None:
     first = verdict.first_divergence
     if first is not None:
         rank = f"{first.rank} " if len(verdict.ranks) > 1 else ""
-        return f"{rank}{first.tensor} {first.statistic} {_num(first.golden)} -> {_num(first.target)}"
+        return f"{rank}{first.tensor} {first.statistic} {pair(first.golden, first.target)}"
     if verdict.problems:
         return verdict.problems[0]
     return "dump bytes differ, every statistic equal"
@@ -158,12 +151,12 @@ def _metrics_change(target: Path, baseline: Path) -> str | None:
         return None
     if not target.is_file():
         return "missing from this run"
-    if _digest(target) == _digest(baseline):
+    if sha256_file(target) == sha256_file(baseline):
         return None
     verdict = compare_metrics(read_metrics(target), read_metrics(baseline), scenario="", policy=_EXACT)
     if verdict.drifts:
         d = verdict.drifts[0]
-        return f"step_{d.step} {d.name} {_num(d.golden)} -> {_num(d.target)}"
+        return f"step_{d.step} {d.name} {pair(d.golden, d.target)}"
     return verdict.problems[0] if verdict.problems else "bytes differ, every value equal"
 
 
