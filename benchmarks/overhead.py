@@ -51,8 +51,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from precision_harness.check import CheckSettings, check_items, items_of  # noqa: E402
+from precision_harness.check import check_items, items_of  # noqa: E402
+from precision_harness.check_settings import CheckSettings  # noqa: E402
 from precision_harness.compare import compare_stage  # noqa: E402
+from precision_harness.dumps.stage import DirStage  # noqa: E402
 from precision_harness.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
 from precision_harness.launch import run_scenario  # noqa: E402
 from precision_harness.scenario import LEVEL_KEY, Scenario  # noqa: E402
@@ -180,10 +182,9 @@ def measure(path: Path, tmp: Path, repeat: int) -> tuple:
     golden = Golden.from_dir(REPO / "golden" / scenario.name / device)
     golden_stage = golden.stage(1, stage).plain_dir(tmp / f"plain_{scenario.name}")
     target = perturbed_copy(tmp / "dump" / "step_1" / stage, tmp / f"perturbed_{scenario.name}")
+    settings = CheckSettings(scenario=scenario.name, policy=TolerancePolicy())
     ours = best(
-        lambda: compare_stage(
-            target, golden_stage, scenario=scenario.name, step=1, stage=stage, policy=TolerancePolicy()
-        ),
+        lambda: compare_stage(DirStage(target, step=1, name=stage), DirStage(golden_stage, step=1), settings),
         repeat + 1,
     )
     cli_s = best(lambda: msprobe_compare(target, golden_stage, tmp), repeat)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.churn import stage_churn
+from precision_harness.dumps.stage import DirStage
 from precision_harness.golden import Golden
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.scenario import Scenario
@@ -78,14 +79,8 @@ def observed_noise(runs: list[RunResult], golden: Golden, scenario: Scenario) ->
     for run in runs:
         for step in scenario.steps:
             for stage in scenario.stages:
-                row = stage_churn(
-                    scenario.name,
-                    step,
-                    stage,
-                    run.stage_dir(step, stage),
-                    golden.stage(step, stage),
-                    golden.sha256(step, stage),
-                )
+                new = DirStage(run.stage_dir(step, stage), step=step, name=stage)
+                row = stage_churn(scenario.name, new, golden.stage(step, stage))
                 for stat, rel in row.max_rel.items():
                     if math.isfinite(rel):
                         noise[stage][stat] = max(noise[stage][stat], _round(rel))

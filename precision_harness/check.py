@@ -12,23 +12,24 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness import compare as compare_mod
 from precision_harness import verdict_text
+from precision_harness.check_settings import CheckSettings
 from precision_harness.churn import ChurnRow
-from precision_harness.compare import DirStage, MetricsVerdict, StageVerdict
+from precision_harness.compare import MetricsVerdict, StageVerdict, compare_metrics, compare_stage
+from precision_harness.dumps.files import METRICS, read_metrics
+from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
-from precision_harness.golden import Golden, GoldenStage
-from precision_harness.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure
+from precision_harness.golden import Golden
+from precision_harness.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.paths import display_path
 from precision_harness.scenario import STAGES
-from precision_harness.tolerance import TolerancePolicy
 
 
 class OutcomeKind(str, Enum):
@@ -83,24 +84,6 @@ class ItemKey:
 METRICS_ITEM = ItemKey()
 
 
-@dataclass(frozen=True)
-class CheckSettings:
-    """What every item of one (target, golden) pair is checked with."""
-
-    scenario: str
-    policy: TolerancePolicy
-    artifacts: Path | None = None  #: compare tables and verdicts go to ``<artifacts>/step_<n>/<stage>/``
-    shown: Callable[[Path], Path] = Path  #: how a verdict names a path (e.g. relative to rootdir)
-    rerun: Callable[[ItemKey], str] | None = None  #: the command that reruns one item
-    rerecord: str | None = None  #: the command that re-records the golden
-    changed: tuple[str, ...] = ()  #: numeric settings that differ from the golden's
-    #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
-    #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
-    msprobe: bool = True
-    #: the target's environment against the golden's: a failing verdict names it first after its headline
-    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
-
-
 def items_of(target: Path, golden: Golden) -> list[ItemKey]:
     """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` on either side, in execution order, then metrics."""
     found = set(golden.stages())
@@ -146,100 +129,50 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
             f"the golden predates this step/stage{again}"
         )
     golden.verify_stage(key.step, key.stage)
-    artifacts = s.artifacts / f"step_{key.step}" / key.stage if s.artifacts is not None else None
+    artifacts = s.item_artifacts(key.step, key.stage)
     if artifacts is not None:
         shutil.rmtree(artifacts, ignore_errors=True)
-    return check_stage(
-        Path(target) / f"step_{key.step}" / key.stage,
-        golden.stage(key.step, key.stage),
-        scenario=s.scenario,
-        step=key.step,
-        stage=key.stage,
-        policy=s.policy,
-        golden_sha256=golden.sha256(key.step, key.stage),
-        golden_statistics=golden.statistics(key.step, key.stage),
-        artifacts=artifacts,
-        shown_artifacts=s.shown(artifacts) if artifacts is not None else None,
-        rerun=s.rerun(key) if s.rerun else None,
-        changed=list(s.changed),
-        level=golden.level,
-        msprobe=s.msprobe,
-        environment=s.environment.headline(),
-    )
+    run_stage = DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
+    return check_stage(run_stage, golden.stage(key.step, key.stage), s)
 
 
 def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
     if not golden.has_metrics():
         again = f"; re-record with: {s.rerecord}" if s.rerecord else ""
         raise GoldenMissingError(f"{display_path(golden.path)}: no metrics.jsonl in the golden{again}")
-    return check_metrics(
-        Path(target) / "metrics.jsonl",
-        golden.metrics(),
-        scenario=s.scenario,
-        policy=s.policy,
-        rerun=s.rerun(METRICS_ITEM) if s.rerun else None,
-        changed=list(s.changed),
-        environment=s.environment.headline(),
-    )
+    golden_rows = golden.metrics()
+    return check_metrics(read_metrics(Path(target) / METRICS), golden_rows, s)
 
 
-def check_stage(
-    target_dir: Path,
-    golden_dir: Path | GoldenStage,
-    *,
-    scenario: str,
-    step: int,
-    stage: str,
-    policy: TolerancePolicy,
-    golden_sha256: dict[str, str] | None = None,
-    golden_statistics: int | None = None,
-    artifacts: Path | None = None,
-    shown_artifacts: Path | None = None,
-    rerun: str | None = None,
-    changed: list[str] | None = None,
-    level: str | None = None,
-    msprobe: bool = True,
-    environment: str | None = None,
-) -> Outcome:
-    """Compare one stage and, when it fails, ask msprobe too (first diff; graph for L0/mix).
+def check_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> Outcome:
+    """Compare one stage and, when it fails, ask msprobe too (its table, first diff; graph for L0/mix).
 
-    Args:
-        target_dir: verl-layout stage directory (``.../step_<n>/<stage>``).
-        golden_dir: the golden's stage (:meth:`Golden.stage`), or a stage directory.
-        artifacts: where compare tables, ``verdict.txt`` and msprobe's output go (None: nowhere).
-        shown_artifacts: how the verdict names ``artifacts`` (e.g. relative to rootdir).
-        level: msprobe dump level; L0/mix failures also get msprobe's graph database.
-        msprobe: False skips msprobe's table, first diff and graph (our verdict alone).
-        environment: :meth:`EnvironmentDiff.headline`, the first line after a failing verdict's headline.
+    Compare tables, ``verdict.txt`` and msprobe's output go to ``settings.item_artifacts`` (nowhere
+    when the settings keep none); ``settings.msprobe`` False gives our verdict alone.
+
+    Raises:
+        GoldenCorruptError: a dump on either side is unreadable.
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
-    verdict = compare_mod.compare_stage(
-        target_dir,
-        golden_dir,
-        scenario=scenario,
-        step=step,
-        stage=stage,
-        policy=policy,
-        golden_sha256=golden_sha256,
-        golden_statistics=golden_statistics,
-        artifacts=artifacts if msprobe else None,
-    )
+    verdict = compare_stage(target, golden, settings)
     if verdict.passed:
         kind = OutcomeKind.IDENTICAL if verdict.identical else OutcomeKind.COMPARED
         return Outcome(True, verdict_text.stage_text(verdict), kind, verdict, seconds=time.perf_counter() - t0)
+    artifacts = settings.item_artifacts(golden.step, golden.name)
     answer = None
-    if msprobe and artifacts is not None and any(Path(target_dir).glob("step0/rank*/dump.json")):
-        golden = DirStage(golden_dir) if isinstance(golden_dir, (str, Path)) else golden_dir
-        plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
-        answer = analyze_failure(Path(target_dir), plain, artifacts, graph=level in GRAPH_LEVELS)
-    shown = shown_artifacts or artifacts
+    if settings.msprobe and artifacts is not None:
+        _write_tables(target, golden, verdict, artifacts)
+        if target.ranks():
+            plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
+            answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
+    shown = settings.shown(artifacts) if artifacts is not None else None
     text = verdict_text.stage_text(
         verdict,
         artifacts=shown,
-        rerun=rerun,
-        changed=changed,
-        environment=environment,
+        rerun=settings.rerun_of(ItemKey(golden.step, golden.name)),
+        changed=settings.changed,
+        environment=settings.environment.headline(),
         msprobe=answer.lines(graph_dir=(shown / "graph") if shown is not None else None) if answer else None,
     )
     if artifacts is not None:
@@ -250,31 +183,31 @@ def check_stage(
     )
 
 
-def check_metrics(
-    target: Path,
-    golden: Path | list[dict[str, Any]],
-    *,
-    scenario: str,
-    policy: TolerancePolicy,
-    rerun: str | None = None,
-    changed: list[str] | None = None,
-    environment: str | None = None,
-) -> Outcome:
-    """Compare a ``metrics.jsonl`` with the golden's (a file, or its parsed rows) with ``policy.for_metric``.
+def _write_tables(target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path) -> list[Path]:
+    """msprobe's own compare table of each failing rank both sides hold, for reading beside our verdict."""
+    failing, shared = set(verdict.failing_ranks), set(target.ranks()) & set(golden.ranks())
+    tables = []
+    for rank in sorted(failing & shared):
+        t_dump = target.plain_dir(artifacts) / "step0" / rank / "dump.json"
+        g_dump = golden.plain_dir(artifacts / "golden") / "step0" / rank / "dump.json"
+        tables.append(write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{rank}.csv"))
+    return tables
 
-    ``environment`` (:meth:`EnvironmentDiff.headline`) is the first line after a failing verdict's headline.
+
+def check_metrics(target: list[dict[str, Any]], golden: list[dict[str, Any]], settings: CheckSettings) -> Outcome:
+    """Compare parsed ``metrics.jsonl`` rows with the golden's, with ``policy.for_metric``.
+
+    A failing verdict names the settings' environment headline first after its own headline.
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
-    golden_rows = compare_mod.read_metrics(golden) if isinstance(golden, (str, Path)) else golden
-    verdict = compare_mod.compare_metrics(
-        compare_mod.read_metrics(target), golden_rows, scenario=scenario, policy=policy
-    )
+    verdict = compare_metrics(target, golden, settings)
+    failed = not verdict.passed
     text = verdict_text.metrics_text(
         verdict,
-        rerun=None if verdict.passed else rerun,
-        policy_exact=policy.exact,
-        changed=None if verdict.passed else changed,
-        environment=None if verdict.passed else environment,
+        rerun=settings.rerun_of(METRICS_ITEM) if failed else None,
+        policy_exact=settings.policy.exact,
+        changed=settings.changed if failed else None,
+        environment=settings.environment.headline() if failed else None,
     )
     return Outcome(verdict.passed, text, OutcomeKind.COMPARED, verdict, seconds=time.perf_counter() - t0)

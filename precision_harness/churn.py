@@ -10,12 +10,17 @@ change). A dump whose sha256 equals the golden's is "unchanged" without being pa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from precision_harness.compare import DirStage, iter_tensors
+from precision_harness.dumps.rows import rms, tensors
+from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.tolerance import STATISTICS, relative_change
+
+if TYPE_CHECKING:
+    from precision_harness.golden import Golden
 
 
 @dataclass
@@ -44,26 +49,16 @@ class ChurnRow:
         return cls(**{**data, "max_rel": max_rel})
 
 
-def _numel(shape: Any) -> int:
-    return int(math.prod(shape)) if isinstance(shape, list) and shape else 1
-
-
 def _change(stat: str, new: Any, old: Any, old_tensor: dict[str, Any]) -> float:
+    """Relative change of one statistic; Mean's against the old tensor's RMS (:func:`~.dumps.rows.rms`)."""
     if new is None or old is None:
         return 0.0 if new is old else math.inf
     new, old = float(new), float(old)
     if new == old or (math.isnan(new) and math.isnan(old)):
         return 0.0
-    if stat == "Mean":
-        norm = old_tensor.get("Norm")
-        if (
-            isinstance(norm, (int, float))
-            and math.isfinite(norm)
-            and norm > 0
-            and math.isfinite(new)
-            and math.isfinite(old)
-        ):
-            return abs(new - old) / (norm / math.sqrt(_numel(old_tensor.get("shape"))))
+    scale = rms(old_tensor.get("Norm"), old_tensor.get("shape")) if stat == "Mean" else None
+    if scale is not None and scale > 0 and math.isfinite(new) and math.isfinite(old):
+        return abs(new - old) / scale
     return relative_change(new, old)
 
 
@@ -75,9 +70,9 @@ def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> N
     for api, node in new_data.items():
         if api not in old_data:
             continue
-        old_tensors = dict(iter_tensors(old_data[api]))
+        old_tensors = dict(tensors(old_data[api]))
         changed = False
-        for path, tensor in iter_tensors(node):
+        for path, tensor in tensors(node):
             old_tensor = old_tensors.get(path)
             if (
                 old_tensor is None
@@ -94,29 +89,20 @@ def _compare_dumps(new: dict[str, Any], old: dict[str, Any], row: ChurnRow) -> N
         row.changed_apis += changed
 
 
-def stage_churn(
-    scenario: str,
-    step: int,
-    stage: str,
-    new_stage: Path,
-    old_stage: Path | Any | None,
-    old_sha256: dict[str, str] | None = None,
-) -> ChurnRow:
-    """Churn of one stage directory (``.../step_<n>/<stage>``) against the previous golden's stage.
+def stage_churn(scenario: str, new: StageSource, old: StageSource | None) -> ChurnRow:
+    """Churn of one stage of a new run against the previous golden's stage (None: a new stage).
 
-    ``old_stage`` is a stage directory or a golden's stage (:meth:`Golden.stage`), None for a new one.
+    A stage whose every rank has the old digest is "unchanged" without being parsed.
     """
-    new = DirStage(new_stage)
     new_ranks = new.ranks()
-    old = DirStage(old_stage) if isinstance(old_stage, (str, Path)) else old_stage
     old_ranks = set(old.ranks()) if old is not None else set()
-    if not old_ranks:
+    if old is None or not old_ranks:
         apis = sum(len(new.load(r).get("data", {})) for r in new_ranks)
-        return ChurnRow(scenario, step, stage, "new", apis=apis)
-    if old_sha256 and set(old_sha256) == set(new_ranks) and all(new.digest(r) == old_sha256[r] for r in new_ranks):
-        return ChurnRow(scenario, step, stage, "unchanged", {s: 0.0 for s in STATISTICS})
-    row = ChurnRow(scenario, step, stage, "changed", {s: 0.0 for s in STATISTICS})
-    for rank in sorted(set(new_ranks) | set(old_ranks)):
+        return ChurnRow(scenario, new.step, new.name, "new", apis=apis)
+    if old_ranks == set(new_ranks) and all(new.digest(r) == old.digest(r) for r in new_ranks):
+        return ChurnRow(scenario, new.step, new.name, "unchanged", {s: 0.0 for s in STATISTICS})
+    row = ChurnRow(scenario, new.step, new.name, "changed", {s: 0.0 for s in STATISTICS})
+    for rank in sorted(set(new_ranks) | old_ranks):
         new_dump = new.load(rank) if rank in new_ranks else {"data": {}}
         old_dump = old.load(rank) if rank in old_ranks else {"data": {}}
         _compare_dumps(new_dump, old_dump, row)
@@ -125,19 +111,16 @@ def stage_churn(
     return row
 
 
-def run_churn(
-    scenario: str, run_dir: Path, golden: Any | None, steps: tuple[int, ...], stages: tuple[str, ...]
-) -> list[ChurnRow]:
-    """Churn of every profiled (step, stage) of ``run_dir`` against ``golden``.
+def run_churn(scenario: str, run_dir: Path, golden: Golden | None, steps: Iterable[int], stages: Iterable[str]):
+    """Churn of every profiled (step, stage) of ``run_dir`` against ``golden`` (None: a first recording).
 
-    ``golden`` is a :class:`~precision_harness.golden.Golden`, or None for a first recording.
+    Returns one :class:`ChurnRow` per (step, stage), steps outermost.
     """
     rows = []
     for step in steps:
         for stage in stages:
-            old = golden.stage(step, stage) if golden is not None else None
-            sha = golden.sha256(step, stage) if golden is not None else None
-            rows.append(stage_churn(scenario, step, stage, Path(run_dir) / f"step_{step}" / stage, old, sha))
+            new = DirStage(Path(run_dir) / f"step_{step}" / stage, step=step, name=stage)
+            rows.append(stage_churn(scenario, new, golden.stage(step, stage) if golden is not None else None))
     return rows
 
 

@@ -118,7 +118,8 @@ def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from precision_harness.check import CheckSettings, check_items
+    from precision_harness.check import check_items
+    from precision_harness.check_settings import CheckSettings
     from precision_harness.environment import EnvironmentDiff
     from precision_harness.report import ItemRecord, PrecisionReport
     from precision_harness.scenario import Scenario

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -32,8 +33,19 @@ from typing import Any
 from filelock import FileLock
 
 from precision_harness import golden_codec as codec
-from precision_harness import identity, stage_outputs
-from precision_harness.compare import count_statistics, load_dump, parse_dump, parse_metrics, sha256_file
+from precision_harness import identity
+from precision_harness.dumps.files import (
+    DUMP,
+    METRICS,
+    STAGE_OUTPUTS,
+    load_dump,
+    merged,
+    parse_dump,
+    parse_metrics,
+    rank_digest,
+    sha256_file,
+)
+from precision_harness.dumps.rows import count_statistics, tensors
 from precision_harness.errors import (
     GoldenCorruptError,
     GoldenError,
@@ -43,6 +55,7 @@ from precision_harness.errors import (
 )
 from precision_harness.paths import display_path, is_relative_inside, join_inside
 from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, Scenario, validate
+from precision_harness.tolerance import STATISTICS
 
 #: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
 #: overflow of an attention-mask constant (``finfo.min``), not a bad number.
@@ -53,14 +66,13 @@ _FINITE_MAX = {
     "float16": 65504.0,
 }
 
-METRICS = "metrics.jsonl"
 #: where an ``auto`` golden keeps its record at the localisation level (the run writes it there too)
 LOCALIZE_DIR = LOCALIZE_LEVEL
 #: Files of a run directory that a golden keeps (relative glob patterns).
 GOLDEN_FILES = (
     "step_*/*/step0/rank*/dump.json",
     "step_*/*/step0/rank*/construct.json",
-    f"step_*/*/step0/rank*/{stage_outputs.FILE}",  # level: auto, beside the L0 dump
+    f"step_*/*/step0/rank*/{STAGE_OUTPUTS}",  # level: auto, beside the L0 dump
     METRICS,
     "rollouts/**/*",  # a verl scenario's pinned rollouts (skip.rollout_tq), loaded by check runs
     # level: auto: the same stages at the localisation level, for the rerun of a failing stage
@@ -211,9 +223,9 @@ class Golden:
     def stage_dir(self, step: int, stage: str) -> Path:
         return self.path / f"step_{step}" / stage
 
-    def sha256(self, step: int, stage: str) -> dict[str, str]:
-        """``{"rank0": digest, ...}``: each rank's dump.json content sha256, joined with its
-        stage_outputs.json's where it has one (:func:`stage_outputs.rank_digest`).
+    def digests(self, step: int, stage: str) -> dict[str, str]:
+        """``{"rank0": digest, ...}``: each rank's :func:`~precision_harness.dumps.files.rank_digest`
+        (its dump.json content sha256, joined with its stage_outputs.json's where it has one).
 
         A run's rank with the same digest is identical to the golden: no decompression needed.
         """
@@ -222,16 +234,16 @@ class Golden:
         for name in self.contents:
             if name.startswith(prefix) and name.endswith("/dump.json"):
                 rank_dir = name.removesuffix("/dump.json")
-                extra = f"{rank_dir}/{stage_outputs.FILE}"
+                extra = f"{rank_dir}/{STAGE_OUTPUTS}"
                 outputs = self.content_sha256(extra) if extra in self.contents else None
-                digests[rank_dir[len(prefix) :]] = stage_outputs.rank_digest(self.content_sha256(name), outputs)
+                digests[rank_dir[len(prefix) :]] = rank_digest(self.content_sha256(name), outputs)
         return digests
 
     def statistics(self, step: int, stage: str) -> int | None:
         return self.manifest.get("statistics", {}).get(f"step_{step}/{stage}")
 
     def has_stage(self, step: int, stage: str) -> bool:
-        return bool(self.sha256(step, stage))
+        return bool(self.digests(step, stage))
 
     def stages(self) -> set[tuple[int, str]]:
         """Every ``(step, stage)`` with a dump.json in the golden."""
@@ -243,13 +255,13 @@ class Golden:
         return found
 
     def stage(self, step: int, stage: str) -> GoldenStage:
-        """The stage as the compare reads it (:class:`~precision_harness.compare.DirStage`'s interface)."""
+        """The stage as the compare reads it (a :class:`~precision_harness.dumps.stage.StageSource`)."""
         return GoldenStage(self, step, stage)
 
     def verify_stage(self, step: int, stage: str) -> None:
         """Check every rank's stored dump.json (and stage_outputs.json) against the manifest (:meth:`verify_file`)."""
-        for rank in self.sha256(step, stage):
-            for file in ("dump.json", stage_outputs.FILE):
+        for rank in self.digests(step, stage):
+            for file in (DUMP, STAGE_OUTPUTS):
                 name = f"step_{step}/{stage}/step0/{rank}/{file}"
                 if name in self.contents:
                     self.verify_file(self.contents[name])
@@ -300,8 +312,8 @@ class Golden:
         """
         rank_dir = f"step_{step}/{stage}/step0/{rank}"
         dump = self._parse(f"{rank_dir}/dump.json")
-        extra = f"{rank_dir}/{stage_outputs.FILE}"
-        return stage_outputs.merged(dump, self._parse(extra) if extra in self.contents else None)
+        extra = f"{rank_dir}/{STAGE_OUTPUTS}"
+        return merged(dump, self._parse(extra) if extra in self.contents else None)
 
     def _parse(self, name: str) -> dict[str, Any]:
         return parse_dump(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
@@ -372,17 +384,38 @@ class Golden:
 
 @dataclass(frozen=True)
 class GoldenStage:
-    """One (step, stage) of a golden, read through :class:`Golden` (plain or compressed)."""
+    """One (step, stage) of a golden, read through :class:`Golden` (plain or compressed).
+
+    A :class:`~precision_harness.dumps.stage.StageSource`: digests and the statistics count come
+    from the manifest, so an identical run is known without opening a payload.
+    """
 
     golden: Golden
     step: int
     name: str
 
+    @property
+    def level(self) -> str | None:
+        return self.golden.level
+
+    def __str__(self) -> str:
+        return display_path(self.golden.stage_dir(self.step, self.name))
+
+    @cached_property
+    def _digests(self) -> dict[str, str]:
+        return self.golden.digests(self.step, self.name)
+
     def ranks(self) -> list[str]:
-        return sorted(self.golden.sha256(self.step, self.name))
+        return sorted(self._digests)
 
     def load(self, rank: str) -> dict[str, Any]:
         return self.golden.load_dump(self.step, self.name, rank)
+
+    def digest(self, rank: str) -> str:
+        return self._digests[rank]
+
+    def statistics(self) -> int | None:
+        return self.golden.statistics(self.step, self.name)
 
     def plain_dir(self, scratch: Path) -> Path:
         """The stage as plain files msprobe's tools can open: the folder itself, or an export into ``scratch``."""
@@ -419,7 +452,7 @@ def _statistics(contents: dict[str, bytes], prefix: str) -> dict[str, int]:
         rest = name[len(prefix) :]
         if not name.startswith(prefix) or rest.count("/") != 4:
             continue
-        if rest.endswith("/dump.json") or rest.endswith(f"/{stage_outputs.FILE}"):
+        if rest.endswith(f"/{DUMP}") or rest.endswith(f"/{STAGE_OUTPUTS}"):
             key = "/".join(rest.split("/")[:2])
             statistics[key] = statistics.get(key, 0) + count_statistics(parse_dump(content, shown=name))
     return statistics
@@ -620,7 +653,7 @@ class GoldenStore:
         validate(manifest, "golden_manifest", source=run_dir / "run.json")
         return manifest, stored
 
-    def promote(self, run_dir: Path, scenario: Scenario, device: str, *, _fail_after_copy: bool = False) -> bool:
+    def promote(self, run_dir: Path, scenario: Scenario, device: str) -> bool:
         """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically.
 
         Returns False when the existing golden already records the same content and settings: an
@@ -652,10 +685,10 @@ class GoldenStore:
                 if "identity" in manifest and old.manifest.get("identity") != manifest["identity"]:
                     _write_manifest(final / MANIFEST, {**old.manifest, "identity": manifest["identity"]})
                 return False
-            _swap_in(final, stored, manifest, fail_after_copy=_fail_after_copy)
+            _swap_in(final, stored, manifest)
         return True
 
-    def migrate(self, scenario: str, device: str, *, _fail_after_copy: bool = False) -> bool:
+    def migrate(self, scenario: str, device: str) -> bool:
         """Rewrite a plain (format 1) golden compressed (format 2), atomically; False if already compressed.
 
         Nothing is re-recorded: every payload is checked to decompress to the very bytes it had.
@@ -677,11 +710,11 @@ class GoldenStore:
                 if back != content:  # pragma: no cover - a codec bug; never write a lossy golden
                     raise GoldenCorruptError(f"{display_path(golden.path / name)}: compressed copy does not round-trip")
             manifest = {**golden.manifest, "format": FORMAT, "codec": codec.CODEC, "files": files}
-            _swap_in(golden.path, stored, manifest, fail_after_copy=_fail_after_copy)
+            _swap_in(golden.path, stored, manifest)
         return True
 
 
-def _swap_in(final: Path, stored: dict[str, bytes], manifest: dict[str, Any], *, fail_after_copy: bool) -> None:
+def _swap_in(final: Path, stored: dict[str, bytes], manifest: dict[str, Any]) -> None:
     """Build the golden beside ``final``, then swap it in with two renames (rolled back on failure)."""
     device = final.name
     tmp = final.parent / f".{device}.tmp-{os.getpid()}"
@@ -693,8 +726,6 @@ def _swap_in(final: Path, stored: dict[str, bytes], manifest: dict[str, Any], *,
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         _write_manifest(tmp / MANIFEST, manifest, validate_first=False)
-        if fail_after_copy:  # test hook: an interruption after the copy, before the swap
-            raise OSError("simulated interruption before the swap")
         if final.exists():
             os.replace(final, backup)
         try:
@@ -724,30 +755,17 @@ def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
     infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
     dtype's largest finite value), whose sum overflows in msprobe's own statistics.
     """
-    import math
-
     problems = []
-
-    def walk(node: Any, where: str) -> None:
-        if isinstance(node, dict):
-            if "Max" in node and "dtype" in node:
-                dtype = str(node["dtype"]).rsplit(".", 1)[-1]
-                extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
-                masked = any(isinstance(node.get(k), (int, float)) and abs(node[k]) >= extreme for k in ("Max", "Min"))
-                for stat in ("Max", "Min", "Mean", "Norm"):
-                    v = node.get(stat)
-                    if not isinstance(v, (int, float)) or math.isfinite(v):
-                        continue
-                    if math.isnan(v) or stat in ("Max", "Min") or not masked:
-                        problems.append(f"{shown}: {where} {stat} is {v}")
-                return
-            for key, value in node.items():
-                walk(value, f"{where}.{key}" if where else key)
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{where}.{i}")
-
-    walk(dump["data"], "")
+    for where, tensor in tensors(dump["data"]):
+        dtype = str(tensor["dtype"]).rsplit(".", 1)[-1]
+        extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
+        masked = any(isinstance(tensor.get(k), (int, float)) and abs(tensor[k]) >= extreme for k in ("Max", "Min"))
+        for stat in STATISTICS:
+            v = tensor.get(stat)
+            if not isinstance(v, (int, float)) or math.isfinite(v):
+                continue
+            if math.isnan(v) or stat in ("Max", "Min") or not masked:
+                problems.append(f"{shown}: {where} {stat} is {v}")
     return problems
 
 

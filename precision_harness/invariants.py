@@ -30,7 +30,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from precision_harness.compare import iter_tensors, load_dump, read_metrics
+from precision_harness.dumps.files import load_dump, read_metrics
+from precision_harness.dumps.rows import tensors
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import DTYPE_DEFAULTS, STATISTICS, Tol
 
@@ -161,7 +162,7 @@ def check_same_weights(actor_dump: Mapping[str, Any], ref_dump: Mapping[str, Any
     checked, diffs = 0, []
     for family in compared:
         for (name, a_entry), (_, r_entry) in zip(fa[family], fr[family], strict=False):
-            a_t, r_t = dict(iter_tensors(a_entry)), dict(iter_tensors(r_entry))
+            a_t, r_t = dict(tensors(a_entry)), dict(tensors(r_entry))
             for path in sorted(set(a_t) | set(r_t)):
                 a, r = a_t.get(path), r_t.get(path)
                 if a is None or r is None or a["dtype"] != r["dtype"] or a["shape"] != r["shape"]:

@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import LOCALIZE_DIR, Golden

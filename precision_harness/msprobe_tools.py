@@ -21,6 +21,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from precision_harness.errors import ProbeUnavailableError
+
 #: levels whose dumps carry a module tree in construct.json (a graph needs it; L1's is ``{}``)
 GRAPH_LEVELS = ("L0", "mix")
 
@@ -54,6 +56,46 @@ class MsprobeAnswer:
         for err in self.errors[:2]:
             rows.append(("msprobe", err))
         return rows
+
+
+def _import_msprobe_compare():
+    try:
+        from msprobe.core.common.utils import get_dump_mode
+        from msprobe.core.compare.acc_compare import Comparator, ParseData
+        from msprobe.core.compare.config import MappingConfig, ModeConfig
+        from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df
+    except ImportError as exc:
+        raise ProbeUnavailableError(
+            f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
+        ) from None
+    return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df
+
+
+def msprobe_table(target: Path, golden: Path):
+    """msprobe's compare table (a pandas DataFrame, one row per tensor) of two ``dump.json`` files.
+
+    The code behind ``msprobe compare`` (``Comparator.compare_statistics``), in memory and without
+    torch; its progress bars and INFO logs are swallowed. Raises ProbeUnavailableError without msprobe.
+    """
+    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = (
+        _import_msprobe_compare()
+    )
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # msprobe's own pandas deprecations are not the user's concern
+        mode = ModeConfig(dump_mode=get_dump_mode({"npu_path": str(target), "bench_path": str(golden)}))
+        npu_df, bench_df = ParseData(mode, "", {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
+        df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
+        calculate_excel_result_df(df, mode.dump_mode, "", False)
+    return df
+
+
+def write_msprobe_table(target: Path, golden: Path, path: Path) -> Path:
+    """Write msprobe's compare table of two dump.json files (as ``msprobe compare`` would) to ``path``; return it."""
+    df = msprobe_table(target, golden)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path
 
 
 def first_diff(target_stage: Path, golden_stage: Path, out_dir: Path) -> dict[str, str]:

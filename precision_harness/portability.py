@@ -24,21 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.compare import (
-    DirStage,
-    compare_metrics,
-    compare_stage,
-    rank_dirs,
-    read_metrics,
-    sha256_file,
-)
+from precision_harness.check_settings import CheckSettings
+from precision_harness.compare import compare_metrics, compare_stage
+from precision_harness.dumps.files import read_metrics, sha256_file
+from precision_harness.dumps.stage import DirStage, rank_dirs
 from precision_harness.launch import RunResult, run_scenario
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.verdict_text import pair
 
 METRICS = "metrics.jsonl"
-_EXACT = TolerancePolicy(mode="exact")
+_EXACT = CheckSettings(scenario="", policy=TolerancePolicy(mode="exact"))
 
 
 @dataclass(frozen=True)
@@ -132,17 +128,16 @@ def _stage_change(target: Path | None, baseline: Path) -> str | None:
     """The first differing row of one stage (None: identical)."""
     if target is None:
         return "missing from this run"
-    base, other = DirStage(baseline), DirStage(target)
+    base, other = DirStage(baseline, step=0), DirStage(target, step=0)
     if base.ranks() == other.ranks() and all(base.digest(r) == other.digest(r) for r in base.ranks()):
         return None
-    stage = baseline.name
-    verdict = compare_stage(target, baseline, scenario="", step=0, stage=stage, policy=_EXACT)
+    verdict = compare_stage(other, base, _EXACT)
     first = verdict.first_divergence
     if first is not None:
         rank = f"{first.rank} " if len(verdict.ranks) > 1 else ""
         return f"{rank}{first.tensor} {first.statistic} {pair(first.golden, first.target)}"
     if verdict.problems:
-        return verdict.problems[0]
+        return str(verdict.problems[0])
     return "dump bytes differ, every statistic equal"
 
 
@@ -153,7 +148,7 @@ def _metrics_change(target: Path, baseline: Path) -> str | None:
         return "missing from this run"
     if sha256_file(target) == sha256_file(baseline):
         return None
-    verdict = compare_metrics(read_metrics(target), read_metrics(baseline), scenario="", policy=_EXACT)
+    verdict = compare_metrics(read_metrics(target), read_metrics(baseline), _EXACT)
     if verdict.drifts:
         d = verdict.drifts[0]
         return f"step_{d.step} {d.name} {pair(d.golden, d.target)}"

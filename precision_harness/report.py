@@ -135,7 +135,8 @@ class ItemRecord:
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
         if v is None:
             return
-        self.checked, self.beyond, self.problems = v.checked, len(v.drifts), v.problems[:MAX_RECORD_PROBLEMS]
+        self.checked, self.beyond = v.checked, len(v.drifts)
+        self.problems = [str(p) for p in v.problems[:MAX_RECORD_PROBLEMS]]
         if isinstance(v, MetricsVerdict):
             self.worst_ratio = None if v.problems else _finite(max((d.ratio for d in v.drifts), default=0.0))
             return

@@ -21,7 +21,8 @@ from typing import Any
 
 from precision_harness import churn as churn_mod
 from precision_harness import device_check, localize, progress
-from precision_harness.check import CheckSettings, ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import (
     GoldenDeviceModelError,

@@ -8,6 +8,7 @@ largest drift, msprobe's own answer, always-failures, the setting that changed, 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def stage_text(
     *,
     artifacts: Path | None = None,
     rerun: str | None = None,
-    changed: list[str] | None = None,
+    changed: Sequence[str] | None = None,
     msprobe: list[tuple[str, str]] | None = None,
     environment: str | None = None,
 ) -> str:
@@ -119,7 +120,7 @@ def metrics_text(
     v: MetricsVerdict,
     *,
     rerun: str | None = None,
-    changed: list[str] | None = None,
+    changed: Sequence[str] | None = None,
     policy_exact: bool = False,
     environment: str | None = None,
 ) -> str:

@@ -8,13 +8,17 @@ from pathlib import Path
 from harness_testing import base_data, tensor, write_dump
 
 from precision_harness.churn import churn_table, stage_churn
-from precision_harness.compare import sha256_file
+from precision_harness.dumps.stage import DirStage
+
+
+def _stage(path: Path) -> DirStage:
+    return DirStage(path, step=1, name="actor_update")
 
 
 def test_unchanged_by_sha256_without_parsing(tmp_path: Path) -> None:
-    new = write_dump(tmp_path / "new", base_data())
+    write_dump(tmp_path / "new", base_data())
     write_dump(tmp_path / "old", base_data())
-    row = stage_churn("s", 1, "actor_update", tmp_path / "new", tmp_path / "old", {"rank0": sha256_file(new)})
+    row = stage_churn("s", _stage(tmp_path / "new"), _stage(tmp_path / "old"))
     assert row.status == "unchanged" and row.changed_apis == 0
 
 
@@ -26,7 +30,7 @@ def test_changed_statistics_and_api_sets(tmp_path: Path) -> None:
     data["Functional.gelu.0.forward"] = {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()]}
     write_dump(tmp_path / "new", data)
     write_dump(tmp_path / "old", base_data())
-    row = stage_churn("s", 1, "actor_update", tmp_path / "new", tmp_path / "old")
+    row = stage_churn("s", _stage(tmp_path / "new"), _stage(tmp_path / "old"))
     assert row.status == "changed"
     assert math.isclose(row.max_rel["Norm"], 0.01, rel_tol=1e-9)
     assert math.isclose(row.max_rel["Mean"], 0.5 / (12.5 / 8), rel_tol=1e-9)
@@ -40,5 +44,5 @@ def test_changed_statistics_and_api_sets(tmp_path: Path) -> None:
 
 def test_new_golden(tmp_path: Path) -> None:
     write_dump(tmp_path / "new", base_data())
-    row = stage_churn("s", 1, "actor_update", tmp_path / "new", None)
+    row = stage_churn("s", _stage(tmp_path / "new"), None)
     assert row.status == "new" and row.apis == 3

@@ -13,7 +13,7 @@ import pytest
 from harness_testing import export_golden, replace_payload, write_dump
 
 from precision_harness.cli import main
-from precision_harness.compare import sha256_file
+from precision_harness.dumps.files import sha256_file
 from precision_harness.golden import Golden
 from precision_harness.options import OPTIONS
 
@@ -158,7 +158,7 @@ def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[precision] tiny_ppo: step 1/2 actor_compute_log_prob (" in proc.stdout
     assert "tiny_ppo on cpu: run " in proc.stdout and "10 dumped stages" in proc.stdout
-    recorded = Golden.from_dir(p / "golden/tiny_ppo/cpu").sha256(2, "actor_update")
+    recorded = Golden.from_dir(p / "golden/tiny_ppo/cpu").digests(2, "actor_update")
     assert {"rank0": sha256_file(p / "out/step_2/actor_update/step0/rank0/dump.json")} == recorded
     proc = cli("calibrate", "scenarios/tiny_ppo.yaml", "--runs", "2", cwd=p)
     assert proc.returncode == 0, proc.stdout + proc.stderr

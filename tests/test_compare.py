@@ -8,26 +8,30 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, tensor, write_dump
 
-from precision_harness.compare import (
-    MetricDrift,
-    MetricsVerdict,
-    compare_metrics,
-    compare_stage,
-    count_statistics,
-    flatten_dump,
-    load_dump,
-    msprobe_table,
-    sha256_file,
-)
+from precision_harness.check import check_stage
+from precision_harness.check_settings import CheckSettings
+from precision_harness.compare import MetricDrift, MetricsVerdict, compare_metrics, compare_stage
+from precision_harness.dumps.files import load_dump
+from precision_harness.dumps.rows import count_statistics, rows
+from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import GoldenCorruptError
+from precision_harness.msprobe_tools import msprobe_table
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.verdict_text import metrics_text, stage_text
 
 POLICY = TolerancePolicy()
 
 
-def run(target: Path, golden: Path, policy: TolerancePolicy = POLICY, **kw):
-    return compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=policy, **kw)
+def run(target: Path, golden: Path | DirStage, policy: TolerancePolicy = POLICY):
+    golden = golden if isinstance(golden, DirStage) else DirStage(golden)
+    return compare_stage(DirStage(target), golden, CheckSettings(scenario="s", policy=policy))
+
+
+class _Recorded(DirStage):
+    """A stage whose statistics count was recorded (as a golden's manifest records it)."""
+
+    def statistics(self) -> int:
+        return 41
 
 
 def out(data, api: str, i: int = 0) -> dict:
@@ -36,14 +40,21 @@ def out(data, api: str, i: int = 0) -> dict:
 
 def test_identical_passes(dumps, tmp_path: Path) -> None:
     v = run(*dumps(tmp_path))
-    assert v.passed and not v.identical  # no manifest digest given: the full table was compared
+    assert v.passed and v.identical  # equal digests: no statistics count recorded, so it is counted
     assert v.checked == count_statistics(load_dump(tmp_path / "golden/step_1/actor_update/step0/rank0/dump.json"))
+
+
+def test_equal_values_in_other_bytes_pass_through_the_table(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path)
+    dump = target / "step0/rank0/dump.json"
+    dump.write_text(dump.read_text() + "\n")
+    v = run(target, golden)
+    assert v.passed and not v.identical and v.checked == count_statistics(load_dump(dump))
 
 
 def test_identical_bytes_fast_path(dumps, tmp_path: Path) -> None:
     target, golden = dumps(tmp_path)
-    sha = {"rank0": sha256_file(golden / "step0/rank0/dump.json")}
-    v = run(target, golden, golden_sha256=sha, golden_statistics=41)
+    v = run(target, _Recorded(golden))
     assert v.passed and v.identical and v.checked == 41
     assert "identical to the golden (sha256)" in stage_text(v)
 
@@ -83,25 +94,25 @@ def test_nan_where_golden_finite_fails_even_with_huge_tolerance(dumps, tmp_path:
     policy = TolerancePolicy.from_config({"dtypes": {"float32": {"rtol": 1e9, "atol": 1e9}}})
     v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(Max=math.nan)), policy)
     assert not v.passed
-    assert any("nan where the golden is finite" in p for p in v.problems)
+    assert any("nan where the golden is finite" in p for p in map(str, v.problems))
 
 
 def test_dtype_change_fails(dumps, tmp_path: Path) -> None:
     v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(dtype="torch.bfloat16")))
     assert not v.passed
-    assert any("dtype/shape torch.float32" in p and "-> torch.bfloat16" in p for p in v.problems)
+    assert any("dtype/shape torch.float32" in p and "-> torch.bfloat16" in p for p in map(str, v.problems))
 
 
 def test_shape_change_fails(dumps, tmp_path: Path) -> None:
     v = run(*dumps(tmp_path, lambda d: out(d, "Functional.linear.0.forward").update(shape=[2, 5, 8])))
-    assert not v.passed and any("[2, 5, 8]" in p for p in v.problems)
+    assert not v.passed and any("[2, 5, 8]" in p for p in map(str, v.problems))
 
 
 def test_api_only_in_golden_fails(dumps, tmp_path: Path) -> None:
     """msprobe drops golden-only rows silently (docs/msprobe.md#compare); the key-set check catches it."""
     v = run(*dumps(tmp_path, lambda d: d.pop("Functional.softmax.0.forward")))
     assert not v.passed
-    assert any("missing from this run, first Functional.softmax.0.forward" in p for p in v.problems)
+    assert any("missing from this run, first Functional.softmax.0.forward" in p for p in map(str, v.problems))
 
 
 def test_api_only_in_target_fails(dumps, tmp_path: Path) -> None:
@@ -114,20 +125,20 @@ def test_api_only_in_target_fails(dumps, tmp_path: Path) -> None:
         )
     )
     assert not v.passed
-    assert any("not in the golden, first Functional.gelu.0.forward" in p for p in v.problems)
+    assert any("not in the golden, first Functional.gelu.0.forward" in p for p in map(str, v.problems))
 
 
 def test_rank_missing_fails(dumps, tmp_path: Path) -> None:
     target, golden = dumps(tmp_path)
     write_dump(golden, base_data(), rank="rank1")
     v = run(target, golden)
-    assert not v.passed and "rank1: in the golden but missing from this run" in v.problems
+    assert not v.passed and "rank1: in the golden but missing from this run" in map(str, v.problems)
 
 
 def test_stage_not_dumped_fails(dumps, tmp_path: Path) -> None:
     _, golden = dumps(tmp_path)
     v = run(tmp_path / "nowhere", golden)
-    assert not v.passed and "did not run or was not profiled" in v.problems[0]
+    assert not v.passed and "did not run or was not profiled" in str(v.problems[0])
 
 
 def test_exact_mode_fails_on_any_difference(dumps, tmp_path: Path) -> None:
@@ -154,12 +165,16 @@ def test_api_glob_override_loosens_one_api(dumps, tmp_path: Path) -> None:
 
 
 def test_msprobe_table_written_only_for_failing_stage(dumps, tmp_path: Path) -> None:
-    target, golden = dumps(tmp_path)
-    assert run(target, golden, artifacts=tmp_path / "art").table_paths == []
+    def check(target: Path, golden: Path, artifacts: Path) -> list[Path]:
+        settings = CheckSettings(scenario="s", policy=POLICY, artifacts=artifacts)
+        check_stage(DirStage(target), DirStage(golden), settings)
+        return sorted(artifacts.glob("step_1/actor_update/compare_result_*.csv"))
+
+    assert check(*dumps(tmp_path), tmp_path / "art") == []
     target, golden = dumps(tmp_path / "b", lambda d: out(d, "Functional.linear.0.forward").update(Norm=13.0))
-    v = run(target, golden, artifacts=tmp_path / "art_b")
-    assert v.table_paths == [tmp_path / "art_b" / "compare_result_rank0.csv"]
-    header = v.table_paths[0].read_text().splitlines()[0]
+    tables = check(target, golden, tmp_path / "art_b")
+    assert tables == [tmp_path / "art_b" / "step_1/actor_update/compare_result_rank0.csv"]
+    header = tables[0].read_text().splitlines()[0]
     assert "NPU Name" in header and "NormRelativeErr" in header and "Result" in header
 
 
@@ -167,7 +182,7 @@ def test_rows_and_values_match_msprobe_table(dumps, tmp_path: Path) -> None:
     """The gate's rows are msprobe's rows: same names, same values for each statistic."""
     target, golden = dumps(tmp_path, lambda d: out(d, "Functional.softmax.0.forward").update(Max=0.95))
     df = msprobe_table(target / "step0/rank0/dump.json", golden / "step0/rank0/dump.json")
-    ours = flatten_dump(load_dump(target / "step0/rank0/dump.json"))
+    ours = rows(load_dump(target / "step0/rank0/dump.json"))
     assert list(df["NPU Name"]) == list(ours)  # same names, same (execution) order
     for row in df.to_dict("records"):
         item = ours[row["NPU Name"]]
@@ -195,21 +210,25 @@ def test_corrupt_dump_is_named(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------- metrics
 def test_metrics_within_and_beyond() -> None:
     golden = [{"training/global_step": 1, "actor/pg_loss": 0.5, "critic/vf_loss": 1.0}]
-    same = compare_metrics(golden, golden, scenario="s", policy=POLICY)
+    same = compare_metrics(golden, golden, CheckSettings(scenario="s", policy=POLICY))
     assert same.passed and same.checked == 3
     moved = compare_metrics(
-        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=POLICY
+        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}],
+        golden,
+        CheckSettings(scenario="s", policy=POLICY),
     )
     assert not moved.passed and [d.name for d in moved.drifts] == ["actor/pg_loss"]
     loose = TolerancePolicy.from_config({"metrics": {"actor/*": {"rtol": 0.05}}})
     assert compare_metrics(
-        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}], golden, scenario="s", policy=loose
+        [{"training/global_step": 1, "actor/pg_loss": 0.51, "critic/vf_loss": 1.0}],
+        golden,
+        CheckSettings(scenario="s", policy=loose),
     ).passed
 
 
 def test_metrics_missing_step_and_key() -> None:
     golden = [{"training/global_step": 1, "a": 1.0}, {"training/global_step": 2, "a": 1.0}]
-    v = compare_metrics([{"training/global_step": 1}], golden, scenario="s", policy=POLICY)
+    v = compare_metrics([{"training/global_step": 1}], golden, CheckSettings(scenario="s", policy=POLICY))
     assert "step 2: in the golden metrics but missing from this run" in v.problems
     assert "step 1: metric a missing from this run" in v.problems
 
@@ -218,8 +237,7 @@ def test_metrics_nan_fails() -> None:
     v = compare_metrics(
         [{"training/global_step": 1, "a": math.nan}],
         [{"training/global_step": 1, "a": 1.0}],
-        scenario="s",
-        policy=POLICY,
+        CheckSettings(scenario="s", policy=POLICY),
     )
     assert not v.passed
 
@@ -229,8 +247,7 @@ def test_metric_that_turns_null_fails() -> None:
     v = compare_metrics(
         [{"training/global_step": 1, "a": None, "b": 2.0, "c": None}],
         [{"training/global_step": 1, "a": 1.0, "b": None, "c": None}],
-        scenario="s",
-        policy=POLICY,
+        CheckSettings(scenario="s", policy=POLICY),
     )
     assert v.problems == ["step 1: metric a: 1.0 -> None", "step 1: metric b: None -> 2.0"]
     assert v.checked == 1  # training/global_step

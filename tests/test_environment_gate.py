@@ -22,7 +22,8 @@ import pytest
 from harness_testing import TINY, base_data, write_dump
 
 from precision_harness import session as session_mod
-from precision_harness.check import CheckSettings, ItemKey, OutcomeKind, check_items
+from precision_harness.check import ItemKey, OutcomeKind, check_items
+from precision_harness.check_settings import CheckSettings
 from precision_harness.cli import main
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.golden import Golden, GoldenStore

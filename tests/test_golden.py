@@ -13,7 +13,7 @@ from harness_testing import TINY, base_data, write_dump
 
 from precision_harness import golden as golden_mod
 from precision_harness import golden_codec, identity
-from precision_harness.compare import sha256_file
+from precision_harness.dumps.files import sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
@@ -62,7 +62,7 @@ def test_promote_layout_drops_stack_json(tmp_path: Path, scenario: Scenario) -> 
     assert all(name.endswith(".zst") for name in g.manifest["files"])
     # identical-to-golden needs the content digest: the run's dump.json, not the stored frame
     run_dump = tmp_path / "run/step_2/actor_update/step0/rank0/dump.json"
-    assert g.sha256(2, "actor_update") == {"rank0": sha256_file(run_dump)}
+    assert g.digests(2, "actor_update") == {"rank0": sha256_file(run_dump)}
     assert g.load_dump(2, "actor_update", "rank0") == json.loads(run_dump.read_text())
     assert g.statistics(2, "actor_update") > 0
     assert store.list() == [("tiny_ppo", "cpu")]
@@ -82,12 +82,28 @@ def _snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def test_interrupted_copy_leaves_old_golden(tmp_path: Path, scenario: Scenario) -> None:
+def _interrupt_before_swap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every golden write stops after its copy is complete, before the old golden is moved aside."""
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name.startswith(".cpu.old-"):  # the swap's first rename
+            raise OSError("simulated interruption before the swap")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(golden_mod.os, "replace", replace)
+
+
+def test_interrupted_copy_leaves_old_golden(
+    tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = GoldenStore(tmp_path / "golden")
     store.promote(fake_run(tmp_path / "run1", scenario), scenario, "cpu")
     before = _snapshot(store.path("tiny_ppo", "cpu"))
+    _interrupt_before_swap(monkeypatch)
     with pytest.raises(OSError, match="simulated interruption"):
-        store.promote(fake_run(tmp_path / "run2", scenario, norm=13.0), scenario, "cpu", _fail_after_copy=True)
+        store.promote(fake_run(tmp_path / "run2", scenario, norm=13.0), scenario, "cpu")
+    monkeypatch.undo()
     assert _snapshot(store.path("tiny_ppo", "cpu")) == before
     assert sorted(p.name for p in (tmp_path / "golden/tiny_ppo").iterdir() if not p.name.endswith(".lock")) == ["cpu"]
 
@@ -373,13 +389,13 @@ def test_plain_golden_stays_readable_and_migrates_losslessly(tmp_path: Path, sce
     contents = _plain_golden(store, scenario)
     plain = store.load(scenario, "cpu")
     assert not plain.compressed and plain.read("metrics.jsonl") == contents["metrics.jsonl"]
-    assert plain.sha256(1, "actor_update") == {
+    assert plain.digests(1, "actor_update") == {
         "rank0": hashlib.sha256(contents["step_1/actor_update/step0/rank0/dump.json"]).hexdigest()
     }
     assert store.migrate("tiny_ppo", "cpu") is True
     migrated = store.load(scenario, "cpu")
     assert migrated.compressed and migrated.manifest["format"] == 2
-    assert migrated.sha256(1, "actor_update") == plain.sha256(1, "actor_update")
+    assert migrated.digests(1, "actor_update") == plain.digests(1, "actor_update")
     migrated.export(tmp_path / "export")
     exported = {
         p.relative_to(tmp_path / "export").as_posix(): p.read_bytes()
@@ -391,12 +407,16 @@ def test_plain_golden_stays_readable_and_migrates_losslessly(tmp_path: Path, sce
     assert store.migrate("tiny_ppo", "cpu") is False  # already compressed: nothing written
 
 
-def test_interrupted_migrate_leaves_the_plain_golden(tmp_path: Path, scenario: Scenario) -> None:
+def test_interrupted_migrate_leaves_the_plain_golden(
+    tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, path, _ = _compressed(tmp_path, scenario)
     _plain_golden(store, scenario)
     before = _snapshot(path)
+    _interrupt_before_swap(monkeypatch)
     with pytest.raises(OSError, match="simulated interruption"):
-        store.migrate("tiny_ppo", "cpu", _fail_after_copy=True)
+        store.migrate("tiny_ppo", "cpu")
+    monkeypatch.undo()
     assert _snapshot(path) == before
     assert not store.load(scenario, "cpu").compressed
 

@@ -19,11 +19,11 @@ import pytest
 from harness_testing import TINY, run_pytest
 
 from precision_harness.check import ItemKey, Outcome, OutcomeKind
+from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import Golden, verify_golden
 from precision_harness.localize import localize, with_localization
 from precision_harness.scenario import Scenario, load_schema
-from precision_harness.stage_outputs import merged, rank_digest
 
 pytest.importorskip("msprobe")
 
@@ -163,7 +163,7 @@ def test_log_prob_change_is_invisible_to_l0_alone(planted: dict, project: Path) 
 
 def test_unchanged_localization_rerun_is_identical_to_the_l1_record(project: Path, tmp_path: Path) -> None:
     """A rerun to step 2 dumping only actor_update at L1 writes the very dump the full L1 run recorded."""
-    from precision_harness.check import CheckSettings
+    from precision_harness.check_settings import CheckSettings
     from precision_harness.tolerance import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")
@@ -224,7 +224,7 @@ def test_localization_run_that_crashes_keeps_the_l0_verdict_and_says_why() -> No
 
 def test_localization_timeout_is_one_line(project: Path, tmp_path: Path) -> None:
     """A rerun past --precision-timeout: launch raises, localize passes it on, the item keeps its L0 verdict."""
-    from precision_harness.check import CheckSettings
+    from precision_harness.check_settings import CheckSettings
     from precision_harness.tolerance import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")

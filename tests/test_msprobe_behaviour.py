@@ -112,7 +112,7 @@ def test_dump_path_pattern_is_the_probes() -> None:
 
 
 def _table(tmp_path: Path, mutate=None, golden_mutate=None):
-    from precision_harness.compare import msprobe_table
+    from precision_harness.msprobe_tools import msprobe_table
 
     golden, target = base_data(), copy.deepcopy(base_data())
     if mutate:
@@ -168,7 +168,7 @@ def test_in_memory_compare_imports_no_torch(tmp_path: Path) -> None:
     """The torch-free compare (msprobe.core.compare pieces) keeps the pytest process light."""
     golden, target = write_dump(tmp_path / "g", base_data()), write_dump(tmp_path / "t", base_data())
     code = (
-        "import sys; from pathlib import Path; from precision_harness.compare import msprobe_table; "
+        "import sys; from pathlib import Path; from precision_harness.msprobe_tools import msprobe_table; "
         f"df = msprobe_table(Path({str(target)!r}), Path({str(golden)!r})); "
         "print(len(df), sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules))"
     )

@@ -15,6 +15,8 @@ from harness_testing import TINY, base_data, write_dump
 from test_golden import fake_run
 
 from precision_harness import compare, device_check, launch, ray_launch, verdict_text
+from precision_harness.check_settings import CheckSettings
+from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
@@ -91,7 +93,7 @@ def _two_rank_dumps(root: Path, *, rank1_early: bool) -> tuple[Path, Path]:
 
 def test_verdict_names_the_rank_that_diverged_first(tmp_path: Path) -> None:
     target, golden = _two_rank_dumps(tmp_path, rank1_early=True)
-    v = compare.compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=TolerancePolicy())
+    v = compare.compare_stage(DirStage(target), DirStage(golden), CheckSettings(scenario="s", policy=TolerancePolicy()))
     assert v.first_divergence is not None and v.first_divergence.rank == "rank1"
     assert v.failing_ranks == ["rank0", "rank1"]
     text = verdict_text.stage_text(v)
@@ -101,7 +103,7 @@ def test_verdict_names_the_rank_that_diverged_first(tmp_path: Path) -> None:
 
 def test_verdict_names_only_the_drifting_rank(tmp_path: Path) -> None:
     target, golden = _two_rank_dumps(tmp_path, rank1_early=False)
-    v = compare.compare_stage(target, golden, scenario="s", step=1, stage="actor_update", policy=TolerancePolicy())
+    v = compare.compare_stage(DirStage(target), DirStage(golden), CheckSettings(scenario="s", policy=TolerancePolicy()))
     assert verdict_text.stage_text(v).startswith("actor_update @ step_1, rank0 (differs on rank0 of 2 ranks)")
 
 

@@ -24,8 +24,8 @@ from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
 from precision_harness.runner import devices, models, plant, rollout, stages
 from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
-from precision_harness.runner.outputs import StageOutputs
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+from precision_harness.runner.stage_outputs import StageOutputs
 from precision_harness.scenario import AUTO, Scenario
 
 #: what actor_update's stage_outputs.json holds after its inputs: per micro-batch, then per mini-batch

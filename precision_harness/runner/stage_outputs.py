@@ -1,6 +1,6 @@
 """Statistics of a stage's own inputs and outputs (``level: auto``), written as ``stage_outputs.json``.
 
-The format is :mod:`precision_harness.stage_outputs`'s. Tensors are held while the stage runs and
+The format is described in :mod:`precision_harness.dumps.files`. Tensors are held while the stage runs and
 reduced after msprobe's debugger has stopped, so no statistic op lands in the stage's dump.
 Each tensor gets msprobe's ``Max/Min/Mean/Norm`` (over every element, in float32 as msprobe's
 statistics of a float32 tensor), its dtype and shape; a Python float (a micro-batch loss, a
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from precision_harness.stage_outputs import FILE, PREFIX
+from precision_harness.dumps.files import STAGE_OUTPUTS, STAGE_PREFIX
 
 
 def tensor_statistics(t: torch.Tensor) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class StageOutputs:
         for kind, items in (("input_args", self._inputs), ("output", self._outputs)):
             for name, value in items:
                 index = counts[name] = counts.get(name, -1) + 1
-                api = f"{PREFIX}.{name}.{index}.forward"
+                api = f"{STAGE_PREFIX}.{name}.{index}.forward"
                 t = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
                 data[api] = {kind: [tensor_statistics(t)]}
                 if kind == "input_args":
@@ -71,7 +71,7 @@ class StageOutputs:
 
     def write(self, rank_dir: Path) -> Path:
         """Write ``rank_dir/stage_outputs.json`` and return its path."""
-        path = Path(rank_dir) / FILE
+        path = Path(rank_dir) / STAGE_OUTPUTS
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
         return path
