@@ -1,9 +1,10 @@
 """pytest-precision: gate msprobe stage statistics of short PPO scenarios against goldens.
 
-Hooks only: options (from :mod:`precision_harness.options`), collection of ``scenarios/*.yaml``
-into items (one per (step, stage) plus one for ``metrics.jsonl``), the public ``precision_run``
-fixture, and the terminal summary. The work is done by
-:class:`precision_harness.session.PrecisionSession`. This module never imports torch.
+The pytest side of the gate: hooks (options from :mod:`precision_harness.options` plus the
+``precision_scenario_dirs`` ini key, collection of scenario ``*.yaml`` files into items, one per
+(step, stage) plus one for ``metrics.jsonl``, xdist grouping, the terminal summary), the item and
+file classes, the public ``precision_run`` fixture, and :func:`precision_session` for a conftest.
+The work is done by :class:`precision_harness.session.PrecisionSession`. This module never imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ from precision_harness.session import PrecisionSession
 
 _SESSION_KEY = pytest.StashKey[PrecisionSession]()
 _RECORD_KEY = pytest.StashKey[dict]()
+
+
+def precision_session(config: pytest.Config) -> PrecisionSession:
+    """The run's PrecisionSession (created in ``pytest_configure``), e.g. for a conftest that wraps its
+    ``runner`` from a ``pytest_configure(trylast=True)`` of its own.
+
+    Raises:
+        KeyError: called before this plugin's ``pytest_configure``.
+    """
+    return config.stash[_SESSION_KEY]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -220,7 +231,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     for item in session.items:
         if isinstance(item, PrecisionItem) and item.scenario.name not in seen:
             seen.add(item.scenario.name)
-            precision.submit(item.scenario)
+            precision.schedule(item.scenario)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

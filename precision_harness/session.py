@@ -1,11 +1,29 @@
 """PrecisionSession: one gate run (a pytest session): scenario runs, goldens, and item outcomes.
 
-One place decides check / update / missing for every golden (as pytest-regressions'
-``perform_regression_check``): :meth:`PrecisionSession.outcome`. The comparison itself is
-:func:`precision_harness.check.check_items`, the path ``precision-harness compare`` takes too.
-Scenario runs are started in worker processes on a thread pool, at most ``jobs`` at a time, and
-each scenario runs once however many of its items are selected. What the run adds up to (counts,
-churn, unused goldens, report files) is :class:`~precision_harness.report.PrecisionReport`.
+Each scenario's golden action is decided once, as one value (:meth:`PrecisionSession.plan`,
+:class:`Plan`): the only place the golden mode is read. Its run is started once
+(:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however many of its
+items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The runner that
+starts a run is a constructor argument (:func:`~precision_harness.launch.run_scenario` by default).
+The comparison itself is :func:`precision_harness.check.check_items`, the path ``precision-harness
+compare`` takes too. What the run adds up to (counts, churn, unused goldens, report files) is
+:class:`~precision_harness.report.PrecisionReport`.
+
+A scenario's states (:class:`ScenarioState`), each reached once and in this order:
+
+=========  ======================================================  ==========================================
+state      reached by                                              its items
+=========  ======================================================  ==========================================
+new        :meth:`~PrecisionSession.state`                         --
+planned    :meth:`~PrecisionSession.plan`: ``SKIP`` (its device    ``SKIP``: skip with the reason;
+           is not here), ``ERROR`` (golden missing, stale or        ``ERROR``: fail with the error's line,
+           corrupt in check mode; msprobe missing), ``RECORD``      no run; ``CHECK``/``RECORD``: wait
+           (update, or missing with no golden on disk), ``CHECK``
+running    :meth:`~PrecisionSession.start`: a ``CHECK``/``RECORD``  wait for the run
+           scenario's first item, or ``precision_run`` (any plan)
+settled    the first item after the run: undeclared stages noted;  ``RECORD``: "golden recorded" (or the
+           ``RECORD`` promotes the run to the golden                record's error); ``CHECK``: compared
+=========  ======================================================  ==========================================
 """
 
 from __future__ import annotations
@@ -16,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +60,58 @@ from precision_harness.tolerance import TolerancePolicy
 from precision_harness.usage import GoldenUsage, discover_scenarios
 from precision_harness.verdict_text import settings_changed
 
+#: starts one scenario run: ``runner(scenario, *, out_dir, device, timeout, ray_address, pinned, warm)``
+Runner = Callable[..., RunResult]
+
+
+class GoldenAction(str, Enum):
+    """What a session does with a scenario's golden."""
+
+    CHECK = "check"  #: run, then compare every item against the golden
+    RECORD = "record"  #: run, then promote the run to the golden (update, or missing with none on disk)
+    SKIP = "skip"  #: the scenario's device is not here: its items skip
+    ERROR = "error"  #: no usable golden (or no msprobe): its items fail with the error, nothing runs
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A scenario's golden action, decided once per session (:meth:`PrecisionSession.plan`)."""
+
+    action: GoldenAction
+    runs: Scenario  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
+    golden: Golden | None = None  #: CHECK: the golden compared against
+    error: PrecisionError | None = None  #: ERROR: what every item reports
+    reason: str = ""  #: SKIP: why
+    pinned: Golden | None = None  #: a verl scenario's golden whose rollouts a check run loads
+
+    @property
+    def needs_run(self) -> bool:
+        return self.action in (GoldenAction.CHECK, GoldenAction.RECORD)
+
+
+@dataclass
+class Recording:
+    """RECORD: what promoting the run to the golden did."""
+
+    status: str  #: "recorded", or "unchanged" (the golden already held the same)
+    size_note: str = ""  #: the golden's stored size and what the update added
+    churn: list[churn_mod.ChurnRow] = field(default_factory=list)  #: against the previous golden
+
 
 @dataclass
 class ScenarioState:
-    """One scenario's run and golden within a session."""
+    """One scenario's run and golden within a session (the module docstring's states)."""
 
     scenario: Scenario
     device: str
     golden_device: str  #: the device whose golden is checked (== device unless --precision-golden-device)
-    future: Future | None = None
-    golden: Golden | None = None
-    golden_error: PrecisionError | None = None
-    recorded: str | None = None  #: "recorded" / "unchanged" after an update
-    size_note: str = ""  #: update mode: the golden's stored size and what the update added
-    churn: list[churn_mod.ChurnRow] = field(default_factory=list)  #: update mode: against the previous golden
     lock: threading.Lock = field(default_factory=threading.Lock)
-    prepared: bool = False
-    runs: Scenario | None = None  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
+    plan: Plan | None = None  #: planned
+    future: Future | None = None  #: running
+    settled: bool = False  #: settled: the run's result taken in
+    recording: Recording | PrecisionError | None = None  #: settled, RECORD: the promotion or why it failed
+    environment: EnvironmentDiff | None = None  #: settled, CHECK: the run's environment against the golden's
     localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
-    environment: EnvironmentDiff | None = None  #: the run's environment against the golden's, once run
     progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
 
     @property
@@ -84,6 +136,10 @@ def size_note(stored: int, before: int) -> str:
     return f"{stored / 1e6:.2f} MB stored, {(stored - before) / 1e6:+.2f} MB"
 
 
+def _no_msprobe() -> ProbeUnavailableError:
+    return ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
+
+
 def msprobe_available() -> bool:
     """True if ``msprobe.core`` can be found (does not import msprobe.pytorch or torch)."""
     try:
@@ -93,11 +149,16 @@ def msprobe_available() -> bool:
 
 
 class PrecisionSession:
-    """State of one gate run. Not thread-safe except where noted (runs complete on worker threads)."""
+    """State of one gate run. Not thread-safe except where noted (runs complete on worker threads).
 
-    def __init__(self, options: PrecisionOptions, *, rootdir: Path) -> None:
+    Args:
+        runner: starts one scenario run (:data:`Runner`); tests give a fake that returns a prepared run.
+    """
+
+    def __init__(self, options: PrecisionOptions, *, rootdir: Path, runner: Runner = run_scenario) -> None:
         self.options = options
         self.rootdir = Path(rootdir)
+        self.runner = runner
         self.artifacts = self._abs(options.artifacts)
         self.store = GoldenStore(self._abs(options.golden_dir))
         self.report = PrecisionReport(mode=options.golden_mode)
@@ -117,17 +178,7 @@ class PrecisionSession:
         except ValueError:
             return p
 
-    # ----------------------------------------------------------------------------------- runs
-    def device_unavailable(self, scenario: Scenario) -> str | None:
-        """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None.
-
-        An explicit ``--precision-device`` is checked once at start-up instead (a usage error), and a
-        Ray cluster (``--precision-ray-address``) is trusted to have the device the scenario asks for.
-        """
-        if self.options.device != "auto" or self.options.ray_address:
-            return None
-        return device_check.unavailable_reason(self.options.device_for(scenario))
-
+    # ------------------------------------------------------------------------------ planning
     def state(self, scenario: Scenario) -> ScenarioState:
         st = self._states.get(scenario.name)
         if st is None:
@@ -136,121 +187,123 @@ class PrecisionSession:
             st = self._states[scenario.name] = ScenarioState(scenario, device, golden_device)
         return st
 
+    def plan(self, scenario: Scenario) -> Plan:
+        """The scenario's golden action, decided on first use and kept (thread-safe)."""
+        st = self.state(scenario)
+        with st.lock:
+            if st.plan is None:
+                st.plan = self._decide(st)
+            return st.plan
+
+    def _decide(self, st: ScenarioState) -> Plan:
+        """The one reading of the golden mode. An explicit ``--precision-device`` was checked at start-up
+        (a usage error), and a Ray cluster (``--precision-ray-address``) is trusted to have the device."""
+        scenario, mode = st.scenario, self.options.golden_mode
+        if self.options.device == "auto" and not self.options.ray_address:
+            reason = device_check.unavailable_reason(st.device)
+            if reason:
+                return Plan(GoldenAction.SKIP, scenario, reason=reason)
+        if mode == "update" or (mode == "missing" and not self.store.exists(scenario.name, st.device)):
+            plan = Plan(GoldenAction.RECORD, scenario)
+        else:
+            try:
+                golden = self.store.load(scenario, st.golden_device)
+            except PrecisionError as exc:
+                return Plan(GoldenAction.ERROR, scenario, error=exc)
+            pinned = golden if scenario.kind == "verl" and mode == "check" else None
+            plan = Plan(GoldenAction.CHECK, self._runs(scenario, golden), golden=golden, pinned=pinned)
+        if not msprobe_available():
+            return Plan(GoldenAction.ERROR, scenario, error=_no_msprobe())
+        return plan
+
+    def _runs(self, scenario: Scenario, golden: Golden) -> Scenario:
+        """The scenario as a check runs it: a ``level: auto`` scenario whose golden was recorded at L1
+        (before auto) runs and gates at L1, with a note saying to re-record."""
+        if scenario.level != AUTO or not gates_at_recorded_level(golden.level, scenario.level):
+            return scenario
+        self.report.notes.append(
+            f"{scenario.name}: golden recorded at {golden.level} before level: auto; gating at "
+            f"{golden.level}. Re-record for auto with: {update_command(scenario)}"
+        )
+        return localize.at_localize_level(scenario, self._variants(scenario))
+
+    def device_unavailable(self, scenario: Scenario) -> str | None:
+        """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None."""
+        plan = self.plan(scenario)
+        return plan.reason if plan.action is GoldenAction.SKIP else None
+
+    # ----------------------------------------------------------------------------------- runs
     def run_dir(self, scenario: Scenario) -> Path:
         """``<artifacts>/<scenario>/run`` (``run-<worker>`` under xdist)."""
         run = "run" if not self.options.worker_id else f"run-{self.options.worker_id}"
         return join_inside(self.artifacts, scenario.name, run, what="artifacts <scenario>/run")
 
-    def submit(self, scenario: Scenario) -> None:
-        """Start ``scenario``'s run in the background if its items will need it (idempotent)."""
-        st = self.state(scenario)
-        if self.device_unavailable(scenario):
-            return  # its items skip with the reason
-        with st.lock:
-            if st.future is not None or not self._needs_run(st):
-                return
-            try:
-                self._start(st)
-            except ProbeUnavailableError as exc:
-                st.golden_error = exc  # every item of the scenario reports it
+    def schedule(self, scenario: Scenario) -> None:
+        """Start the run now if the scenario's items will need it (so runs overlap); never raises.
 
-    def _needs_run(self, st: ScenarioState) -> bool:
-        if self._records(st):
-            return True
-        self._load_golden(st)
-        return st.golden_error is None
-
-    def _load_golden(self, st: ScenarioState) -> None:
-        if st.golden is None and st.golden_error is None:
-            try:
-                st.golden = self.store.load(st.scenario, st.golden_device)
-            except PrecisionError as exc:
-                st.golden_error = exc
-
-    def _start(self, st: ScenarioState) -> None:
-        """Submit ``st``'s worker run to the thread pool (caller holds ``st.lock``).
-
-        Raises:
-            ProbeUnavailableError: msprobe is not installed.
-            UnsafePathError: the scenario name would leave the artifacts folder.
+        A run that cannot start (msprobe missing, an unsafe name) is reported by every item.
         """
-        if not msprobe_available():
-            raise ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
-        scenario, run = self._runs(st), run_scenario
-        kw: dict[str, Any] = {}
-        if scenario.level == AUTO and self._records(st):
-            run, kw = localize.run_recording, {"variants": self._variants(scenario)}
-        st.future = self._executor.submit(
-            run,
-            scenario,
-            out_dir=self.run_dir(scenario),
-            device=st.device,
-            timeout=self.options.timeout,
-            ray_address=self.options.ray_address,
-            pinned=st.golden if scenario.kind == "verl" and self.options.golden_mode == "check" else None,
-            warm=self.options.worker == "warm",
-            **kw,
-        )
-
-    def _records(self, st: ScenarioState) -> bool:
-        """Whether this session records ``st``'s golden (update, or missing with none on disk)."""
-        mode = self.options.golden_mode
-        return mode == "update" or (mode == "missing" and not self.store.exists(st.scenario.name, st.device))
-
-    def _variants(self, scenario: Scenario) -> Path:
-        return join_inside(self.artifacts, scenario.name, "variants", what="artifacts <scenario>/variants")
-
-    def _runs(self, st: ScenarioState) -> Scenario:
-        """The scenario as this session runs it: a ``level: auto`` scenario whose golden was recorded at
-        L1 (before auto) runs and gates at L1, with a note saying to re-record."""
-        if st.runs is None:
-            st.runs = st.scenario
-            if st.scenario.level == AUTO and not self._records(st):
-                self._load_golden(st)
-                if st.golden is not None and gates_at_recorded_level(st.golden.level, st.scenario.level):
-                    st.runs = localize.at_localize_level(st.scenario, self._variants(st.scenario))
-                    self.report.notes.append(
-                        f"{st.scenario.name}: golden recorded at {st.golden.level} before level: auto; gating at "
-                        f"{st.golden.level}. Re-record for auto with: {update_command(st.scenario)}"
-                    )
-        return st.runs
+        try:
+            if self.plan(scenario).needs_run:
+                self.start(scenario)
+        except PrecisionError:
+            pass  # outcome() meets the same error again, and reports it as the item's failure
 
     def start(self, scenario: Scenario) -> Future:
-        """Start ``scenario``'s run whatever the golden mode (invariant checks need no golden); idempotent.
+        """Start ``scenario``'s run, whatever its plan (invariant checks need no golden); idempotent.
 
         The gate's items and :meth:`run` share this one run: a scenario runs once per session.
 
         Raises:
             ProbeUnavailableError: msprobe is not installed.
+            UnsafePathError: the scenario name would leave the artifacts folder.
         """
-        st = self.state(scenario)
+        plan, st = self.plan(scenario), self.state(scenario)
         with st.lock:
             if st.future is None:
-                self._start(st)
-            assert st.future is not None
+                st.future = self._submit(st, plan)
             return st.future
 
+    def _submit(self, st: ScenarioState, plan: Plan) -> Future:
+        if not msprobe_available():
+            raise _no_msprobe()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
+        scenario = plan.runs
+        kw: dict[str, Any] = {
+            "out_dir": self.run_dir(scenario),
+            "device": st.device,
+            "timeout": self.options.timeout,
+            "ray_address": self.options.ray_address,
+            "pinned": plan.pinned,
+            "warm": self.options.worker == "warm",
+        }
+        if scenario.level == AUTO and plan.action is GoldenAction.RECORD:
+            variants = self._variants(scenario)
+            return self._executor.submit(localize.run_recording, scenario, variants=variants, run=self.runner, **kw)
+        return self._executor.submit(self.runner, scenario, **kw)
+
+    def _variants(self, scenario: Scenario) -> Path:
+        return join_inside(self.artifacts, scenario.name, "variants", what="artifacts <scenario>/variants")
+
     def run(self, scenario: Scenario) -> RunResult:
-        """Wait for :meth:`start`'s run. Raises RunFailedError or ProbeUnavailableError."""
+        """Start (if need be) and wait for ``scenario``'s run. Raises RunFailedError or ProbeUnavailableError."""
         return self.start(scenario).result()
 
-    def result(self, scenario: Scenario) -> RunResult:
-        """Wait for the scenario's run. Raises RunFailedError (and the golden's error, if any)."""
-        self.submit(scenario)
+    def _follow(self, scenario: Scenario) -> None:
+        """Report the run's stage starts, once per run, even one already finished (the lines printed
+        must not depend on timing)."""
         st = self.state(scenario)
-        if st.golden_error is not None:
-            raise st.golden_error
-        assert st.future is not None
-        if self.on_progress is not None and not st.progress_shown:
-            # once per run, even one already finished: the lines printed must not depend on timing
-            st.progress_shown = True
-            total = scenario.total_steps
-            progress.follow(
-                self.run_dir(scenario), st.future, scenario=scenario.name, report=self.on_progress, total_steps=total
-            )
-        return st.future.result()
+        if self.on_progress is None or st.progress_shown or st.future is None:
+            return
+        st.progress_shown = True
+        progress.follow(
+            self.run_dir(scenario),
+            st.future,
+            scenario=scenario.name,
+            report=self.on_progress,
+            total_steps=scenario.total_steps,
+        )
 
     def scenario_named(self, name: str, dirs: Sequence[str]) -> Scenario:
         """The scenario ``name``: the one this session already knows, else ``<rootdir>/<dir>/<name>.yaml``.
@@ -287,27 +340,63 @@ class PrecisionSession:
         is the error's one line.
         """
         try:
-            st = self._prepare(scenario)
-            if st.recorded is not None:
-                path = self.shown(self.store.path(scenario.name, st.device))
-                churn = [r for r in st.churn if (r.step, r.stage) == (key.step, key.stage)]
-                text = f"golden {st.recorded}: {path} ({st.size_note})"
-                return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
-            run = self.result(scenario)
-            assert st.golden is not None
-            self._environment(st, run)
-            localizes = st.golden.localizes and not key.is_metrics
-            settings = self._settings(st)
-            # a failure here is rerun at L1, whose verdict asks msprobe
-            skip_msprobe = localizes and st.localized is None
-            out = next(check_items(run.run_dir, st.golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
-            if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
-                out = self._localize(st, key, out, settings)
-            return out
+            plan = self.plan(scenario)
+            if plan.action is GoldenAction.SKIP:
+                return Outcome(False, f"{scenario.name}: {plan.reason}", OutcomeKind.ERROR)
+            run = self._settle(scenario, plan)
+            st = self.state(scenario)
+            if plan.action is GoldenAction.RECORD:
+                return self._recorded(st, key)
+            return self._check(st, plan, run, key)
         except PrecisionError as exc:
             return Outcome.error(exc)
 
-    def _environment(self, st: ScenarioState, run: RunResult) -> EnvironmentDiff:
+    def _settle(self, scenario: Scenario, plan: Plan) -> RunResult:
+        """Wait for the run and take it in once: undeclared stages noted, and RECORD's promotion.
+
+        Raises:
+            PrecisionError: the plan's error, the run's (RunFailedError), or the promotion's.
+        """
+        if plan.error is not None:
+            raise plan.error
+        st = self.state(scenario)
+        future = self.start(scenario)
+        self._follow(scenario)
+        run = future.result()
+        with st.lock:
+            if not st.settled:
+                st.settled = True
+                self._note_undeclared(scenario, run)
+                if plan.action is GoldenAction.RECORD:
+                    try:
+                        st.recording = self._record(st, run)
+                    except PrecisionError as exc:
+                        st.recording = exc
+        if isinstance(st.recording, PrecisionError):
+            raise st.recording
+        return run
+
+    def _recorded(self, st: ScenarioState, key: ItemKey) -> Outcome:
+        assert isinstance(st.recording, Recording)
+        path = self.shown(self.store.path(st.scenario.name, st.device))
+        churn = [r for r in st.recording.churn if (r.step, r.stage) == (key.step, key.stage)]
+        text = f"golden {st.recording.status}: {path} ({st.recording.size_note})"
+        return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
+
+    def _check(self, st: ScenarioState, plan: Plan, run: RunResult, key: ItemKey) -> Outcome:
+        golden = plan.golden
+        assert golden is not None
+        self._environment(st, golden, run)
+        localizes = golden.localizes and not key.is_metrics
+        settings = self._settings(st, golden)
+        # a failure here is rerun at L1, whose verdict asks msprobe
+        skip_msprobe = localizes and st.localized is None
+        out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
+        if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
+            out = self._localize(st, golden, key, out, settings)
+        return out
+
+    def _environment(self, st: ScenarioState, golden: Golden, run: RunResult) -> EnvironmentDiff:
         """The run's environment against the golden's, worked out once per scenario.
 
         Raises:
@@ -315,8 +404,7 @@ class PrecisionSession:
                 --precision-golden-device was not given (goldens are kept per device type, not model).
         """
         if st.environment is None:
-            assert st.golden is not None
-            st.environment = EnvironmentDiff.between(st.golden.env, run.manifest.get("env"))
+            st.environment = EnvironmentDiff.between(golden.env, run.manifest.get("env"))
         model = st.environment.device_model
         if model is not None and not self.options.golden_device:
             path = display_path(self.store.path(st.scenario.name, st.golden_device))
@@ -327,13 +415,14 @@ class PrecisionSession:
             )
         return st.environment
 
-    def _localize(self, st: ScenarioState, key: ItemKey, l0: Outcome, settings: CheckSettings) -> Outcome:
+    def _localize(
+        self, st: ScenarioState, golden: Golden, key: ItemKey, l0: Outcome, settings: CheckSettings
+    ) -> Outcome:
         """Rerun the scenario's first failing stage at L1 (level: auto); later failing stages point to it."""
         with st.lock:
             first, st.localized = st.localized, st.localized or key
         if first is not None and first != key:
             return localize.not_rerun(l0, first)
-        assert st.golden is not None
         out_dir = join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
         return localize.with_localization(
             l0,
@@ -341,35 +430,23 @@ class PrecisionSession:
             lambda: localize.localize(
                 st.scenario,
                 key,
-                st.golden,
+                golden,
                 settings,
                 out_dir=out_dir,
+                run=self.runner,
                 device=st.device,
                 timeout=self.options.timeout,
                 warm=self.options.worker == "warm",
             ),
         )
 
-    def _prepare(self, scenario: Scenario) -> ScenarioState:
-        """Run (if needed) and, in update/missing mode, record the golden once per scenario."""
-        st = self.state(scenario)
-        run = self.result(scenario)
-        with st.lock:
-            if not st.prepared:
-                st.prepared = True
-                self._note_undeclared(scenario, run)
-                mode = self.options.golden_mode
-                if mode == "update" or (mode == "missing" and st.golden is None):
-                    try:
-                        self._record(st, run)
-                    except PrecisionError as exc:
-                        st.golden_error = exc
-        if st.golden_error is not None:
-            raise st.golden_error
-        return st
+    def _record(self, st: ScenarioState, run: RunResult) -> Recording:
+        """Promote the run to the golden (never from a partial run); its churn and size.
 
-    def _record(self, st: ScenarioState, run: RunResult) -> None:
-        """Promote the run to the golden (never from a partial run) and keep its churn and size."""
+        Raises:
+            RunFailedError: a declared (step, stage) has no dump.
+            GoldenError: the golden cannot be written, or read back.
+        """
         scenario = st.scenario
         missing = missing_dumps(scenario, run.run_dir)
         if scenario.level == AUTO:
@@ -381,12 +458,11 @@ class PrecisionSession:
                 "precision_debugger.config_path is unset or msprobe is missing with strict: false"
             )
         previous = self.store.previous(scenario.name, st.device)
-        st.churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
-        st.recorded = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
-        st.golden, st.golden_error = None, None
-        self._load_golden(st)
-        if st.golden is not None:
-            st.size_note = size_note(st.golden.size_bytes, previous.size_bytes if previous is not None else 0)
+        churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
+        status = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
+        golden = self.store.load(scenario, st.golden_device)
+        before = previous.size_bytes if previous is not None else 0
+        return Recording(status, size_note(golden.size_bytes, before), churn)
 
     def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
         """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
@@ -397,9 +473,8 @@ class PrecisionSession:
                 f"{', '.join(undeclared)}"
             )
 
-    def _settings(self, st: ScenarioState) -> CheckSettings:
-        scenario, golden = st.scenario, st.golden
-        assert golden is not None
+    def _settings(self, st: ScenarioState, golden: Golden) -> CheckSettings:
+        scenario = st.scenario
         return CheckSettings(
             scenario=scenario.name,
             policy=TolerancePolicy.for_golden(

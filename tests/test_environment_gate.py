@@ -21,7 +21,6 @@ import jsonschema
 import pytest
 from harness_testing import TINY, base_data, write_dump
 
-from precision_harness import session as session_mod
 from precision_harness.check import ItemKey, OutcomeKind, check_items
 from precision_harness.check_settings import CheckSettings
 from precision_harness.cli import main
@@ -115,9 +114,9 @@ def _run_dir(root: Path, scenario: Scenario, env: dict, mutate=None) -> Path:
 
 
 @pytest.fixture
-def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def gate(tmp_path: Path):
     """``gate(golden_env, run_env, golden_device=None)``: a session on cuda whose run is a prepared directory
-    (``run_scenario`` swapped for a fake), and the outcome of ``actor_update @ step_1``."""
+    (the session's runner a fake), and the outcome of ``actor_update @ step_1``."""
     (tmp_path / "scenarios").mkdir()
     shutil.copy(TINY, tmp_path / "scenarios" / "tiny_ppo.yaml")
     scenario = Scenario.load(tmp_path / "scenarios" / "tiny_ppo.yaml")
@@ -126,13 +125,12 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         root = tmp_path / f"case{len(list(tmp_path.glob('case*')))}"
         GoldenStore(root / "golden").promote(_run_dir(root / "recorded", scenario, golden_env), scenario, "cuda")
         target = _run_dir(root / "target", scenario, run_env, _drift)
-        monkeypatch.setattr(
-            session_mod,
-            "run_scenario",
-            lambda s, *, out_dir, **kw: RunResult(s.name, target, json.loads((target / "run.json").read_text()), 0.1),
-        )
+
+        def runner(s: Scenario, *, out_dir: Path, **kw) -> RunResult:
+            return RunResult(s.name, target, json.loads((target / "run.json").read_text()), 0.1)
+
         options = PrecisionOptions(device="cuda", golden_device=golden_device, golden_dir=root / "golden")
-        session = PrecisionSession(options, rootdir=tmp_path)
+        session = PrecisionSession(options, rootdir=tmp_path, runner=runner)
         try:
             return session.outcome(scenario, ItemKey(1, "actor_update"))
         finally:

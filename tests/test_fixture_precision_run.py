@@ -12,15 +12,19 @@ from harness_testing import make_project
 
 pytestmark = pytest.mark.slow
 
-#: counts worker launches in the pytester session (session.py calls launch.run_scenario by this name)
+#: counts worker launches in the pytester session (the session's runner, wrapped)
 COUNTING_CONFTEST = textwrap.dedent("""
-    import precision_harness.session as session_mod
+    import pytest
+    from pytest_precision import precision_session
     CALLS = []
-    _run = session_mod.run_scenario
-    def _counting(scenario, **kw):
-        CALLS.append(scenario.name)
-        return _run(scenario, **kw)
-    session_mod.run_scenario = _counting
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(config):
+        session = precision_session(config)
+        run = session.runner
+        def counting(scenario, **kw):
+            CALLS.append(scenario.name)
+            return run(scenario, **kw)
+        session.runner = counting
     def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"WORKER-RUNS: {sorted(CALLS)}")
 """)
