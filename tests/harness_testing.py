@@ -15,6 +15,8 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny_ppo.yaml"
+#: the test hooks (planted changes), patched into the processes started with :func:`hooks_env`
+HOOKS = Path(__file__).parent / "hooks"
 
 
 def tensor(
@@ -74,6 +76,13 @@ def make_project(root: Path, scenario_text: str | None = None, name: str = "tiny
     (root / "scenarios" / f"{name}.yaml").write_text(scenario_text if scenario_text is not None else TINY.read_text())
     (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
     return root
+
+
+def hooks_env(**variables: str) -> dict[str, str]:
+    """``variables`` (e.g. ``PRECISION_TEST_PLANT="loss"``) and a ``PYTHONPATH`` led by ``tests/hooks``, whose
+    ``sitecustomize`` patches the test hooks into every process started with it (``hooks/precision_test_hooks.py``)."""
+    path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, **variables}
 
 
 def run_pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

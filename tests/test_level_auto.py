@@ -2,7 +2,7 @@
 
 One project holds the same tiny GRPO scenario twice, ``plant_l1`` (today's L1 gate) and
 ``plant_auto`` (``level: auto``), recorded once. Numeric changes are planted outside every module
-(``PRECISION_TEST_PLANT``, runner/plant.py): in the log-prob computation, the loss and the
+(``PRECISION_TEST_PLANT``, tests/hooks/precision_test_hooks.py): in the log-prob computation, the loss and the
 advantages. Each must fail first at the same (step, stage) under auto as under L1, and the auto
 verdict, localised at L1, must name the same first divergent API the L1 gate names.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harness_testing import TINY, run_pytest
+from harness_testing import TINY, hooks_env, run_pytest
 
 from precision_harness.check import ItemKey, Outcome, OutcomeKind
 from precision_harness.dumps.files import merged, rank_digest
@@ -119,7 +119,7 @@ def test_unchanged_auto_run_is_identical_and_its_l0_dump_equals_a_plain_l0_run(p
 def planted(request: pytest.FixtureRequest, project: Path) -> dict:
     """Both scenarios checked with one change planted outside every module."""
     site = request.param
-    proc = run_pytest(project, "--precision-report", f"rep_{site}", env={"PRECISION_TEST_PLANT": site})
+    proc = run_pytest(project, "--precision-report", f"rep_{site}", env=hooks_env(PRECISION_TEST_PLANT=site))
     report = json.loads((project / f"rep_{request.param}" / "report.json").read_text())
     markdown = (project / f"rep_{site}" / "report.md").read_text()
     return {"site": site, "proc": proc, "report": report, "markdown": markdown}
@@ -199,7 +199,11 @@ def test_corrupt_l1_record_fails_with_the_l0_verdict_and_why(project: Path, tmp_
     stored = root / "golden/plant_auto/cpu/L1/step_1/actor_update/step0/rank0/dump.json.zst"
     stored.write_bytes(stored.read_bytes()[:-8])
     proc = run_pytest(
-        root, "scenarios/plant_auto.yaml", "-k", "actor_update and step_1", env={"PRECISION_TEST_PLANT": "advantages"}
+        root,
+        "scenarios/plant_auto.yaml",
+        "-k",
+        "actor_update and step_1",
+        env=hooks_env(PRECISION_TEST_PLANT="advantages"),
     )
     assert proc.returncode == 1
     assert "first divergence  Stage.advantages.0.forward.input.0" in proc.stdout

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harness_testing import hooks_env
 
 pytest.importorskip("ray", reason="multi-rank scenarios run on Ray: pip install -c constraints/cpu.txt 'ray[default]'")
 
@@ -31,7 +32,8 @@ def test_golden_keeps_every_rank() -> None:
 
 def test_change_to_rank1_data_fails_naming_rank1(dp2_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only rank 1's shard of the advantages moves (x1.001): actor_update @ step_1 names rank1 as first divergence."""
-    monkeypatch.setenv("PRECISION_TEST_PERTURB_RANK", "1")
+    for name, value in hooks_env(PRECISION_TEST_PERTURB_RANK="1").items():
+        monkeypatch.setenv(name, value)
     result = dp2_project.runpytest_subprocess("-rA")
     out = result.stdout.str()
     for stage in ("actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update"):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from harness_testing import TINY, base_data, write_dump
+from harness_testing import HOOKS, TINY, base_data, write_dump
 from test_golden import fake_run
 
 from precision_harness import compare, device_check, launch, ray_launch, verdict_text
@@ -179,13 +180,14 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent("""
         import json, os, sys, torch
+        import precision_test_hooks as hooks
         from precision_harness.runner import distributed as dp
         rank = int(sys.argv[1])
-        os.environ[dp.PERTURB_ENV] = "1"
+        os.environ[hooks.PERTURB_ENV] = "1"
         port = int(sys.argv[2])
         dp.init_process_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, device="cpu")
         batch = {"x": torch.arange(8.0).reshape(4, 2), "advantages": torch.ones(4, 1)}
-        part = dp.shard(dp.perturb_for_test(batch))
+        part = dp.shard(hooks.perturb(batch))
         gathered = dp.dp_compute(lambda model, b: (b["x"] * 2, None))(None, batch)
         p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.full((2,), float(rank + 1))
         dp.average_gradients([p])
@@ -201,7 +203,7 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": os.pathsep.join((str(HOOKS), str(ROOT))), "PATH": "/usr/bin:/bin"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(r), port],

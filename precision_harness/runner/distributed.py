@@ -16,15 +16,11 @@ With one rank (no process group) every function here is a no-op, so single-rank 
 byte for byte. The collectives run inside the profiled stages, so msprobe L1 dumps them
 (``Distributed.all_reduce.N.forward``), as it does in a real verl run.
 
-``PRECISION_TEST_PERTURB_RANK=<r>`` (test-only, :func:`perturb_for_test`): rank ``r`` scales the
-``advantages`` of its shard by ``1 + 1e-3``, a change that only touches that rank's data; the
-harness's tests use it to check that a verdict names the rank that diverged first.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -36,8 +32,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: torch.distributed backend per device (verl: nccl on GPU, hccl on Ascend; gloo for CPU CI).
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
-PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
-PERTURB_SCALE = 1.0 + 1e-3
 
 
 def init_process_group(
@@ -100,21 +94,6 @@ def shard(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         size = value.shape[0] // w
         out[key] = value[r * size : (r + 1) * size]
     return out
-
-
-def perturb_for_test(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Test hook (``PRECISION_TEST_PERTURB_RANK=<r>``): on rank ``r``, scale the ``advantages`` rows of its own shard.
-
-    Called by the trainer outside the profiled stages (an op inside a stage would itself be dumped
-    and shift msprobe's API counters); no-op unless the variable names this rank of a multi-rank run.
-    """
-    w, r = world_size(), rank()
-    if w == 1 or os.environ.get(PERTURB_ENV) != str(r) or "advantages" not in batch:
-        return batch
-    size = batch["advantages"].shape[0] // w
-    adv = batch["advantages"].clone()
-    adv[r * size : (r + 1) * size] *= PERTURB_SCALE
-    return {**batch, "advantages": adv}
 
 
 def all_gather_rows(local: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,8 @@
-"""Test hook: plant a small numeric change at one site the gate must catch (``PRECISION_TEST_PLANT=<site>``).
+"""Test hook kept for ``verl_cpu/patches.py`` alone: ``PRECISION_TEST_PLANT=advantages`` in a verl run.
 
-The harness's own tests use it to show that a change outside every module (which an L0 dump
-cannot see) is caught at the same stage and step at ``level: auto`` as at L1. Each site scales
-an operand by :data:`PLANT_SCALE` inside an op that runs anyway, so the dump's API structure
-is unchanged and only numbers move; unset, the factor is exactly 1.0 and every run is bitwise
-what it was:
-
-* ``log_prob``: the temperature that divides the logits before ``logsumexp``/``gather``
-  (``stages.forward_log_prob``; first seen by ``actor_compute_log_prob``);
-* ``loss``: the gradient-accumulation scale of each micro-batch's policy loss (``stages.actor_update``);
-* ``advantages``: the advantages, scaled between ``compute_advantage`` and the updates (outside
-  every stage, as verl's driver computes them).
+The built-in runner's planted changes live in the tests (``tests/hooks/``, docs/architecture.md#test-hooks),
+patched in from outside; this module remains only because ``precision_harness.verl_cpu.patches``
+(issue 19's area) still reads it, and goes once that plant moves to ``tests/hooks/`` too.
 """
 
 from __future__ import annotations

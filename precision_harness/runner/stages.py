@@ -21,7 +21,6 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import distributed as dp
-from precision_harness.runner import plant
 
 Batch = dict[str, torch.Tensor]
 
@@ -31,6 +30,11 @@ def split(batch: Batch, size: int) -> Iterator[Batch]:
     total = next(iter(batch.values())).shape[0]
     for start in range(0, total, size):
         yield {k: v[start : start + size] for k, v in batch.items()}
+
+
+def accumulation_scale(micro: Batch, mini: Batch) -> float:
+    """The gradient-accumulation scale of one micro-batch's loss: its rows over its mini-batch's."""
+    return micro["responses"].shape[0] / mini["responses"].shape[0]
 
 
 def _forward_logits(model: torch.nn.Module, mb: Batch, response_length: int) -> torch.Tensor:
@@ -46,7 +50,8 @@ def forward_log_prob(
 
     Logits are divided by ``temperature`` and taken in fp32 (verl ``DataParallelPPOActor._forward_micro_batch``).
     """
-    logits = _forward_logits(model, mb, mb["responses"].shape[1]).float().div(temperature * plant.factor("log_prob"))
+    # float(): an L1 dump records div's argument with its type, and goldens hold a float for any temperature
+    logits = _forward_logits(model, mb, mb["responses"].shape[1]).float().div(float(temperature))
     log_probs = core_algos.logprobs_from_logits(logits, mb["responses"])
     entropy = core_algos.entropy_from_logits(logits) if calculate_entropy else None
     return log_probs, entropy
@@ -243,7 +248,7 @@ def actor_update(
                 kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
                 policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
                 metrics["actor/kl_loss"].append(_scalar(kl_loss))
-            scaled = policy_loss * (mb["responses"].shape[0] / mini["responses"].shape[0] * plant.factor("loss"))
+            scaled = policy_loss * accumulation_scale(mb, mini)
             scaled.backward()
             losses.append(scaled)  # a reference: an op here would enter an L1 dump
             metrics["actor/pg_loss"].append(_scalar(pg_loss))

@@ -22,8 +22,8 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
-from precision_harness.runner import devices, models, plant, rollout, stages
-from precision_harness.runner.distributed import perturb_for_test, reduce_metrics
+from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner.distributed import reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.runner.stage_outputs import StageOutputs
 from precision_harness.scenario import AUTO, Scenario
@@ -151,7 +151,6 @@ class Trainer:
         self._compute_values(st)
         self._compute_rollout_correction(st)
         self._compute_advantage(st)
-        st.batch = perturb_for_test(st.batch)  # test hook for multi-rank runs; returns batch unchanged otherwise
         self._update_critic(st)
         self._update_actor(st)
         return self._step_metrics(st)
@@ -293,8 +292,6 @@ class Trainer:
                 index=uids,
                 norm_adv_by_std_in_grpo=algo["norm_adv_by_std_in_grpo"],
             )
-        if plant.factor("advantages") != 1.0:  # test hook (runner/plant.py), outside every stage
-            advantages = advantages * plant.factor("advantages")
         batch["advantages"], batch["returns"] = st.advantages, st.returns = advantages, returns
 
     def _update_critic(self, st: _Step) -> None:

@@ -1,0 +1,122 @@
+"""Numeric changes the harness's tests plant in scenario runs, patched in from outside the package.
+
+Two variables choose them; unset, every patched function does exactly what it did, bit for bit:
+
+* ``PRECISION_TEST_PLANT=<site>`` scales one operand by :data:`PLANT_SCALE` inside an op that runs
+  anyway, so a dump's API structure is unchanged and only numbers move. Sites: ``log_prob`` (the
+  temperature that divides the logits before ``logsumexp``/``gather``; first seen by
+  ``actor_compute_log_prob``), ``loss`` (each micro-batch's gradient-accumulation scale in
+  ``actor_update``), ``advantages`` (scaled after ``compute_advantage``, outside every stage, as
+  verl's driver computes them).
+* ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
+  own shard by :data:`PERTURB_SCALE`, so a verdict must name the rank that diverged first.
+
+How a hook reaches a run: a test puts this folder on ``PYTHONPATH`` (:func:`harness_testing.hooks_env`)
+for the processes it starts; this folder's ``sitecustomize.py`` calls :func:`install` at interpreter
+start-up, which patches each module of :data:`PATCHES` right after it is first imported (a worker,
+a warm server, a Ray rank). Nothing here imports torch until a runner module is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+PLANT_ENV = "PRECISION_TEST_PLANT"
+PLANT_SCALE = 1.0 + 1e-4
+SITES = ("log_prob", "loss", "advantages")
+PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
+PERTURB_SCALE = 1.0 + 1e-3
+
+
+def factor(site: str) -> float:
+    """:data:`PLANT_SCALE` when ``$PRECISION_TEST_PLANT`` names ``site``, else 1.0 (read at each call).
+
+    Raises:
+        ValueError: the variable names no known site (a typo would otherwise plant nothing).
+    """
+    planted = os.environ.get(PLANT_ENV)
+    if not planted:
+        return 1.0
+    if planted not in SITES:
+        raise ValueError(f"{PLANT_ENV}={planted!r}: expected one of {', '.join(SITES)}")
+    return PLANT_SCALE if planted == site else 1.0
+
+
+def perturb(batch: dict[str, Any]) -> dict[str, Any]:
+    """On rank ``$PRECISION_TEST_PERTURB_RANK`` of a multi-rank run, ``batch`` with that rank's shard of
+    ``advantages`` (rows ``r*B/W`` to ``(r+1)*B/W``) scaled; ``batch`` itself otherwise."""
+    from precision_harness.runner.distributed import rank, world_size
+
+    w, r = world_size(), rank()
+    if w == 1 or os.environ.get(PERTURB_ENV) != str(r) or "advantages" not in batch:
+        return batch
+    size = batch["advantages"].shape[0] // w
+    adv = batch["advantages"].clone()
+    adv[r * size : (r + 1) * size] *= PERTURB_SCALE
+    return {**batch, "advantages": adv}
+
+
+def _patch_stages(stages: ModuleType) -> None:
+    forward, scale = stages.forward_log_prob, stages.accumulation_scale
+
+    def forward_log_prob(model: Any, mb: Any, *, temperature: float, calculate_entropy: bool) -> Any:
+        return forward(model, mb, temperature=temperature * factor("log_prob"), calculate_entropy=calculate_entropy)
+
+    def accumulation_scale(micro: Any, mini: Any) -> float:
+        return scale(micro, mini) * factor("loss")
+
+    stages.forward_log_prob, stages.accumulation_scale = forward_log_prob, accumulation_scale
+
+
+def _patch_trainer(trainer: ModuleType) -> None:
+    compute = trainer.Trainer._compute_advantage
+
+    def _compute_advantage(self: Any, st: Any) -> None:
+        compute(self, st)
+        scale = factor("advantages")
+        if scale != 1.0:  # an op here runs outside every profiled stage, so no dump sees it
+            st.advantages = st.batch["advantages"] = st.advantages * scale
+        st.batch = perturb(st.batch)
+
+    trainer.Trainer._compute_advantage = _compute_advantage
+
+
+#: module -> what patches it, right after its first import
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "precision_harness.runner.stages": _patch_stages,
+    "precision_harness.runner.trainer": _patch_trainer,
+}
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`PATCHES` as the path finder does, and patches each once it has run."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        patch = PATCHES.get(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path) if patch is not None else None
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: ModuleType) -> None:
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Patch the modules of :data:`PATCHES` as they are imported (idempotent; already imported ones now)."""
+    if any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
+        return
+    for name, patch in PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, _PatchingFinder())
