@@ -58,8 +58,19 @@ class Problem:
 ProfilePoint = tuple[str, int, str, float]
 
 
+class _Verdict:
+    """What every verdict answers: passed, when nothing drifted beyond tolerance and nothing always fails."""
+
+    drifts: list[Any]
+    problems: list[Any]
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifts and not self.problems
+
+
 @dataclass
-class RankVerdict:
+class RankVerdict(_Verdict):
     """Outcome of comparing one rank's dump pair (its share of a :class:`StageVerdict`)."""
 
     rank: str
@@ -69,16 +80,12 @@ class RankVerdict:
     profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
     _nan_reported: bool = field(default=False, repr=False)
 
-    @property
-    def passed(self) -> bool:
-        return not self.drifts and not self.problems
-
     def problem(self, text: str) -> None:
         self.problems.append(Problem(text, self.rank))
 
 
 @dataclass
-class StageVerdict:
+class StageVerdict(_Verdict):
     """Outcome of comparing one (scenario, step, stage) across all its ranks."""
 
     scenario: str
@@ -93,10 +100,6 @@ class StageVerdict:
     #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift
     #: profile a report plots (empty for identical dumps).
     profile: list[ProfilePoint] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.drifts and not self.problems
 
     @property
     def worst_ratio(self) -> float:
@@ -253,15 +256,13 @@ class MetricDrift:
 
 
 @dataclass
-class MetricsVerdict:
-    scenario: str
-    checked: int = 0
-    drifts: list[MetricDrift] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+class MetricsVerdict(_Verdict):
+    """Outcome of comparing a run's metrics.jsonl against the golden's, every step."""
 
-    @property
-    def passed(self) -> bool:
-        return not self.drifts and not self.problems
+    scenario: str
+    checked: int = 0  #: values compared
+    drifts: list[MetricDrift] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
 
 
 def _by_step(rows_: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:

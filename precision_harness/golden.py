@@ -8,9 +8,11 @@ of what is stored and of its content.
 
 Format 2 (written since goldens are compressed) stores each payload as ``<name>.zst``
 (:mod:`precision_harness.golden_codec`); format 1 stores it plain and stays readable, so a
-repository that has not run ``precision-harness golden migrate`` keeps passing. Either way
-:class:`Golden` is the only reader: compare, churn and calibration ask it for a stage's dumps and
-never open golden files themselves. The manifest stays plain, pretty-printed JSON for review.
+repository that has not run ``precision-harness golden migrate`` keeps passing. Either way the
+gate reads a golden's payloads through :class:`Golden`, verified against the manifest: compare,
+churn and calibration get a stage as a :class:`GoldenStage` (a
+:class:`~precision_harness.dumps.stage.StageSource`) and never open golden files themselves. The
+manifest stays plain, pretty-printed JSON for review.
 
 Writes are atomic: :meth:`GoldenStore.promote` and :meth:`GoldenStore.migrate` build the new golden
 in a sibling temporary folder, then swap it in with two renames under a file lock; a failure at any
