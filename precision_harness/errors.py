@@ -23,6 +23,12 @@ class ScenarioError(PrecisionError):
     exit_code = EXIT_USAGE
 
 
+class SchemaError(PrecisionError):
+    """A document fails its packaged JSON Schema (``precision_harness.schemas``); the message names the field."""
+
+    exit_code = EXIT_USAGE
+
+
 class VerlMissingError(ScenarioError):
     """An ``engine: verl`` scenario where verl is not installed: pytest skips it (one line naming the extra)."""
 

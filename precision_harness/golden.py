@@ -53,10 +53,11 @@ from precision_harness.errors import (
     GoldenError,
     GoldenMissingError,
     GoldenStaleError,
-    ScenarioError,
+    SchemaError,
 )
 from precision_harness.paths import display_path, is_relative_inside, join_inside
-from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, Scenario, validate
+from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, Scenario
+from precision_harness.schemas import validate
 from precision_harness.tolerance import STATISTICS
 
 #: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
@@ -107,7 +108,7 @@ def read_manifest(manifest_path: Path) -> dict[str, Any]:
         raise GoldenCorruptError(f"{shown}: unreadable manifest ({exc})") from None
     try:
         validate(manifest, "golden_manifest", source=shown)
-    except ScenarioError as exc:
+    except SchemaError as exc:
         raise GoldenCorruptError(str(exc)) from None
     named = [("files", rel) for rel in manifest["files"]] + [("metrics", manifest.get("metrics", METRICS))]
     for field_name, rel in named:
@@ -602,7 +603,7 @@ class GoldenStore:
 
         Raises:
             GoldenCorruptError: the manifest on disk is unreadable or invalid.
-            ScenarioError: ``noise`` does not fit the manifest schema (nothing is written).
+            SchemaError: ``noise`` does not fit the manifest schema (nothing is written).
         """
         path = self.path(scenario, device) / MANIFEST
         with self._lock(scenario, device):

@@ -288,11 +288,11 @@ class PrecisionReport:
         """Write ``report.json`` (schema-validated), ``report.md`` and ``report.html`` into ``directory``.
 
         Raises:
-            ScenarioError: the document fails the ``report`` schema (a bug, reported in one line).
+            SchemaError: the document fails the ``report`` schema (a bug, reported in one line).
         """
         from precision_harness.report_html import html_report
         from precision_harness.report_md import markdown_report
-        from precision_harness.scenario import validate
+        from precision_harness.schemas import validate
 
         document = self.to_document()
         directory = Path(directory)

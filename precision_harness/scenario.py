@@ -13,17 +13,16 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from precision_harness import scenario_command
-from precision_harness.errors import ScenarioError
+from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
+from precision_harness.schemas import validate
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
@@ -147,29 +146,12 @@ LEVEL_KEY = "global_profiler.global_tool_config.precision_debugger.level"
 MSPROBE_KEYS = ("task", "level", "scope", "list", "data_mode", "summary_mode")
 
 
-@cache
-def load_schema(name: str) -> dict[str, Any]:
-    """Return the JSON Schema ``schemas/<name>.schema.json`` shipped with the package."""
-    text = resources.files("precision_harness.schemas").joinpath(f"{name}.schema.json").read_text("utf-8")
-    return json.loads(text)
-
-
-def validate(instance: Any, schema_name: str, *, source: str | Path) -> None:
-    """Validate ``instance`` against a packaged schema; raise :class:`ScenarioError` naming the field.
-
-    Only the first (best-match) error is reported, as ``<source>: <field.path>: <message>``.
-    """
-    import jsonschema
-
-    validator_cls = jsonschema.validators.validator_for(load_schema(schema_name))
-    errors = sorted(validator_cls(load_schema(schema_name)).iter_errors(instance), key=lambda e: list(e.absolute_path))
-    if errors:
-        err = jsonschema.exceptions.best_match(errors)
-        where = ".".join(str(p) for p in err.absolute_path) or "<top level>"
-        message = err.message
-        if err.validator == "additionalProperties":
-            message = f"{message}; remove it or check its spelling against {schema_name}.schema.json"
-        raise ScenarioError(f"{source}: {where}: {message}")
+def _validate(instance: Any, *, source: str | Path) -> None:
+    """Validate against ``scenario.schema.json``; raise :class:`ScenarioError` naming the field."""
+    try:
+        validate(instance, "scenario", source=source)
+    except SchemaError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +221,7 @@ class Scenario:
         kind = scenario_command.kind_of(raw)
         if kind != "builtin":
             scenario_command.check_raw(path, raw, kind)
-        validate(raw, "scenario", source=path)
+        _validate(raw, source=path)
         config = _merge(DEFAULTS if kind == "builtin" else scenario_command.defaults(kind, DEFAULTS), raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
         if pd.get("config_path"):
@@ -608,7 +590,7 @@ def _load_msprobe_config(scenario_path: Path, config_path: str, raw: dict[str, A
     inline = raw.get("global_profiler", {}).get("global_tool_config", {}).get("precision_debugger", {})
     merged = {k: v for k, v in merged.items() if k not in inline}
     # re-validate the combined profiler section so a bad config.json value is reported too
-    validate({"global_profiler": {"global_tool_config": {"precision_debugger": merged}}}, "scenario", source=p)
+    _validate({"global_profiler": {"global_tool_config": {"precision_debugger": merged}}}, source=p)
     return merged
 
 

@@ -9,7 +9,7 @@ from harness_testing import TINY
 from test_golden import fake_run
 
 from precision_harness.calibrate import DEFAULT_K, variant, variations
-from precision_harness.errors import ScenarioError
+from precision_harness.errors import SchemaError
 from precision_harness.golden import GoldenStore
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
@@ -53,7 +53,7 @@ def test_set_noise_validates_and_survives_rerecord(tmp_path: Path) -> None:
     assert store.promote(run, scenario, "cpu") is False  # same run: noise carried over, nothing rewritten
     assert manifest.read_bytes() == before
     assert store.load(scenario, "cpu").manifest["noise"] == NOISE
-    with pytest.raises(ScenarioError, match=r"manifest.json: noise.runs: 1 is less than the minimum of 2"):
+    with pytest.raises(SchemaError, match=r"manifest.json: noise.runs: 1 is less than the minimum of 2"):
         store.set_noise("tiny_ppo", "cpu", {**NOISE, "runs": 1})
 
 

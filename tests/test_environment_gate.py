@@ -29,7 +29,8 @@ from precision_harness.golden import Golden, GoldenStore
 from precision_harness.launch import RunResult
 from precision_harness.options import PrecisionOptions
 from precision_harness.report import ItemRecord, PrecisionReport
-from precision_harness.scenario import Scenario, load_schema
+from precision_harness.scenario import Scenario
+from precision_harness.schemas import load_schema
 from precision_harness.session import PrecisionSession
 from precision_harness.tolerance import TolerancePolicy
 

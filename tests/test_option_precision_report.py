@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from precision_harness.scenario import load_schema
+from precision_harness.schemas import load_schema
 
 pytestmark = pytest.mark.slow
 
