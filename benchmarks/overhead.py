@@ -56,7 +56,7 @@ from precision_harness.check_settings import CheckSettings  # noqa: E402
 from precision_harness.compare import compare_stage  # noqa: E402
 from precision_harness.dumps.stage import DirStage  # noqa: E402
 from precision_harness.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
-from precision_harness.launch import run_scenario  # noqa: E402
+from precision_harness.launch import RunOptions, run_scenario  # noqa: E402
 from precision_harness.scenario import LEVEL_KEY, Scenario  # noqa: E402
 from precision_harness.tolerance import TolerancePolicy  # noqa: E402
 
@@ -171,8 +171,10 @@ def measure(path: Path, tmp: Path, repeat: int) -> tuple:
     """One scenario's row: no-dump, dump and pytest check wall times, and compare speed on its largest stage."""
     scenario = Scenario.load(path)
     device = scenario.config["device"]
-    nodump = best(lambda: run_scenario(scenario, out_dir=tmp / "nodump", device=device, dump=False), repeat)
-    dump = best(lambda: run_scenario(scenario, out_dir=tmp / "dump", device=device, dump=True), repeat)
+    nodump = best(
+        lambda: run_scenario(scenario, out_dir=tmp / "nodump", device=device, options=RunOptions(dump=False)), repeat
+    )
+    dump = best(lambda: run_scenario(scenario, out_dir=tmp / "dump", device=device), repeat)
     check = best(lambda: pytest_wall([str(path.relative_to(REPO)), "--precision-jobs", "1"], tmp / "art"), repeat)
     # compare speed on the largest stage dump of step 1
     stage = max(
@@ -291,7 +293,7 @@ def levels_section(tmp: Path) -> None:
         print(f"  check {what:<38} L1 {l1:6.1f} s  auto {auto:6.1f} s  auto/L1 {auto / l1:.2f}")
     scenario = Scenario.load(project / "scenarios" / "deep24_auto.yaml")
     device = scenario.config["device"]
-    base = run_scenario(scenario, out_dir=tmp / "lv_nodump", device=device, dump=False)
+    base = run_scenario(scenario, out_dir=tmp / "lv_nodump", device=device, options=RunOptions(dump=False))
     print(f"  no-dump: wall {base.wall_s:.1f} s, stages {stage_seconds(base):.1f} s")
     for level in ("L0", "L1", "auto"):
         variant = scenario.with_overrides({LEVEL_KEY: level}, directory=project / "variants", tag=level)

@@ -33,7 +33,8 @@ from typing import Any
 from precision_harness.churn import stage_churn
 from precision_harness.dumps.stage import DirStage
 from precision_harness.golden import Golden
-from precision_harness.launch import RunResult, run_scenario
+from precision_harness.launch import RunResult
+from precision_harness.localize import Run
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import STATISTICS
 
@@ -87,37 +88,39 @@ def observed_noise(runs: list[RunResult], golden: Golden, scenario: Scenario) ->
     return noise
 
 
-def calibrate(
+def reruns(
     scenario: Scenario,
-    golden: Golden,
     *,
     runs: int,
-    device: str,
     work_dir: Path,
-    k: float = DEFAULT_K,
-    timeout: float | None = None,
+    run: Run,
     on_run: Callable[[int, Variation, RunResult], None] | None = None,
-) -> dict[str, Any]:
-    """Rerun ``scenario`` ``runs`` times under :func:`variations`; return the manifest's ``noise`` section.
+) -> list[RunResult]:
+    """Rerun ``scenario`` ``runs`` times under :func:`variations`, into ``work_dir/run_<i>``.
+
+    Args:
+        run: starts one run (:func:`~precision_harness.localize.bind`: the device and timeout bound).
+        on_run: called after each rerun with its index, variation and result.
 
     Raises:
         RunFailedError: a rerun failed.
     """
     results = []
     for i, variation in enumerate(variations(scenario, runs)):
-        result = run_scenario(
-            variant(scenario, variation, work_dir / "scenarios"),
-            out_dir=work_dir / f"run_{i}",
-            device=device,
-            timeout=timeout,
-        )
+        result = run(variant(scenario, variation, work_dir / "scenarios"), work_dir / f"run_{i}")
         results.append(result)
         if on_run is not None:
             on_run(i, variation, result)
+    return results
+
+
+def calibrate(scenario: Scenario, golden: Golden, results: list[RunResult], *, k: float = DEFAULT_K) -> dict[str, Any]:
+    """The manifest's ``noise`` section from :func:`reruns`' ``results``: per stage and statistic, the
+    largest relative change of any rerun against ``golden``."""
     return {
-        "runs": runs,
+        "runs": len(results),
         "k": k,
-        "variations": [f"{v}, process restart" for v in variations(scenario, runs)],
+        "variations": [f"{v}, process restart" for v in variations(scenario, len(results))],
         "stages": observed_noise(results, golden, scenario),
     }
 

@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             total_steps=scenario.total_steps,
         )
         run = future.result()
-    timing = progress.timing_line(run.manifest)
+    timing = progress.timing_line(run.run_json)
     _print(f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({timing}) -> {run.run_dir}")
     return EXIT_PASS
 
@@ -270,8 +270,10 @@ def _stored_bytes(path: Path) -> int:
 
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from precision_harness.calibrate import calibrate, noise_table
+    from precision_harness.calibrate import calibrate, noise_table, reruns
     from precision_harness.golden import GoldenStore
+    from precision_harness.launch import RunOptions
+    from precision_harness.localize import bind
     from precision_harness.scenario import Scenario
 
     if args.runs < 2:
@@ -286,9 +288,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     def on_run(i, variation, run) -> None:
         _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({variation}) {run.wall_s:.1f} s")
 
-    noise = calibrate(
-        scenario, golden, runs=args.runs, device=device, work_dir=work, k=args.k, timeout=opts.timeout, on_run=on_run
-    )
+    run = bind(device, RunOptions(timeout=opts.timeout))
+    results = reruns(scenario, runs=args.runs, work_dir=work, run=run, on_run=on_run)
+    noise = calibrate(scenario, golden, results, k=args.k)
     changed = store.set_noise(scenario.name, device, noise)
     for line in noise_table(scenario, noise):
         _print(line)

@@ -38,7 +38,7 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
@@ -50,6 +50,9 @@ from precision_harness.probe import (
     ENV_STEPS,
     check_dump_path,
 )
+
+if TYPE_CHECKING:
+    from precision_harness.launch import RunOptions
 
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
@@ -350,25 +353,14 @@ def _generate_rollouts(
     return wall
 
 
-def launch_command(
-    scenario: Any,
-    *,
-    run_dir: Path,
-    device: str,
-    timeout: float | None,
-    pinned: Any | None = None,
-    ray_address: str | None = None,
-    dispatch_env: dict[str, str] | None = None,
-) -> dict[str, Any]:
+def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOptions) -> dict[str, Any]:
     """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
 
-    Args:
-        dispatch_env: the portability check's CPU dispatch settings, laid over the determinism
-            environment and the scenario's own ``env`` (:mod:`precision_harness.portability`).
-        pinned: the golden whose recorded rollouts a verl check run loads (None: generate them).
-        ray_address: given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's trainer
-            makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
-            the ranks write their dumps there.
+    Of ``options``: ``dispatch_env`` is laid over the determinism environment and the scenario's own
+    ``env``; ``pinned`` is the golden whose recorded rollouts a verl check run loads (None: generate
+    them); ``ray_address`` is given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's
+    trainer makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
+    the ranks write their dumps there.
 
     Raises:
         RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``.
@@ -379,14 +371,15 @@ def launch_command(
         check_dump_path(run_dir)
     except ValueError as exc:
         raise RunFailedError(f"{display_path(scenario.path)}: {exc}") from None
+    pinned, timeout = options.pinned, options.timeout
     if pinned is not None:
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
     argv, env, exclude, header = command_spec(scenario, run_dir, device=device)
     threads = scenario.config["trainer"]["num_threads"]
-    env = {**determinism_env(device, threads), **env, **(dispatch_env or {})}
-    if ray_address:
-        env["RAY_ADDRESS"] = ray_address
+    env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {})}
+    if options.ray_address:
+        env["RAY_ADDRESS"] = options.ray_address
     wall = 0.0
     if pinned is None and scenario.kind == "verl" and scenario.config["verl"]["pin_rollouts"]:
         wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)

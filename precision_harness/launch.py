@@ -32,7 +32,7 @@ class RunResult:
 
     scenario: str
     run_dir: Path
-    manifest: dict[str, Any]
+    run_json: dict[str, Any]  #: the run's ``run.json`` (schema ``run_manifest``)
     wall_s: float
 
     def stage_dir(self, step: int, stage: str) -> Path:
@@ -60,75 +60,52 @@ def uses_ray(scenario: Scenario, ray_address: str | None) -> bool:
     return bool(ray_address) or scenario.world_size > 1
 
 
-def run_scenario(
-    scenario: Scenario,
-    *,
-    out_dir: Path,
-    device: str,
-    dump: bool = True,
-    timeout: float | None = None,
-    ray_address: str | None = None,
-    pinned: Any | None = None,
-    warm: bool = False,
-    dispatch_env: dict[str, str] | None = None,
-) -> RunResult:
+@dataclass(frozen=True)
+class RunOptions:
+    """How a scenario run is started, besides its device and folder (defaults: as the gate runs it, fresh)."""
+
+    dump: bool = True  #: False: no msprobe (the overhead benchmark's baseline); built-in scenarios only
+    timeout: float | None = None  #: seconds the run may take (None: no limit)
+    #: a Ray cluster to run on: every built-in scenario's ranks go there; a command gets it as ``RAY_ADDRESS``
+    ray_address: str | None = None
+    pinned: Any | None = None  #: the golden whose recorded rollouts a verl check run loads
+    #: fork a single-rank built-in run from the warm server (:mod:`precision_harness.warm`) when its
+    #: determinism environment matches the server's
+    warm: bool = False
+    #: variables laid over the determinism environment (the portability check's CPU dispatch
+    #: settings, :mod:`precision_harness.portability`); such a run is always fresh
+    dispatch_env: dict[str, str] | None = None
+
+
+def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions = RunOptions()) -> RunResult:
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
 
     Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
-    scenario when ``ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
+    scenario when ``options.ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
     whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
-    own command (:mod:`precision_harness.command`) here, with ``RAY_ADDRESS`` set to ``ray_address``
-    so the Ray they start (verl's trainer does) joins that cluster; ``pinned`` is the golden whose
-    rollouts a verl check run loads. ``warm``: a single-rank built-in run is forked from the warm
-    server (:mod:`precision_harness.warm`) when its determinism environment matches the server's.
-    ``dispatch_env``: variables laid over the determinism environment (the portability check's
-    CPU dispatch settings, :mod:`precision_harness.portability`); such a run is always fresh.
+    own command (:mod:`precision_harness.command`) here.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
     """
     out_dir = Path(out_dir)
     if scenario.kind != "builtin":
-        return _run_command_scenario(
-            scenario,
-            out_dir=out_dir,
-            device=device,
-            dump=dump,
-            timeout=timeout,
-            pinned=pinned,
-            ray_address=ray_address,
-            dispatch_env=dispatch_env,
-        )
-    on_ray = uses_ray(scenario, ray_address)
-    if on_ray:
-        from precision_harness import ray_launch
-
-        if not ray_launch.ray_available():
-            why = (
-                f"trainer.world_size: {scenario.world_size} runs ranks as Ray actors"
-                if not ray_address
-                else f"--precision-ray-address {ray_address}"
-            )
-            raise RunFailedError(
-                f"{display_path(scenario.path)}: {why}, but ray is not installed; {ray_launch.RAY_INSTALL_HINT}"
-            )
-        command = ray_launch.driver_command(
-            scenario.path, out_dir=out_dir, device=device, address=ray_address, dump=dump
-        )
-    else:
-        command = worker_command(scenario, out_dir=out_dir, device=device, dump=dump)
+        return _run_command_scenario(scenario, out_dir=out_dir, device=device, options=options)
+    on_ray = uses_ray(scenario, options.ray_address)
+    command = _command(scenario, out_dir=out_dir, device=device, options=options, on_ray=on_ray)
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     determinism = determinism_env(device, scenario.config["trainer"]["num_threads"])
-    env = {**os.environ, **determinism, **(dispatch_env or {})}
+    env = {**os.environ, **determinism, **(options.dispatch_env or {})}
     # the worker must import this same checkout of precision_harness
     src = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
-    log = out_dir / "worker.log"
-    context = None if on_ray or not warm or dispatch_env else warm_mod.context_for(determinism)
+    log, timeout = out_dir / "worker.log", options.timeout
+    warm = options.warm and not on_ray and not options.dispatch_env
+    context = warm_mod.context_for(determinism) if warm else None
     if context is not None:
-        argv = worker_argv(scenario, out_dir=out_dir, device=device, dump=dump)
+        argv = worker_argv(scenario, out_dir=out_dir, device=device, dump=options.dump)
         returncode = _run_warm(context, scenario, argv, env=env, log=log, timeout=timeout)
     else:
         returncode = _run_fresh(scenario, command, env=env, log=log, timeout=timeout)
@@ -137,8 +114,32 @@ def run_scenario(
         error = out_dir / "error.txt"
         reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {returncode}"
         raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
-    manifest = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
-    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=wall)
+    run_json = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
+    return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=wall)
+
+
+def _command(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions, on_ray: bool) -> list[str]:
+    """A fresh worker's command line, or the Ray driver's.
+
+    Raises:
+        RunFailedError: Ray is needed and not installed.
+    """
+    if not on_ray:
+        return worker_command(scenario, out_dir=out_dir, device=device, dump=options.dump)
+    from precision_harness import ray_launch
+
+    if not ray_launch.ray_available():
+        why = (
+            f"trainer.world_size: {scenario.world_size} runs ranks as Ray actors"
+            if not options.ray_address
+            else f"--precision-ray-address {options.ray_address}"
+        )
+        raise RunFailedError(
+            f"{display_path(scenario.path)}: {why}, but ray is not installed; {ray_launch.RAY_INSTALL_HINT}"
+        )
+    return ray_launch.driver_command(
+        scenario.path, out_dir=out_dir, device=device, address=options.ray_address, dump=options.dump
+    )
 
 
 def _timed_out(scenario: Scenario, timeout: float | None, log: Path) -> RunFailedError:
@@ -174,31 +175,13 @@ def _run_warm(
     return process.exitcode
 
 
-def _run_command_scenario(
-    scenario: Scenario,
-    *,
-    out_dir: Path,
-    device: str,
-    dump: bool,
-    timeout: float | None,
-    pinned: Any | None,
-    ray_address: str | None,
-    dispatch_env: dict[str, str] | None,
-) -> RunResult:
+def _run_command_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
     from precision_harness.command import launch_command
 
-    if not dump:
+    if not options.dump:
         raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     t0 = time.perf_counter()
-    manifest = launch_command(
-        scenario,
-        run_dir=out_dir.resolve(),
-        device=device,
-        timeout=timeout,
-        pinned=pinned,
-        ray_address=ray_address,
-        dispatch_env=dispatch_env,
-    )
-    return RunResult(scenario=scenario.name, run_dir=out_dir, manifest=manifest, wall_s=time.perf_counter() - t0)
+    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options)
+    return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=time.perf_counter() - t0)

@@ -16,18 +16,24 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
 from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import LOCALIZE_DIR, Golden
-from precision_harness.launch import RunResult, run_scenario
+from precision_harness.launch import RunOptions, RunResult, run_scenario
 from precision_harness.paths import display_path
 from precision_harness.scenario import LEVEL_KEY, LOCALIZE_LEVEL, Scenario
 
-Runner = Callable[..., RunResult]
+#: starts one run of a scenario into a folder, its device and options bound (:func:`bind`)
+Run = Callable[[Scenario, Path], RunResult]
+
+
+def bind(device: str, options: RunOptions | None = None) -> Run:
+    """:func:`~precision_harness.launch.run_scenario` on ``device`` with ``options``, as a :data:`Run`."""
+    how = options or RunOptions()
+    return lambda scenario, out_dir: run_scenario(scenario, out_dir=out_dir, device=device, options=how)
 
 
 def at_localize_level(scenario: Scenario, directory: Path) -> Scenario:
@@ -35,16 +41,14 @@ def at_localize_level(scenario: Scenario, directory: Path) -> Scenario:
     return scenario.with_overrides({LEVEL_KEY: LOCALIZE_LEVEL}, directory=directory, name=scenario.name, tag="L1")
 
 
-def run_recording(
-    scenario: Scenario, *, out_dir: Path, variants: Path, run: Runner = run_scenario, **kw: Any
-) -> RunResult:
+def run_recording(scenario: Scenario, *, out_dir: Path, variants: Path, run: Run) -> RunResult:
     """The gate run of an ``auto`` scenario into ``out_dir``, then its L1 run into ``out_dir/L1`` (what update records).
 
     Raises:
         RunFailedError: either run failed.
     """
-    result = run(scenario, out_dir=out_dir, **kw)
-    run(at_localize_level(scenario, variants), out_dir=Path(out_dir) / LOCALIZE_DIR, **kw)
+    result = run(scenario, Path(out_dir))
+    run(at_localize_level(scenario, variants), Path(out_dir) / LOCALIZE_DIR)
     return result
 
 
@@ -55,16 +59,14 @@ def localize(
     settings: CheckSettings,
     *,
     out_dir: Path,
-    run: Runner = run_scenario,
-    **kw: Any,
+    run: Run,
 ) -> Outcome:
     """Rerun ``scenario`` to ``key.step`` dumping only ``key.stage`` at L1, and check it against ``golden``'s L1 record.
 
     Args:
         out_dir: ``<artifacts>/<scenario>/localize``: the variant file, the run (``run/``) and the
             compare's artifacts (``step_<n>/<stage>/``) go there.
-        run: how the rerun is started (:func:`~precision_harness.launch.run_scenario`; tests swap it).
-        kw: ``run_scenario``'s ``device``, ``timeout``, ``warm``.
+        run: how the rerun is started (:func:`bind`; the session binds its own runner).
 
     Raises:
         PrecisionError: the rerun failed (RunFailedError), or the golden's L1 record is missing or corrupt.
@@ -81,7 +83,7 @@ def localize(
         tag=f"{LOCALIZE_LEVEL}-step_{key.step}-{key.stage}",
     )
     t0 = time.perf_counter()
-    result = run(variant, out_dir=Path(out_dir) / "run", **kw)
+    result = run(variant, Path(out_dir) / "run")
     # the L0 verdict gives the rerun command and the environment line
     local_settings = replace(settings, artifacts=Path(out_dir), rerun=None, environment=EnvironmentDiff())
     outcome = next(check_items(result.run_dir, record, [key], local_settings))[1]

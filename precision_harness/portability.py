@@ -28,7 +28,7 @@ from precision_harness.check_settings import CheckSettings
 from precision_harness.compare import compare_metrics, compare_stage
 from precision_harness.dumps.files import read_metrics, sha256_file
 from precision_harness.dumps.stage import DirStage, rank_dirs
-from precision_harness.launch import RunResult, run_scenario
+from precision_harness.launch import RunOptions, RunResult, run_scenario
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.verdict_text import pair
@@ -202,7 +202,8 @@ def check_scenario(scenario: Scenario, how: PortabilityRun) -> ScenarioPortabili
 
 
 def _run(scenario: Scenario, how: PortabilityRun, out: Path, label: str, env: dict[str, str] | None) -> RunResult:
-    run = run_scenario(scenario, out_dir=out, device=how.device, timeout=how.timeout, dispatch_env=env)
+    options = RunOptions(timeout=how.timeout, dispatch_env=env)
+    run = run_scenario(scenario, out_dir=out, device=how.device, options=options)
     if how.on_run is not None:
         how.on_run(label, run)
     return run

@@ -51,7 +51,7 @@ from precision_harness.errors import (
     ScenarioError,
 )
 from precision_harness.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
-from precision_harness.launch import RunResult, run_scenario
+from precision_harness.launch import RunOptions, RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
@@ -60,7 +60,7 @@ from precision_harness.tolerance import TolerancePolicy
 from precision_harness.usage import GoldenUsage, discover_scenarios
 from precision_harness.verdict_text import settings_changed
 
-#: starts one scenario run: ``runner(scenario, *, out_dir, device, timeout, ray_address, pinned, warm)``
+#: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``launch.run_scenario``)
 Runner = Callable[..., RunResult]
 
 
@@ -269,19 +269,19 @@ class PrecisionSession:
             raise _no_msprobe()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
-        scenario = plan.runs
-        kw: dict[str, Any] = {
-            "out_dir": self.run_dir(scenario),
-            "device": st.device,
-            "timeout": self.options.timeout,
-            "ray_address": self.options.ray_address,
-            "pinned": plan.pinned,
-            "warm": self.options.worker == "warm",
-        }
+        scenario, out_dir = plan.runs, self.run_dir(plan.runs)
+        options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
         if scenario.level == AUTO and plan.action is GoldenAction.RECORD:
-            variants = self._variants(scenario)
-            return self._executor.submit(localize.run_recording, scenario, variants=variants, run=self.runner, **kw)
-        return self._executor.submit(self.runner, scenario, **kw)
+            variants, run = self._variants(scenario), self._bound(st, options)
+            return self._executor.submit(localize.run_recording, scenario, out_dir=out_dir, variants=variants, run=run)
+        return self._executor.submit(self.runner, scenario, out_dir=out_dir, device=st.device, options=options)
+
+    def _run_options(self, **more: Any) -> RunOptions:
+        return RunOptions(timeout=self.options.timeout, warm=self.options.worker == "warm", **more)
+
+    def _bound(self, st: ScenarioState, options: RunOptions) -> localize.Run:
+        """The session's runner on the scenario's device with ``options``."""
+        return lambda scenario, out_dir: self.runner(scenario, out_dir=out_dir, device=st.device, options=options)
 
     def _variants(self, scenario: Scenario) -> Path:
         return join_inside(self.artifacts, scenario.name, "variants", what="artifacts <scenario>/variants")
@@ -404,7 +404,7 @@ class PrecisionSession:
                 --precision-golden-device was not given (goldens are kept per device type, not model).
         """
         if st.environment is None:
-            st.environment = EnvironmentDiff.between(golden.env, run.manifest.get("env"))
+            st.environment = EnvironmentDiff.between(golden.env, run.run_json.get("env"))
         model = st.environment.device_model
         if model is not None and not self.options.golden_device:
             path = display_path(self.store.path(st.scenario.name, st.golden_device))
@@ -433,10 +433,7 @@ class PrecisionSession:
                 golden,
                 settings,
                 out_dir=out_dir,
-                run=self.runner,
-                device=st.device,
-                timeout=self.options.timeout,
-                warm=self.options.worker == "warm",
+                run=self._bound(st, self._run_options()),
             ),
         )
 
@@ -466,7 +463,7 @@ class PrecisionSession:
 
     def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
         """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
-        undeclared = run.manifest.get("undeclared") or []
+        undeclared = run.run_json.get("undeclared") or []
         if undeclared:
             self.report.notes.append(
                 f"{scenario.name}: dumped but not declared in precision_debugger.stages (not gated): "
@@ -511,8 +508,8 @@ class PrecisionSession:
         return {
             "device": st.device,
             "wall_s": round(run.wall_s, 3),
-            "timings": run.manifest.get("timings", {}),
-            "timing": progress.timing_line(run.manifest, profiled=profiled),
+            "timings": run.run_json.get("timings", {}),
+            "timing": progress.timing_line(run.run_json, profiled=profiled),
             "run_dir": str(self.shown(run.run_dir)),
         }
 

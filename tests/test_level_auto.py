@@ -22,7 +22,8 @@ from precision_harness.check import ItemKey, Outcome, OutcomeKind
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import Golden, verify_golden
-from precision_harness.localize import localize, with_localization
+from precision_harness.launch import RunOptions
+from precision_harness.localize import bind, localize, with_localization
 from precision_harness.scenario import Scenario
 from precision_harness.schemas import load_schema
 
@@ -171,7 +172,7 @@ def test_unchanged_localization_rerun_is_identical_to_the_l1_record(project: Pat
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")
     policy = TolerancePolicy.for_golden(scenario.config["tolerance"], noise=None, cross_device=False)
     settings = CheckSettings(scenario="plant_auto", policy=policy)
-    out = localize(scenario, ItemKey(2, "actor_update"), golden, settings, out_dir=tmp_path / "loc", device="cpu")
+    out = localize(scenario, ItemKey(2, "actor_update"), golden, settings, out_dir=tmp_path / "loc", run=bind("cpu"))
     assert out.passed and out.kind is OutcomeKind.IDENTICAL, out.text
     assert sorted(p.parent.parent.name for p in (tmp_path / "loc/run").glob("step_*/*/step0")) == ["step_2"]
 
@@ -240,7 +241,9 @@ def test_localization_timeout_is_one_line(project: Path, tmp_path: Path) -> None
     out = with_localization(
         _l0_outcome(),
         key,
-        lambda: localize(scenario, key, golden, settings, out_dir=tmp_path / "loc", device="cpu", timeout=0.5),
+        lambda: localize(
+            scenario, key, golden, settings, out_dir=tmp_path / "loc", run=bind("cpu", RunOptions(timeout=0.5))
+        ),
     )
     assert out.passed is False
     assert "localization failed: " in out.text and "worker timed out after 0.5 s" in out.text

@@ -19,7 +19,7 @@ from harness_testing import base_data, write_dump
 
 from precision_harness import cli
 from precision_harness.errors import RunFailedError
-from precision_harness.launch import run_scenario
+from precision_harness.launch import RunOptions, run_scenario
 from precision_harness.portability import (
     METRICS,
     SETTINGS,
@@ -221,7 +221,10 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
     """ATEN_CPU_CAPABILITY=default is what a CPU without AVX2 runs: its dumps could never match."""
     with pytest.raises(RunFailedError) as info:
         run_scenario(
-            Scenario.load(BF16), out_dir=tmp_path / "run", device="cpu", dispatch_env={"ATEN_CPU_CAPABILITY": "default"}
+            Scenario.load(BF16),
+            out_dir=tmp_path / "run",
+            device="cpu",
+            options=RunOptions(dispatch_env={"ATEN_CPU_CAPABILITY": "default"}),
         )
     message = str(info.value)
     assert "CPU goldens are recorded with ATen's AVX2 kernels, but this CPU runs DEFAULT" in message

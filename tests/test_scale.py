@@ -163,7 +163,12 @@ def test_multi_rank_without_ray_is_a_one_line_error(tmp_path: Path, monkeypatch:
     ):
         launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu")
     with pytest.raises(RunFailedError, match=r"--precision-ray-address 127\.0\.0\.1:1, but ray is not installed"):
-        launch.run_scenario(Scenario.load(TINY), out_dir=tmp_path / "run", device="cpu", ray_address="127.0.0.1:1")
+        launch.run_scenario(
+            Scenario.load(TINY),
+            out_dir=tmp_path / "run",
+            device="cpu",
+            options=launch.RunOptions(ray_address="127.0.0.1:1"),
+        )
 
 
 def test_device_check_without_torch_npu_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
