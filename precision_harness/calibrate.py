@@ -33,8 +33,7 @@ from typing import Any
 from precision_harness.churn import stage_churn
 from precision_harness.dumps.stage import DirStage
 from precision_harness.golden import Golden
-from precision_harness.launch import RunResult
-from precision_harness.localize import Run
+from precision_harness.launch import Run, RunResult
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import STATISTICS
 
@@ -99,7 +98,7 @@ def reruns(
     """Rerun ``scenario`` ``runs`` times under :func:`variations`, into ``work_dir/run_<i>``.
 
     Args:
-        run: starts one run (:func:`~precision_harness.localize.bind`: the device and timeout bound).
+        run: starts one run (:func:`~precision_harness.launch.bind`: the device and timeout bound).
         on_run: called after each rerun with its index, variation and result.
 
     Raises:

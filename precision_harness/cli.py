@@ -272,8 +272,7 @@ def _stored_bytes(path: Path) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.calibrate import calibrate, noise_table, reruns
     from precision_harness.golden import GoldenStore
-    from precision_harness.launch import RunOptions
-    from precision_harness.localize import bind
+    from precision_harness.launch import RunOptions, bind
     from precision_harness.scenario import Scenario
 
     if args.runs < 2:

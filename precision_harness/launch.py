@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,16 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: Run
         raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
     run_json = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
     return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=wall)
+
+
+#: starts one run of a scenario into a folder, its device and options bound (:func:`bind`)
+Run = Callable[[Scenario, Path], RunResult]
+
+
+def bind(device: str, options: RunOptions | None = None) -> Run:
+    """:func:`~precision_harness.launch.run_scenario` on ``device`` with ``options``, as a :data:`Run`."""
+    how = options or RunOptions()
+    return lambda scenario, out_dir: run_scenario(scenario, out_dir=out_dir, device=device, options=how)
 
 
 def _command(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions, on_ray: bool) -> list[str]:

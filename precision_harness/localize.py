@@ -22,18 +22,9 @@ from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import LOCALIZE_DIR, Golden
-from precision_harness.launch import RunOptions, RunResult, run_scenario
+from precision_harness.launch import Run, RunResult
 from precision_harness.paths import display_path
 from precision_harness.scenario import LEVEL_KEY, LOCALIZE_LEVEL, Scenario
-
-#: starts one run of a scenario into a folder, its device and options bound (:func:`bind`)
-Run = Callable[[Scenario, Path], RunResult]
-
-
-def bind(device: str, options: RunOptions | None = None) -> Run:
-    """:func:`~precision_harness.launch.run_scenario` on ``device`` with ``options``, as a :data:`Run`."""
-    how = options or RunOptions()
-    return lambda scenario, out_dir: run_scenario(scenario, out_dir=out_dir, device=device, options=how)
 
 
 def at_localize_level(scenario: Scenario, directory: Path) -> Scenario:
@@ -66,7 +57,7 @@ def localize(
     Args:
         out_dir: ``<artifacts>/<scenario>/localize``: the variant file, the run (``run/``) and the
             compare's artifacts (``step_<n>/<stage>/``) go there.
-        run: how the rerun is started (:func:`bind`; the session binds its own runner).
+        run: how the rerun is started (:func:`~precision_harness.launch.bind`; the session binds its own runner).
 
     Raises:
         PrecisionError: the rerun failed (RunFailedError), or the golden's L1 record is missing or corrupt.

@@ -51,7 +51,7 @@ from precision_harness.errors import (
     ScenarioError,
 )
 from precision_harness.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
-from precision_harness.launch import RunOptions, RunResult, run_scenario
+from precision_harness.launch import Run, RunOptions, RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
@@ -279,7 +279,7 @@ class PrecisionSession:
     def _run_options(self, **more: Any) -> RunOptions:
         return RunOptions(timeout=self.options.timeout, warm=self.options.worker == "warm", **more)
 
-    def _bound(self, st: ScenarioState, options: RunOptions) -> localize.Run:
+    def _bound(self, st: ScenarioState, options: RunOptions) -> Run:
         """The session's runner on the scenario's device with ``options``."""
         return lambda scenario, out_dir: self.runner(scenario, out_dir=out_dir, device=st.device, options=options)
 

@@ -22,8 +22,8 @@ from precision_harness.check import ItemKey, Outcome, OutcomeKind
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import Golden, verify_golden
-from precision_harness.launch import RunOptions
-from precision_harness.localize import bind, localize, with_localization
+from precision_harness.launch import RunOptions, bind
+from precision_harness.localize import localize, with_localization
 from precision_harness.scenario import Scenario
 from precision_harness.schemas import load_schema
 
