@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from precision_harness import device_check, options
+from precision_harness import device_availability, options
 from precision_harness.check import METRICS_ITEM, ItemKey
 from precision_harness.errors import PrecisionError, VerlMissingError
 from precision_harness.launch import RunResult
@@ -156,7 +156,7 @@ def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None
             f"it cannot be combined with --precision-golden {options.golden_mode} (drop one of the two)"
         )
     if options.device != "auto" and not options.ray_address and not is_worker:
-        reason = device_check.unavailable_reason(options.device)
+        reason = device_availability.unavailable_reason(options.device)
         if reason:
             raise pytest.UsageError(
                 f"--precision-device {options.device}: {reason.removeprefix(f'device {options.device}: ')}"

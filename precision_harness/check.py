@@ -53,7 +53,7 @@ class Outcome:
     seconds: float = 0.0  #: compare (and msprobe analysis) wall time
     artifacts: Path | None = None
     churn: list[ChurnRow] = field(default_factory=list)  #: update mode: the stage against the previous golden
-    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (precision_harness.localize)
+    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (precision_harness.level_auto)
     localized: Outcome | None = None
     #: the run's environment against the golden's (every item of a scenario carries the same)
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)

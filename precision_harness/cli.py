@@ -152,7 +152,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
     """``(target dir, Golden, artifacts dir, items)`` of ``compare TARGET GOLDEN``; UsageError where unusable."""
     from precision_harness.check import items_of
     from precision_harness.paths import join_inside
-    from precision_harness.probe import check_dump_path
+    from precision_harness.stage_api import check_dump_path
 
     for p, what in ((Path(args.target), "TARGET"), (Path(args.golden), "GOLDEN")):
         if not p.is_dir():

@@ -31,7 +31,7 @@ def input_key(rel: str) -> str:
 
 
 def flat_command(nested: dict[str, Any]) -> dict[str, Any]:
-    """A command or verl scenario's identity (:func:`precision_harness.scenario_command.identity`) as components.
+    """A command or verl scenario's identity (:func:`precision_harness.command_scenario.identity`) as components.
 
     The argv is split by position, so an edited element is named by its index; mappings (``env``,
     ``settings``, ``msprobe``) by key; each input by its path.

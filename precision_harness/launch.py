@@ -84,7 +84,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: Run
     Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
     scenario when ``options.ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
     whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
-    own command (:mod:`precision_harness.command`) here.
+    own command (:mod:`precision_harness.command_runner`) here.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
@@ -187,7 +187,7 @@ def _run_warm(
 
 
 def _run_command_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
-    from precision_harness.command import launch_command
+    from precision_harness.command_runner import launch_command
 
     if not options.dump:
         raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")

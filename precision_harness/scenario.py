@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from precision_harness import scenario_command
+from precision_harness import command_scenario
 from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
@@ -218,11 +218,11 @@ class Scenario:
                 f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
             )
         check_name(raw.get("name", path.stem), source=path, field_name="name" if "name" in raw else "name (file stem)")
-        kind = scenario_command.kind_of(raw)
+        kind = command_scenario.kind_of(raw)
         if kind != "builtin":
-            scenario_command.check_raw(path, raw, kind)
+            command_scenario.check_raw(path, raw, kind)
         _validate(raw, source=path)
-        config = _merge(DEFAULTS if kind == "builtin" else scenario_command.defaults(kind, DEFAULTS), raw)
+        config = _merge(DEFAULTS if kind == "builtin" else command_scenario.defaults(kind, DEFAULTS), raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
         if pd.get("config_path"):
             pd.update(_load_msprobe_config(path, pd["config_path"], raw))
@@ -232,7 +232,7 @@ class Scenario:
             components = structural_settings(config)
             digest = _scenario_hash(components)
         else:
-            nested = scenario_command.identity(path, config, NUMERIC_SETTINGS)
+            nested = command_scenario.identity(path, config, NUMERIC_SETTINGS)
             digest = hashlib.sha256(canonical_json(nested).encode()).hexdigest()
             components = flat_command(nested)
         scenario = cls(name=name, path=path, config=config, hash=digest, kind=kind, identity=components)
@@ -349,7 +349,7 @@ class Scenario:
     def numeric_settings(self) -> dict[str, Any]:
         """Flattened :data:`NUMERIC_SETTINGS` values; a golden keeps them to name what changed."""
         if self.kind != "builtin":
-            return scenario_command.numeric_settings(self.config, NUMERIC_SETTINGS)
+            return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
         return numeric_settings(self.config)
 
     def msprobe_config(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import churn as churn_mod
-from precision_harness import device_check, localize, progress
+from precision_harness import device_availability, level_auto, progress
 from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
 from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
@@ -57,7 +57,7 @@ from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
 from precision_harness.scenario import AUTO, Scenario
 from precision_harness.tolerance import TolerancePolicy
-from precision_harness.usage import GoldenUsage, discover_scenarios
+from precision_harness.unused_goldens import GoldenUsage, discover_scenarios
 from precision_harness.verdict_text import settings_changed
 
 #: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``launch.run_scenario``)
@@ -200,7 +200,7 @@ class PrecisionSession:
         (a usage error), and a Ray cluster (``--precision-ray-address``) is trusted to have the device."""
         scenario, mode = st.scenario, self.options.golden_mode
         if self.options.device == "auto" and not self.options.ray_address:
-            reason = device_check.unavailable_reason(st.device)
+            reason = device_availability.unavailable_reason(st.device)
             if reason:
                 return Plan(GoldenAction.SKIP, scenario, reason=reason)
         if mode == "update" or (mode == "missing" and not self.store.exists(scenario.name, st.device)):
@@ -225,7 +225,7 @@ class PrecisionSession:
             f"{scenario.name}: golden recorded at {golden.level} before level: auto; gating at "
             f"{golden.level}. Re-record for auto with: {update_command(scenario)}"
         )
-        return localize.at_localize_level(scenario, self._variants(scenario))
+        return level_auto.at_localize_level(scenario, self._variants(scenario))
 
     def device_unavailable(self, scenario: Scenario) -> str | None:
         """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None."""
@@ -273,7 +273,9 @@ class PrecisionSession:
         options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
         if scenario.level == AUTO and plan.action is GoldenAction.RECORD:
             variants, run = self._variants(scenario), self._bound(st, options)
-            return self._executor.submit(localize.run_recording, scenario, out_dir=out_dir, variants=variants, run=run)
+            return self._executor.submit(
+                level_auto.run_recording, scenario, out_dir=out_dir, variants=variants, run=run
+            )
         return self._executor.submit(self.runner, scenario, out_dir=out_dir, device=st.device, options=options)
 
     def _run_options(self, **more: Any) -> RunOptions:
@@ -422,12 +424,12 @@ class PrecisionSession:
         with st.lock:
             first, st.localized = st.localized, st.localized or key
         if first is not None and first != key:
-            return localize.not_rerun(l0, first)
+            return level_auto.not_rerun(l0, first)
         out_dir = join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
-        return localize.with_localization(
+        return level_auto.with_localization(
             l0,
             key,
-            lambda: localize.localize(
+            lambda: level_auto.localize(
                 st.scenario,
                 key,
                 golden,

@@ -39,7 +39,7 @@ PRELOAD = (
     "msprobe.pytorch",
     "precision_harness.runner.__main__",
     "precision_harness.runner.trainer",
-    "precision_harness.probe",
+    "precision_harness.stage_api",
 )
 
 _lock = threading.Lock()

@@ -23,7 +23,7 @@ from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.golden import Golden, verify_golden
 from precision_harness.launch import RunOptions, bind
-from precision_harness.localize import localize, with_localization
+from precision_harness.level_auto import localize, with_localization
 from precision_harness.scenario import Scenario
 from precision_harness.schemas import load_schema
 

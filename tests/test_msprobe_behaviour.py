@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, write_dump
 
-#: the debugger lifecycle as precision_harness/probe.py drives it, on a tiny model, reported as JSON
+#: the debugger lifecycle as precision_harness/stage_api.py drives it, on a tiny model, reported as JSON
 LIFECYCLE = textwrap.dedent(
     """
     import json, os, sys
@@ -105,7 +105,7 @@ def test_dump_path_pattern_is_the_probes() -> None:
     """The probe checks dump paths against msprobe's own path rule before msprobe rejects them mid-run."""
     from msprobe.core.common.const import FileCheckConst
 
-    from precision_harness.probe import MSPROBE_PATH_RE
+    from precision_harness.stage_api import MSPROBE_PATH_RE
 
     assert MSPROBE_PATH_RE.pattern == FileCheckConst.FILE_VALID_PATTERN
     assert not MSPROBE_PATH_RE.match("/tmp/test_x[L1]/run") and not MSPROBE_PATH_RE.match("/tmp/a b")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from harness_testing import make_project, replace_payload
 
-from precision_harness import device_check
+from precision_harness import device_availability
 from precision_harness.golden import Golden
 
 
@@ -18,7 +18,7 @@ def _assert_one_line_usage_error(result: pytest.RunResult, pattern: str) -> None
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
-@pytest.mark.skipif(device_check._has_module("torch_npu"), reason="torch_npu is installed here")
+@pytest.mark.skipif(device_availability._has_module("torch_npu"), reason="torch_npu is installed here")
 def test_npu_without_torch_npu_is_a_usage_error_naming_the_fix(pytester: pytest.Pytester) -> None:
     make_project(pytester.path)
     result = pytester.runpytest_subprocess("--precision-device", "npu")
@@ -30,7 +30,7 @@ def test_npu_without_torch_npu_is_a_usage_error_naming_the_fix(pytester: pytest.
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    if device_check.unavailable_reason("cuda") is None:
+    if device_availability.unavailable_reason("cuda") is None:
         pytest.skip("CUDA is available here")
     make_project(pytester.path)
     result = pytester.runpytest_subprocess("--precision-device", "cuda")
@@ -39,7 +39,7 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
     )
 
 
-@pytest.mark.skipif(device_check._has_module("torch_npu"), reason="torch_npu is installed here")
+@pytest.mark.skipif(device_availability._has_module("torch_npu"), reason="torch_npu is installed here")
 def test_scenario_device_npu_skips_under_auto(pytester: pytest.Pytester) -> None:
     """A suite written for Ascend, run on a CPU box: its items skip with the reason instead of failing."""
     make_project(pytester.path)

@@ -15,7 +15,7 @@ import pytest
 from harness_testing import HOOKS, TINY, base_data, write_dump
 from test_golden import fake_run
 
-from precision_harness import compare, device_check, launch, ray_launch, verdict_text
+from precision_harness import compare, device_availability, launch, ray_launch, verdict_text
 from precision_harness.check_settings import CheckSettings
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
@@ -172,11 +172,14 @@ def test_multi_rank_without_ray_is_a_one_line_error(tmp_path: Path, monkeypatch:
 
 
 def test_device_check_without_torch_npu_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    device_check.unavailable_reason.cache_clear()
-    monkeypatch.setattr(device_check, "_has_module", lambda name: False)
-    assert device_check.unavailable_reason("npu") == f"device npu: torch_npu is not installed; {device_check.NPU_FIX}"
-    assert device_check.unavailable_reason("cpu") is None
-    device_check.unavailable_reason.cache_clear()
+    device_availability.unavailable_reason.cache_clear()
+    monkeypatch.setattr(device_availability, "_has_module", lambda name: False)
+    assert (
+        device_availability.unavailable_reason("npu")
+        == f"device npu: torch_npu is not installed; {device_availability.NPU_FIX}"
+    )
+    assert device_availability.unavailable_reason("cpu") is None
+    device_availability.unavailable_reason.cache_clear()
 
 
 def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:

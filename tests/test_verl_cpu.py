@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness import command, verl_engine
+from precision_harness import command_runner as command
+from precision_harness import verl_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"

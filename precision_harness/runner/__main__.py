@@ -68,7 +68,7 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
     trainer = Trainer(scenario, out_dir=out, device=device)
     trainer.setup()
     if dump:
-        from precision_harness.probe import StageProbe
+        from precision_harness.stage_api import StageProbe
 
         trainer.probe = StageProbe(msprobe_config=scenario.msprobe_config(), root=out, rank=rank)
     from precision_harness.progress import PROGRESS_FILE, ProgressLog

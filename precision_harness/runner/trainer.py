@@ -58,7 +58,7 @@ class Trainer:
         self.scenario, self.cfg, self.out_dir, self.device_name = scenario, scenario.config, Path(out_dir), device
         self.profiled_steps, self.profiled_stages = set(scenario.steps), set(scenario.stages)
         self.timings: dict[str, float] = {}
-        #: a :class:`~precision_harness.probe.StageProbe`, or None to run without dumps
+        #: a :class:`~precision_harness.stage_api.StageProbe`, or None to run without dumps
         self.probe: Any = None
         #: the profiled stage's inputs and outputs while it runs (``level: auto``), else None
         self.io: StageOutputs | None = None

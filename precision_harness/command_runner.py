@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
-from precision_harness.probe import (
+from precision_harness.stage_api import (
     ENV_DUMP_DIR,
     ENV_METRICS,
     ENV_MSPROBE_CONFIG,
