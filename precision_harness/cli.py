@@ -48,21 +48,15 @@ def _print(line: str = "") -> None:
 # ------------------------------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
     from precision_harness import progress
-    from precision_harness.launch import run_scenario
+    from precision_harness.launch import RunOptions, run_scenario
     from precision_harness.scenario import Scenario
 
     scenario = Scenario.load(args.scenario)
     opts = PrecisionOptions.from_cli(args)
     device = opts.device_for(scenario)
+    options = RunOptions(timeout=opts.timeout, ray_address=opts.ray_address)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(
-            run_scenario,
-            scenario,
-            out_dir=args.out,
-            device=device,
-            timeout=opts.timeout,
-            ray_address=opts.ray_address,
-        )
+        future = pool.submit(run_scenario, scenario, out_dir=args.out, device=device, options=options)
         progress.follow(
             args.out,
             future,

@@ -1,4 +1,7 @@
-"""msprobe's own analyses of a failing stage: first-diff (DiffAnalyzer) and the graph database.
+"""msprobe's own answers on a failing stage: its compare table, first-diff (DiffAnalyzer), the graph database.
+
+:func:`msprobe_table` is the code behind ``msprobe compare`` (``Comparator.compare_statistics``), in
+memory and torch-free; the gate writes it beside a failing verdict for reading, never to decide.
 
 ``msprobe compare -da`` builds its per-rank first-diff tables with ``pt_compare``, which imports
 ``msprobe.pytorch`` and torch (8 s here, and never allowed in the pytest process or the CLI's
