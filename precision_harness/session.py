@@ -19,8 +19,9 @@ planned    :meth:`~PrecisionSession.plan`: ``SKIP`` (its device    ``SKIP``: ski
            is not here), ``ERROR`` (golden missing, stale or        ``ERROR``: fail with the error's line,
            corrupt in check mode; msprobe missing), ``RECORD``      no run; ``CHECK``/``RECORD``: wait
            (update, or missing with no golden on disk), ``CHECK``
-running    :meth:`~PrecisionSession.start`: a ``CHECK``/``RECORD``  wait for the run
-           scenario's first item, or ``precision_run`` (any plan)
+running    :meth:`~PrecisionSession.start`: the gate's up-front    wait for the run
+           :meth:`~PrecisionSession.schedule` (``CHECK``/``RECORD``),
+           a first item, or ``precision_run`` (any plan)
 settled    the first item after the run: undeclared stages noted;  ``RECORD``: "golden recorded" (or the
            ``RECORD`` promotes the run to the golden                record's error); ``CHECK``: compared
 =========  ======================================================  ==========================================
