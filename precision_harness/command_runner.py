@@ -312,6 +312,7 @@ def command_spec(
     )
     env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
+    verl_engine.check_device_stages(scenario.path, list(scenario.stages), device)
     if device == "cpu":
         verl_engine.check_cpu_version(scenario.path)
         cpu = verl_engine.cpu_overrides(critic=verl_engine.uses_critic(user))

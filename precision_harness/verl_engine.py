@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,9 @@ from precision_harness.errors import ScenarioError, VerlMissingError
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
+#: the critic's stages: verl 0.9.1's precision debugger knows them but nothing annotates them; on cpu the
+#: gate's CPU support does (precision_harness/verl_cpu/patches.py, patch 4), so only there are they dumped
+CRITIC_STAGES = ("compute_values", "critic_update")
 CHECKED_VERSION = "0.9.1"
 #: the verl versions the CPU support (precision_harness.verl_cpu, its patches) was checked against
 SUPPORTED_VERSIONS = ("0.9.1",)
@@ -69,11 +74,23 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
             f"{scenario_path}: engine: verl needs verl installed in this environment; "
             "pip install 'pytest-precision[verl]' (or your own verl build)"
         )
-    missing = [s for s in stages if s not in DUMPED_STAGES]
+    missing = [s for s in stages if s not in DUMPED_STAGES + CRITIC_STAGES]
     if missing:
         raise ScenarioError(
             f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
-            f"its trainer dumps {', '.join(DUMPED_STAGES)} (checked against verl {CHECKED_VERSION})"
+            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CRITIC_STAGES)} on cpu "
+            f"(checked against verl {CHECKED_VERSION})"
+        )
+
+
+def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> None:
+    """Raise ScenarioError for a critic stage off the CPU: verl dumps it only with the gate's CPU support."""
+    critic = [s for s in stages if s in CRITIC_STAGES]
+    if critic and device != "cpu":
+        raise ScenarioError(
+            f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {critic[0]!r} on {device} "
+            "(nothing in its critic worker is annotated); the gate dumps the critic's stages on cpu only: "
+            "remove it, or run with --precision-device cpu"
         )
 
 
@@ -93,10 +110,16 @@ def check_cpu_version(scenario_path: Path) -> None:
         raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
 
 
-def cpu_env() -> dict[str, str]:
-    """The variables that make verl load the CPU support in every process it starts (its extension hook)."""
+def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that make verl load the CPU support in every process it starts (its extension hook).
+
+    Modules ``environ`` (default: this process's) already names in ``VERL_USE_EXTERNAL_MODULES`` are kept,
+    after the CPU support, which registers the platform they may need.
+    """
+    own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
+    modules = [CPU_MODULE, *(m for m in own.split(",") if m and m != CPU_MODULE)]
     return {
-        "VERL_USE_EXTERNAL_MODULES": CPU_MODULE,  # verl/__init__.py imports it in every process
+        "VERL_USE_EXTERNAL_MODULES": ",".join(modules),  # verl/__init__.py imports each, in every process
         "VERL_PLATFORM": CPU_PLATFORM,  # the platform it registers (verl would fall back to nvidia/NCCL)
         "VERL_ENGINE_DEVICE": "cuda",  # verl's engine registry has FSDP under cuda/nvidia only
         "VERL_ENGINE_VENDOR": "nvidia",
@@ -105,7 +128,8 @@ def cpu_env() -> dict[str, str]:
 
 
 def cpu_overrides(*, critic: bool) -> dict[str, Any]:
-    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``)."""
+    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``); with a
+    ``critic``, its engine settings and its profiler on (the gate's CPU support dumps its stages)."""
     out: dict[str, Any] = {
         # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
         "ray_kwargs.ray_init.num_cpus": 8,
@@ -134,6 +158,11 @@ def cpu_overrides(*, critic: bool) -> dict[str, Any]:
                 "critic.strategy": "fsdp2",
                 "+critic.model.override_config.attn_implementation": "sdpa",
                 "critic.model.use_remove_padding": False,
+                "critic.fsdp.use_torch_compile": False,
+                # the value head is initialised from torch's RNG, which verl seeds only under full_determinism
+                "critic.fsdp.full_determinism": True,
+                # verl leaves the critic's profiler off; compute_values and critic_update run inside it
+                "critic.profiler.enable": True,
             }
         )
     return out

@@ -103,6 +103,7 @@ def test_main_ppo_starts_and_gets_past_the_transfer_queue_import(tmp_path: Path)
 # --- the CPU support: overrides, environment, bad input (fast; verl is imported only in subprocesses) ---
 
 SCENARIO = EXAMPLE / "scenarios" / "grpo_tiny_cpu.yaml"
+PPO = EXAMPLE / "scenarios" / "ppo_critic_tiny_cpu.yaml"
 
 
 def _example(tmp_path: Path):
@@ -140,6 +141,54 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     for key in verl_engine.cpu_overrides(critic=False):
         assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
     assert "precision gate:   env VERL_PLATFORM=precision_cpu" in header
+
+
+def test_the_ppo_example_gets_the_critic_overrides_and_they_compose(tmp_path: Path) -> None:
+    """A scenario with a critic (GAE) gets the critic's CPU settings, its profiler on and its seed fixed."""
+    pytest.importorskip("hydra", reason="verl's config is composed with hydra")
+    from precision_harness.scenario import Scenario
+
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    scenario = Scenario.load(PPO)
+    _, _, _, header = command.command_spec(scenario, tmp_path, device="cpu")
+    for key in verl_engine.cpu_overrides(critic=True):
+        assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
+    old = dict(os.environ)
+    try:
+        os.environ["PRECISION_SCENARIO_DIR"] = str(PPO.parent)
+        user = scenario.config["verl"]["overrides"]
+        cfg = verl_engine.compose({**user, **verl_engine.cpu_overrides(critic=True)})
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert cfg.critic.strategy == "fsdp2" and cfg.critic.profiler.enable is True
+    assert cfg.critic.fsdp.full_determinism is True and cfg.critic.fsdp.use_torch_compile is False
+    assert dict(cfg.critic.fsdp.mixed_precision) == {
+        "param_dtype": "fp32",
+        "reduce_dtype": "fp32",
+        "buffer_dtype": "fp32",
+    }
+    assert set(verl_engine.CRITIC_STAGES) <= set(scenario.stages)
+
+
+def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
+    """verl 0.9.1 annotates no critic stage: only the gate's CPU support dumps them, so cuda/npu refuse them."""
+    from precision_harness.errors import ScenarioError
+    from precision_harness.scenario import Scenario
+
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    with pytest.raises(ScenarioError) as err:
+        command.command_spec(Scenario.load(PPO), tmp_path, device="cuda")
+    text = str(err.value)
+    assert text.count("\n") == 0
+    assert "does not dump 'compute_values' on cuda" in text and "--precision-device cpu" in text
+
+
+def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> None:
+    """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's CPU module, and never doubled."""
+    assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == verl_engine.CPU_MODULE
+    mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{verl_engine.CPU_MODULE},other"}
+    assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{verl_engine.CPU_MODULE},my_plugin,other"
 
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
@@ -193,15 +242,21 @@ from verl.utils.device import get_device_id, get_nccl_backend
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 from verl.workers.rollout.base import get_rollout_class
 import verl.workers.engine_workers as ew, verl.workers.engine.fsdp.transformer_impl as fi
+import verl.utils.model as vm, verl.utils.profiler.precision_debugger_profile as pd
+from verl.single_controller.base.decorator import MAGIC_ATTR
 p = get_platform()
 print(p.device_name, get_device_id(), get_nccl_backend())
 print(RolloutReplicaRegistry.get("precision_cpu").__name__, get_rollout_class("precision_cpu", "async").__name__)
 print(ew.initialize_global_process_group_ray.__precision_patched__, fi.CPUOffloadPolicy().pin_memory)
+tw = ew.TrainingWorker
+print(tw.infer_batch.__precision_patched__, tw.train_mini_batch.__precision_patched__,
+      getattr(tw.train_mini_batch, MAGIC_ATTR)["blocking"], "train_batch" in pd._SKIP_STAGES,
+      vm.load_valuehead_model.__precision_patched__)
 """
     proc = _python(code, verl_engine.cpu_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()[-3:]
-    assert lines == ["cpu cpu gloo", "CPUReplica CPUServerAdapter", "True False"]
+    lines = proc.stdout.strip().splitlines()[-4:]
+    assert lines == ["cpu cpu gloo", "CPUReplica CPUServerAdapter", "True False", "True True False True True"]
 
 
 def test_the_cpu_support_refuses_another_verl_in_one_line() -> None:
@@ -258,24 +313,53 @@ def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
 # --- the committed golden of examples/verl_cpu: a real training signal (no run; torch only in a subprocess) ---
 
 GOLDEN = EXAMPLE / "golden" / "grpo_tiny_cpu" / "cpu"
+PPO_GOLDEN = EXAMPLE / "golden" / "ppo_critic_tiny_cpu" / "cpu"
 
 
-def test_the_golden_run_trained() -> None:
+def _weights_moved(golden, stage: str) -> list[str]:
+    """The ``Functional.linear`` rows of ``stage`` whose weight (input 1) has other statistics at step 2 than at
+    step 1; raises AssertionError naming the unchanged ones unless every one moved."""
+    before = golden.load_dump(1, stage, "rank0")["data"]
+    after = golden.load_dump(2, stage, "rank0")["data"]
+    weights = [k for k in before if k.startswith("Functional.linear.")]
+    assert weights, f"{stage}: no linear layer dumped"
+    moved = [k for k in weights if before[k]["input_args"][1] != after[k]["input_args"][1]]
+    assert moved == weights, f"{stage}: weights unchanged by step 1's update: {sorted(set(weights) - set(moved))[:3]}"
+    return moved
+
+
+def _step1(golden) -> dict:
+    return next(m for m in golden.metrics() if m["training/global_step"] == 1)
+
+
+def test_the_grpo_golden_run_trained() -> None:
     """At step 1 the advantages are not 0 (rewards vary within groups), the policy loss and the gradient norm are
     not 0, and the actor's weights at step 2 differ from step 1's (the update changed them)."""
     from precision_harness.golden import Golden
 
     golden = Golden.from_dir(GOLDEN)
-    step1 = next(m for m in golden.metrics() if m["training/global_step"] == 1)
+    step1 = _step1(golden)
     assert step1["critic/advantages/min"] < 0 < step1["critic/advantages/max"]
     assert step1["actor/pg_loss"] != 0 and step1["actor/grad_norm"] > 0
     assert step1["critic/score/min"] < step1["critic/score/max"]
-    before = golden.load_dump(1, "actor_compute_log_prob", "rank0")["data"]
-    after = golden.load_dump(2, "actor_compute_log_prob", "rank0")["data"]
-    weights = [k for k in before if k.startswith("Functional.linear.")]
-    assert weights
-    moved = [k for k in weights if before[k]["input_args"][1] != after[k]["input_args"][1]]
-    assert moved == weights, f"weights unchanged by step 1's update: {sorted(set(weights) - set(moved))[:3]}"
+    _weights_moved(golden, "actor_compute_log_prob")
+
+
+def test_the_ppo_golden_run_trained_actor_and_critic() -> None:
+    """PPO with a critic: at step 1 the GAE advantages are not 0, the policy loss, the value loss and both gradient
+    norms are not 0; the actor's and the critic's weights at step 2 differ from step 1's; the critic's stages
+    (dumped by the gate's CPU support) hold its forward."""
+    from precision_harness.golden import Golden
+
+    golden = Golden.from_dir(PPO_GOLDEN)
+    step1 = _step1(golden)
+    assert step1["critic/advantages/min"] < 0 < step1["critic/advantages/max"]
+    assert step1["critic/score/min"] < step1["critic/score/max"]
+    assert step1["actor/pg_loss"] != 0 and step1["actor/grad_norm"] > 0
+    assert step1["critic/vf_loss"] != 0 and step1["critic/grad_norm"] > 0
+    _weights_moved(golden, "actor_compute_log_prob")
+    _weights_moved(golden, "compute_values")
+    assert {(1, "critic_update"), (2, "compute_values")} <= set(golden.stages())
 
 
 def test_rewards_vary_within_every_grpo_group_of_the_pinned_rollouts(tmp_path: Path) -> None:
@@ -312,12 +396,9 @@ print(json.dumps(out))
     assert all(len(step) == 4 and min(step) >= 2 for step in distinct), distinct
 
 
-# --- end to end: the example behind the gate (minutes each; opt in with PRECISION_VERL_CPU_E2E=1) ---
+# --- end to end: the examples behind the gate (minutes each; part of `make test`, deselect with -m "not slow") ---
 
-E2E = pytest.mark.skipif(
-    os.environ.get("PRECISION_VERL_CPU_E2E") != "1",
-    reason="verl's real trainer on CPU takes about 4 min a run: set PRECISION_VERL_CPU_E2E=1",
-)
+PLANTS = Path(__file__).resolve().parent / "verl_plants"
 
 
 def _marked_anywhere() -> list[int]:
@@ -333,32 +414,36 @@ def _marked_anywhere() -> list[int]:
     return found
 
 
-def _gate(*args: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(SCENARIO)]
+def _gate(
+    *args: str, scenarios: tuple[Path, ...] = (SCENARIO,), env: dict[str, str] | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, scenarios)]
     argv += ["-o", f"precision_golden_dir={EXAMPLE / 'golden'}", *args]
     return subprocess.run(
         argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
-@E2E
 @pytest.mark.slow
-def test_e2e_check_passes_against_the_committed_golden_and_leaves_no_process() -> None:
+def test_e2e_both_examples_pass_against_their_committed_goldens_and_leave_no_process() -> None:
+    """GRPO (7 items) and PPO with a critic (9 items), verl's real trainer each, against the committed goldens."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     assert not _marked_anywhere()
-    proc = _gate("-o", "precision_timeout=900")
+    proc = _gate("-o", "precision_timeout=900", scenarios=(SCENARIO, PPO))
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "7 passed" in proc.stdout
+    assert "16 passed" in proc.stdout, proc.stdout[-2000:]
     assert not _marked_anywhere()
 
 
-@E2E
 @pytest.mark.slow
 def test_e2e_planted_advantage_change_fails_actor_update_at_step_1() -> None:
-    """verl's own advantage estimator scaled by 1+1e-4 in every process: the log-prob stages at step 1 still pass,
-    actor_update at step 1 fails."""
+    """verl's own advantage estimators scaled by 1+1e-4 in every process (tests/verl_plants, loaded by verl's
+    extension hook beside the gate's CPU support): the log-prob stages at step 1 still pass, actor_update at step 1
+    fails."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    proc = _gate("-o", "precision_timeout=900", env={"PRECISION_TEST_PLANT": "advantages"})
+    path = os.pathsep.join(p for p in (str(PLANTS), os.environ.get("PYTHONPATH", "")) if p)
+    plant = {"PYTHONPATH": path, "VERL_USE_EXTERNAL_MODULES": "precision_plant_advantages"}
+    proc = _gate("-o", "precision_timeout=900", env=plant)
     out = proc.stdout
     assert proc.returncode != 0, out[-4000:]
     assert "FAILED examples/verl_cpu/scenarios/grpo_tiny_cpu.yaml::actor_update[step_1]" in out, out[-4000:]
@@ -367,7 +452,6 @@ def test_e2e_planted_advantage_change_fails_actor_update_at_step_1() -> None:
     assert not _marked_anywhere()
 
 
-@E2E
 @pytest.mark.slow
 def test_e2e_timeout_is_one_line_and_leaves_no_process() -> None:
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")

@@ -15,11 +15,21 @@ again, each patch re-checked, and added to :data:`precision_harness.verl_engine.
 3. ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (private): the worker-side rollout class is looked
    up in this table by ``(name, mode)``, and verl has no public way to add one. The entry
    ``("precision_cpu", "async")`` names :class:`precision_harness.verl_cpu.rollout.CPUServerAdapter`.
-4. Test hook only, off unless ``PRECISION_TEST_PLANT=advantages`` (:mod:`precision_harness.runner.plant`):
-   every estimator in ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` is wrapped to scale the
-   advantages it returns by ``1 + 1e-4``, in the registry (``get_adv_estimator_fn``) and as the
-   ``core_algos`` attribute it was registered from (``compute_advantage`` in ``ray_trainer.py`` calls
-   GRPO and GAE that way): the planted change the gate's tests expect to fail ``actor_update`` at step 1.
+4. The critic's stages. verl 0.9.1's precision debugger knows ``compute_values`` and ``critic_update``
+   (``_STAGE_TO_ROLE`` in ``verl.utils.profiler.precision_debugger_profile``), but nothing annotates
+   them: the critic is a bare ``verl.workers.engine_workers.TrainingWorker`` whose only annotation is
+   ``train_batch`` (role ``"train_batch"``, which the debugger does not know and, under ``strict``,
+   raises on). ``TrainingWorker.infer_batch`` and ``TrainingWorker.train_mini_batch`` are re-decorated
+   as verl decorates ``ActorRolloutRefWorker.compute_log_prob``/``update_actor``: the stage inside
+   ``@register`` (so TransferQueue's fetch is not dumped), for a value model only, the dumped model
+   being ``engine.module``; and ``train_batch`` joins the debugger's ``_SKIP_STAGES`` (as verl skips
+   ``rollout_generate``). Actor and reference workers are unchanged.
+5. ``verl.utils.model.load_valuehead_model`` (imported by name at call time in
+   ``verl.workers.engine.fsdp.transformer_impl``): it loads the critic with the hard-coded
+   ``attn_implementation="flash_attention_2"``, which needs flash-attn and an accelerator, and
+   without trl reports any failure as "not a value head model". Replaced by its first branch,
+   ``AutoModelForTokenClassification.from_pretrained`` with the same arguments and ``"sdpa"``; when
+   that fails, verl's own function runs (and reports).
 """
 
 from __future__ import annotations
@@ -49,14 +59,69 @@ def _offload_policy(original: Any) -> Any:
     return CPUOffloadPolicy
 
 
-def _planted_estimator(original: Any, scale: float) -> Any:
-    @functools.wraps(original)
-    def estimator(*args: Any, **kwargs: Any) -> Any:
-        advantages, returns = original(*args, **kwargs)
-        return advantages * scale, returns
+def _critic_stage(func: Any, stage: str) -> Any:
+    """``func`` (a ``TrainingWorker`` method) run inside the precision debugger's ``stage`` when the worker is
+    the critic and its profiler runs this step; otherwise ``func`` unchanged."""
+    from verl.utils.profiler.precision_debugger_profile import PrecisionDebuggerProfiler
 
-    estimator.__precision_patched__ = True
-    return estimator
+    @functools.wraps(func)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        profiler = getattr(self, "profiler", None)
+        impl = getattr(profiler, "_impl", None)
+        active = (
+            getattr(self.config, "model_type", None) == "value_model"
+            and isinstance(impl, PrecisionDebuggerProfiler)
+            and profiler.check_enable()
+            and profiler.check_this_step()
+            and profiler.check_this_rank()
+        )
+        if not active:
+            return func(self, *args, **kwargs)
+        started = impl.start(stage=stage, model=self.engine.module)
+        try:
+            return func(self, *args, **kwargs)
+        finally:
+            impl.stop(started=started)
+
+    method.__precision_patched__ = True
+    return method
+
+
+def _annotate_critic(engine_workers: Any) -> None:
+    import inspect
+
+    import verl.utils.profiler.precision_debugger_profile as precision_profile
+    from verl.single_controller.base.decorator import MAGIC_ATTR, register
+
+    precision_profile._SKIP_STAGES.add("train_batch")
+    worker = engine_workers.TrainingWorker
+    for name, stage in (("infer_batch", "compute_values"), ("train_mini_batch", "critic_update")):
+        registered = vars(worker)[name]
+        if getattr(registered, "__precision_patched__", False):  # functools.wraps carries the mark outwards
+            continue
+        attrs = getattr(registered, MAGIC_ATTR)
+        body = _critic_stage(inspect.unwrap(registered), stage)
+        setattr(worker, name, register(**attrs)(body))
+
+
+def _valuehead_loader(original: Any) -> Any:
+    @functools.wraps(original)
+    def load_valuehead_model(local_path: Any, torch_dtype: Any, model_config: Any, trust_remote_code: Any) -> Any:
+        from transformers import AutoModelForTokenClassification
+
+        try:
+            return AutoModelForTokenClassification.from_pretrained(
+                pretrained_model_name_or_path=local_path,
+                torch_dtype=torch_dtype,
+                config=model_config,
+                attn_implementation="sdpa",
+                trust_remote_code=trust_remote_code,
+            )
+        except (OSError, ValueError, KeyError):
+            return original(local_path, torch_dtype, model_config, trust_remote_code)
+
+    load_valuehead_model.__precision_patched__ = True
+    return load_valuehead_model
 
 
 def apply(version: str) -> None:
@@ -81,20 +146,8 @@ def apply(version: str) -> None:
     if not getattr(fsdp_impl.CPUOffloadPolicy, "__precision_patched__", False):
         fsdp_impl.CPUOffloadPolicy = _offload_policy(fsdp_impl.CPUOffloadPolicy)
     rollout_base._ROLLOUT_REGISTRY[("precision_cpu", "async")] = "precision_harness.verl_cpu.rollout.CPUServerAdapter"
+    _annotate_critic(engine_workers)
+    import verl.utils.model as verl_model
 
-    from precision_harness.runner.plant import factor
-
-    scale = factor("advantages")
-    if scale != 1.0:
-        import verl.trainer.ppo.core_algos as core_algos
-
-        registry = core_algos.ADV_ESTIMATOR_REGISTRY
-        for name, fn in list(registry.items()):
-            if getattr(fn, "__precision_patched__", False):
-                continue
-            planted = _planted_estimator(fn, scale)
-            registry[name] = planted
-            # verl.trainer.ppo.ray_trainer.compute_advantage calls GAE and GRPO as core_algos attributes
-            for attr, value in list(vars(core_algos).items()):
-                if value is fn:
-                    setattr(core_algos, attr, planted)
+    if not getattr(verl_model.load_valuehead_model, "__precision_patched__", False):
+        verl_model.load_valuehead_model = _valuehead_loader(verl_model.load_valuehead_model)
