@@ -52,7 +52,8 @@ from precision_harness.stage_api import (
 )
 
 if TYPE_CHECKING:
-    from precision_harness.launch import RunOptions
+    from precision_harness.launch import RunOptions, RunResult
+    from precision_harness.scenario import CommandSpec
 
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
@@ -284,49 +285,14 @@ def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device:
 ROLLOUTS = "rollouts"
 
 
-def command_spec(
-    scenario: Any, run_dir: Path, *, device: str = "cpu"
-) -> tuple[list[str], dict[str, str], tuple[str, ...], list[str]]:
-    """``(argv, environment, metric globs never gated, log header)`` of a command or verl scenario's run.
-
-    A verl scenario on ``cpu`` also gets :func:`verl_engine.cpu_env` and :func:`verl_engine.cpu_overrides`.
-    The log header lists every gate-owned override and variable.
+def command_spec(scenario: Any, run_dir: Path, *, device: str = "cpu") -> CommandSpec:
+    """How a command or verl scenario's run starts in ``run_dir``: the ``PRECISION_*`` environment
+    (:func:`command_env`) laid under what the scenario's kind adds (:meth:`CommandScenario.command_spec`).
 
     Raises:
-        ScenarioError: on cpu, an unsupported verl, or a scenario override of a CPU-owned key.
+        ScenarioError: a verl scenario on cpu with an unsupported verl or an override of a CPU-owned key.
     """
-    env = command_env(scenario, run_dir)
-    if scenario.kind == "command":
-        return list(scenario.config["command"]), env, (), []
-    from precision_harness import verl_engine
-
-    verl = scenario.config["verl"]
-    user = dict(verl["overrides"])
-    gate = verl_engine.gate_overrides(
-        steps=list(scenario.steps),
-        stages=list(scenario.stages),
-        strict=bool(scenario.profiler["strict"]),
-        save_path=run_dir,
-        config_path=Path(env[ENV_MSPROBE_CONFIG]),
-        rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
-    )
-    env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
-    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
-    verl_engine.check_device_stages(scenario.path, list(scenario.stages), device)
-    if device == "cpu":
-        verl_engine.check_cpu_version(scenario.path)
-        cpu = verl_engine.cpu_overrides(critic=verl_engine.uses_critic(user))
-        verl_engine.check_cpu_overrides(scenario.path, user, cpu)
-        gate = {**cpu, **gate}
-        owned_env.update(verl_engine.cpu_env())
-        env.update(verl_engine.cpu_env())
-    header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
-    header += [f"precision gate:   {k}={verl_engine.hydra_value(v)}" for k, v in gate.items()]
-    header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
-    # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
-    hydra = {"hydra.run.dir": str(run_dir / "hydra")}
-    argv = verl_engine.argv(verl["entrypoint"], {**user, **gate, **hydra})
-    return argv, env, tuple(verl["metrics_exclude"]), header
+    return scenario.command_spec(command_env(scenario, run_dir), run_dir, device)
 
 
 def _generate_rollouts(
@@ -376,13 +342,14 @@ def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOpt
     if pinned is not None:
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
-    argv, env, exclude, header = command_spec(scenario, run_dir, device=device)
+    spec = command_spec(scenario, run_dir, device=device)
+    argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
     threads = scenario.config["trainer"]["num_threads"]
     env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {})}
     if options.ray_address:
         env["RAY_ADDRESS"] = options.ray_address
     wall = 0.0
-    if pinned is None and scenario.kind == "verl" and scenario.config["verl"]["pin_rollouts"]:
+    if pinned is None and scenario.pins_rollouts:
         wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
         header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
     wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
@@ -391,3 +358,20 @@ def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOpt
         argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
     )
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)
+
+
+def run_command_scenario(scenario: Any, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+    """Run a command or verl scenario into a fresh ``out_dir`` (:func:`launch_command`), timed.
+
+    Raises:
+        RunFailedError: as :func:`launch_command`, or ``options.dump`` is off (built-in scenarios only).
+    """
+    from precision_harness.launch import RunResult
+
+    if not options.dump:
+        raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options)
+    return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=time.perf_counter() - t0)

@@ -34,16 +34,9 @@ BUILTIN_ONLY = ("seed", "model", "data", "actor_rollout_ref", "critic", "reward_
 COMMAND_TRAINER_KEYS = ("num_threads", "ray")
 
 
-def kind_of(raw: dict[str, Any]) -> str:
-    """``"verl"`` (``engine: verl``), ``"command"`` (a ``command`` key) or ``"builtin"``."""
-    if raw.get("engine") == "verl":
-        return "verl"
-    return "command" if "command" in raw else "builtin"
-
-
-def defaults(kind: str, builtin_defaults: dict[str, Any]) -> dict[str, Any]:
-    """The defaults a command or verl scenario's file is merged over."""
-    out = {
+def defaults(builtin_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a command scenario's file is merged over (a verl scenario's adds :func:`verl_defaults`)."""
+    return {
         "device": builtin_defaults["device"],
         "trainer": {"num_threads": 1, "world_size": 1, "ray": copy.deepcopy(builtin_defaults["trainer"]["ray"])},
         "global_profiler": copy.deepcopy(builtin_defaults["global_profiler"]),
@@ -51,27 +44,29 @@ def defaults(kind: str, builtin_defaults: dict[str, Any]) -> dict[str, Any]:
         "inputs": [],
         "settings": {},
         "env": {},
-        "metrics": kind == "verl",
+        "metrics": False,
     }
-    if kind == "verl":
-        from precision_harness.verl_engine import METRICS_EXCLUDE
-
-        out["engine"] = "verl"
-        out["verl"] = {
-            "overrides": {},
-            "entrypoint": None,
-            "pin_rollouts": True,
-            "metrics_exclude": list(METRICS_EXCLUDE),
-        }
-    return out
 
 
-def check_raw(path: Path, raw: dict[str, Any], kind: str) -> None:
-    """One-line errors for what a command or verl scenario may not say.
+def verl_defaults() -> dict[str, Any]:
+    """What an ``engine: verl`` scenario's defaults add: its metrics are gated, its rollouts pinned."""
+    from precision_harness.verl_engine import METRICS_EXCLUDE
+
+    return {
+        "metrics": True,
+        "engine": "verl",
+        "verl": {"overrides": {}, "entrypoint": None, "pin_rollouts": True, "metrics_exclude": list(METRICS_EXCLUDE)},
+    }
+
+
+def check_raw(path: Path, raw: dict[str, Any], kind: str, settings_hint: str) -> None:
+    """One-line errors for what a command or verl scenario (``kind``) may not say.
+
+    ``settings_hint`` says where a built-in-only key's setting belongs in this kind.
 
     Raises:
         ScenarioError: ``command`` not a list of strings, a built-in-only key, ``trainer`` keys other
-            than num_threads/ray, no ``global_profiler.steps``, or ``command`` and ``engine: verl`` together.
+            than num_threads/ray, or no ``global_profiler.steps``.
     """
     command = raw.get("command")
     if "command" in raw and (
@@ -80,13 +75,10 @@ def check_raw(path: Path, raw: dict[str, Any], kind: str) -> None:
         raise ScenarioError(
             f"{path}: command: expected a list of strings (the argv, e.g. [python, train.py]), got {command!r}"
         )
-    if kind == "verl" and "command" in raw:
-        raise ScenarioError(f"{path}: command: an engine: verl scenario runs verl's trainer; drop one of the two")
     for key in BUILTIN_ONLY:
         if key in raw:
-            where = "put verl settings under verl.overrides" if kind == "verl" else "declare it under settings"
             raise ScenarioError(
-                f"{path}: {key}: a built-in scenario key; a {kind} scenario's own run decides it ({where})"
+                f"{path}: {key}: a built-in scenario key; a {kind} scenario's own run decides it ({settings_hint})"
             )
     for key in raw.get("trainer") or {}:
         if key not in COMMAND_TRAINER_KEYS:
@@ -164,13 +156,13 @@ def numeric_settings(config: dict[str, Any], patterns: tuple[str, ...]) -> dict[
     return {k: v for k, v in _declared(config).items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
 
 
-def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...]) -> dict[str, Any]:
-    """What the structural hash of a command or verl scenario covers (see the module docstring)."""
+def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...], *, kind: str) -> dict[str, Any]:
+    """What the structural hash of a command or verl scenario (``kind``) covers (see the module docstring)."""
     pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
     numeric = numeric_settings(config, patterns)
     verl = config.get("verl") or {}
     return {
-        "kind": "verl" if verl else "command",
+        "kind": kind,
         "command": config.get("command"),
         "entrypoint": verl.get("entrypoint"),
         "pin_rollouts": verl.get("pin_rollouts"),

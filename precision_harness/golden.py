@@ -485,17 +485,9 @@ def _recorded(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "files": files}
 
 
-#: what a stale message says when the golden cannot name the change, by scenario kind
-_UNNAMED_CHANGE = {
-    "builtin": "model, data, batch or algorithm settings changed",
-    "command": "argv, env, settings, msprobe config, num_threads or an input file changed",
-    "verl": "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed",
-}
-
-
 def _what_changed(recorded: dict[str, Any] | None, scenario: Scenario) -> str:
     """The identity components that differ (``model.hidden_size: 16 -> 24``), or why they cannot be named."""
-    generic = _UNNAMED_CHANGE.get(scenario.kind, _UNNAMED_CHANGE["builtin"])
+    generic = scenario.unnamed_change
     if recorded is None:
         # goldens recorded before the manifest kept its identity: only the hash can be compared
         return f"{generic}; the golden does not record its identity components, so the change cannot be named"

@@ -24,7 +24,7 @@ from precision_harness import warm as warm_mod
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
 from precision_harness.runner.devices import determinism_env
-from precision_harness.scenario import Scenario
+from precision_harness.scenario import BuiltinScenario, Scenario
 
 
 @dataclass(frozen=True)
@@ -79,19 +79,26 @@ class RunOptions:
 
 
 def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions = RunOptions()) -> RunResult:
-    """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``.
+    """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``, as its kind launches
+    (:meth:`Scenario.run`): a built-in scenario through :func:`run_worker`, a command or verl scenario
+    through its own command (:func:`precision_harness.command_runner.run_command_scenario`).
 
-    Single-rank scenarios run in ``python -m precision_harness.runner``; multi-rank ones, and every
-    scenario when ``options.ray_address`` is given, in a Ray driver process (``precision_harness.ray_launch``)
-    whose rank actors' dumps are fetched back into ``out_dir``. Command and verl scenarios run their
-    own command (:mod:`precision_harness.command_runner`) here.
+    Raises:
+        RunFailedError: the run exited non-zero or timed out, or Ray is needed and not installed.
+    """
+    return scenario.run(Path(out_dir), device, options)
+
+
+def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+    """Run a built-in scenario in ``python -m precision_harness.runner`` (or forked from the warm server).
+
+    Multi-rank scenarios, and every scenario when ``options.ray_address`` is given, run in a Ray
+    driver process (``precision_harness.ray_launch``) whose rank actors' dumps are fetched back into
+    ``out_dir``.
 
     Raises:
         RunFailedError: the worker exited non-zero or timed out, or Ray is needed and not installed.
     """
-    out_dir = Path(out_dir)
-    if scenario.kind != "builtin":
-        return _run_command_scenario(scenario, out_dir=out_dir, device=device, options=options)
     on_ray = uses_ray(scenario, options.ray_address)
     command = _command(scenario, out_dir=out_dir, device=device, options=options, on_ray=on_ray)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -184,15 +191,3 @@ def _run_warm(
         process.join()
         raise _timed_out(scenario, timeout, log)
     return process.exitcode
-
-
-def _run_command_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
-    from precision_harness.command_runner import launch_command
-
-    if not options.dump:
-        raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
-    t0 = time.perf_counter()
-    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options)
-    return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=time.perf_counter() - t0)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
@@ -23,6 +23,9 @@ from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
 from precision_harness.schemas import validate
+
+if TYPE_CHECKING:
+    from precision_harness.launch import RunOptions, RunResult
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
@@ -154,6 +157,32 @@ def _validate(instance: Any, *, source: str | Path) -> None:
         raise ScenarioError(str(exc)) from None
 
 
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """A scenario file's top-level mapping (``{}`` for an empty file).
+
+    Raises:
+        ScenarioError: unreadable file, malformed YAML (line and column), or not a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(f"{path}: malformed YAML: {where}{problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ScenarioError(
+            f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
+        )
+    return raw
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -171,73 +200,117 @@ def canonical_json(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A loaded, validated scenario with defaults resolved.
+    """A loaded, validated scenario with defaults resolved: one of three kinds, each its own class.
+
+    :class:`BuiltinScenario` (our PPO loop), :class:`CommandScenario` (any process that writes
+    verl's dump layout) and :class:`VerlScenario` (verl's own trainer) each own their identity,
+    what they allow and how they launch (:meth:`run`); nothing outside them branches on the kind.
 
     Attributes:
         name: scenario name (``name:`` key, else the file stem); names the golden folder.
         path: the YAML file.
-        config: resolved config (DEFAULTS merged with the file), verl key names.
-        hash: sha256 of the canonical JSON of the structural settings (see :data:`NUMERIC_SETTINGS`);
-            a golden recorded under another hash is stale. Numeric settings are compared by value.
+        config: resolved config (the kind's defaults merged with the file), verl key names.
+        hash: sha256 of the scenario's identity (see :data:`NUMERIC_SETTINGS`); a golden recorded
+            under another hash is stale. Numeric settings are compared by value.
     """
+
+    #: the kind's name (docs/scenarios.md): recorded in run.json and in a command's identity
+    kind: ClassVar[str]
+    #: whether ``level: auto`` is allowed: it needs the built-in runner's stage inputs and outputs
+    allows_auto: ClassVar[bool]
+    #: what a stale golden's message says when the golden cannot name the change
+    unnamed_change: ClassVar[str]
+    #: cross-field rules the schema cannot express, run by :meth:`load`
+    consistency_checks: ClassVar[tuple[Callable[[Scenario], None], ...]]
 
     name: str
     path: Path
     config: dict[str, Any] = field(repr=False)
     hash: str
-    kind: str = "builtin"  #: ``builtin`` (our PPO loop), ``command`` or ``verl`` (docs/scenarios.md)
     #: what :attr:`hash` is made of, as flat components (:mod:`precision_harness.identity`); a golden
     #: records it, so a stale golden names what changed
     identity: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------------------------- loading
-    @classmethod
-    def load(cls, path: str | Path) -> Scenario:
-        """Load and validate ``path``.
+    @staticmethod
+    def load(path: str | Path) -> Scenario:
+        """Load and validate ``path`` as the kind its keys declare.
 
         Raises:
             ScenarioError: unreadable file, malformed YAML, schema violation (file and field path),
-                an unknown stage with ``strict: true``, or inconsistent batch sizes.
+                a key the kind does not allow, an unknown stage with ``strict: true``, or
+                inconsistent batch sizes.
         """
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise ScenarioError(f"{path}: malformed YAML: {where}{problem}") from None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ScenarioError(
-                f"{path}: expected a mapping of verl config keys at the top level, got {type(raw).__name__}"
-            )
+        raw = _read_yaml(path)
         check_name(raw.get("name", path.stem), source=path, field_name="name" if "name" in raw else "name (file stem)")
-        kind = command_scenario.kind_of(raw)
-        if kind != "builtin":
-            command_scenario.check_raw(path, raw, kind)
+        kind = next(k for k in _KINDS if k.claims(raw))
+        kind.check_raw(path, raw)
         _validate(raw, source=path)
-        config = _merge(DEFAULTS if kind == "builtin" else command_scenario.defaults(kind, DEFAULTS), raw)
+        config = _merge(kind.defaults(), raw)
         pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
         if pd.get("config_path"):
             pd.update(_load_msprobe_config(path, pd["config_path"], raw))
         name = config.get("name") or path.stem
         config["name"] = name
-        if kind == "builtin":
-            components = structural_settings(config)
-            digest = _scenario_hash(components)
-        else:
-            nested = command_scenario.identity(path, config, NUMERIC_SETTINGS)
-            digest = hashlib.sha256(canonical_json(nested).encode()).hexdigest()
-            components = flat_command(nested)
-        scenario = cls(name=name, path=path, config=config, hash=digest, kind=kind, identity=components)
-        scenario._check_consistency()
+        digest, components = kind.identity_of(path, config)
+        scenario = kind(name=name, path=path, config=config, hash=digest, identity=components)
+        for check in kind.consistency_checks:
+            check(scenario)
         return scenario
+
+    # ------------------------------------------------------------------------- owned by the kind
+    @classmethod
+    def claims(cls, raw: dict[str, Any]) -> bool:
+        """Whether a scenario file's top-level keys (``raw``) declare this kind."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_raw(cls, path: Path, raw: dict[str, Any]) -> None:
+        """One-line errors for keys this kind does not allow, before schema validation."""
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The defaults this kind's file is merged over."""
+        raise NotImplementedError
+
+    @classmethod
+    def identity_of(cls, path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``(hash, flat identity components)`` of a resolved config."""
+        raise NotImplementedError
+
+    @property
+    def executed_stages(self) -> tuple[str, ...]:
+        """Stages this scenario's PPO step runs, in execution order."""
+        raise NotImplementedError
+
+    @property
+    def total_steps(self) -> int:
+        """Training steps a run takes."""
+        raise NotImplementedError
+
+    @property
+    def gates_metrics(self) -> bool:
+        """Whether the run's ``metrics.jsonl`` is an item."""
+        raise NotImplementedError
+
+    @property
+    def numeric_settings(self) -> dict[str, Any]:
+        """Flattened :data:`NUMERIC_SETTINGS` values; a golden keeps them to name what changed."""
+        raise NotImplementedError
+
+    @property
+    def pins_rollouts(self) -> bool:
+        """Whether a check run loads the golden's recorded rollouts (verl's ``skip.rollout_tq``)."""
+        return False
+
+    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+        """Run this scenario to completion into a fresh ``out_dir`` (:func:`precision_harness.launch.run_scenario`).
+
+        Raises:
+            RunFailedError: the run exited non-zero or timed out.
+        """
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------- properties
     @property
@@ -251,9 +324,15 @@ class Scenario:
         return self.profiler["level"]
 
     @property
+    def localizes(self) -> bool:
+        """``level: auto``: the gate dumps at L0 beside the stage inputs and outputs, the golden keeps an
+        L1 record too, and a failing stage is rerun at :data:`LOCALIZE_LEVEL` (docs/scenarios.md#level-auto)."""
+        return self.level == AUTO
+
+    @property
     def dump_level(self) -> str:
         """The msprobe level the run dumps at: :attr:`level`, or ``L0`` for ``auto``."""
-        return AUTO_DUMP_LEVEL if self.level == AUTO else self.level
+        return AUTO_DUMP_LEVEL if self.localizes else self.level
 
     def localize_overrides(self, step: int, stage: str) -> dict[str, Any]:
         """Overrides that rerun this scenario up to ``step`` and dump only ``stage`` of it, at :data:`LOCALIZE_LEVEL`.
@@ -267,35 +346,6 @@ class Scenario:
             _STAGES_KEY: [stage],
             "trainer.total_training_steps": step,
         }
-
-    @property
-    def use_critic(self) -> bool:
-        enable = self.config["critic"]["enable"]
-        return self.config["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
-
-    @property
-    def use_reference(self) -> bool:
-        algo, actor = self.config["algorithm"], self.config["actor_rollout_ref"]["actor"]
-        return bool(algo["use_kl_in_reward"] or actor["use_kl_loss"])
-
-    @property
-    def use_reward_model(self) -> bool:
-        return bool(self.config["reward_model"]["enable"])
-
-    @property
-    def executed_stages(self) -> tuple[str, ...]:
-        """Stages this scenario's PPO step runs, in execution order (a command's: the verl stages it declares)."""
-        if self.kind != "builtin":
-            return tuple(s for s in STAGES if s in self.profiler["stages"])
-        present = {
-            "compute_rm_score": self.use_reward_model,
-            "actor_compute_log_prob": True,
-            "ref_compute_log_prob": self.use_reference,
-            "compute_values": self.use_critic,
-            "critic_update": self.use_critic,
-            "actor_update": True,
-        }
-        return tuple(s for s in STAGES if present[s])
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -315,18 +365,6 @@ class Scenario:
         return tuple(range(1, self.total_steps + 1)) if wanted is None else tuple(sorted(wanted))
 
     @property
-    def total_steps(self) -> int:
-        """Training steps a run takes: ``trainer.total_training_steps``, or a command's last profiled step."""
-        if self.kind != "builtin":
-            return max(self.config["global_profiler"]["steps"])
-        return self.config["trainer"]["total_training_steps"]
-
-    @property
-    def gates_metrics(self) -> bool:
-        """Whether the run's ``metrics.jsonl`` is an item (always for the built-in loop; ``metrics:`` for commands)."""
-        return self.kind == "builtin" or bool(self.config["metrics"])
-
-    @property
     def world_size(self) -> int:
         """Data-parallel ranks (``trainer.world_size``); each dumps to its own ``rank<r>`` folder."""
         return int(self.config["trainer"]["world_size"])
@@ -344,13 +382,6 @@ class Scenario:
         if device == "cuda":
             options["num_gpus"] = 1
         return options
-
-    @property
-    def numeric_settings(self) -> dict[str, Any]:
-        """Flattened :data:`NUMERIC_SETTINGS` values; a golden keeps them to name what changed."""
-        if self.kind != "builtin":
-            return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
-        return numeric_settings(self.config)
 
     def msprobe_config(self) -> dict[str, Any]:
         """The msprobe ``config.json`` for this run (``dump_path`` is set per stage by the probe)."""
@@ -400,12 +431,6 @@ class Scenario:
             path.write_text(text, encoding="utf-8")
         return Scenario.load(path)
 
-    # ------------------------------------------------------------------------------ validation
-    def _check_consistency(self) -> None:
-        """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
-        for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_level, _check_engine):
-            check(self)
-
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, *, source: Path) -> None:
     node = raw
@@ -440,7 +465,7 @@ def _check_stages(s: Scenario) -> None:
 
 def _check_level(s: Scenario) -> None:
     """``level: auto`` needs the built-in runner: it writes the stage inputs and outputs the L0 dump lacks."""
-    if s.kind != "builtin" and s.level == AUTO:
+    if s.localizes and not s.allows_auto:
         raise ScenarioError(
             f"{s.path}: {LEVEL_KEY}: auto needs the built-in runner (it writes each stage's inputs and outputs "
             f"beside the L0 dump); a {s.kind} scenario sets L0, L1 or mix"
@@ -449,8 +474,6 @@ def _check_level(s: Scenario) -> None:
 
 def _check_engine(s: Scenario) -> None:
     """An ``engine: verl`` scenario needs verl installed, stages verl dumps, and overrides verl's config has."""
-    if s.kind != "verl":
-        return
     from precision_harness import verl_engine
 
     verl_engine.check_engine(s.path, list(s.stages))
@@ -539,15 +562,201 @@ def _check_model(s: Scenario) -> None:
         raise ScenarioError(f"{s.path}: model.num_key_value_heads: must divide num_attention_heads")
 
 
-_CONSISTENCY_CHECKS: tuple[Callable[[Scenario], None], ...] = (
-    _check_stages,
-    _check_steps,
-    _check_batches,
-    _check_rollout_is,
-    _check_world_size,
-    _check_algorithm,
-    _check_model,
-)
+class BuiltinScenario(Scenario):
+    """Our own PPO/GRPO loop (:mod:`precision_harness.runner`), run in a fresh worker process."""
+
+    kind = "builtin"
+    allows_auto = True
+    unnamed_change = "model, data, batch or algorithm settings changed"
+    consistency_checks = (
+        _check_stages,
+        _check_steps,
+        _check_batches,
+        _check_rollout_is,
+        _check_world_size,
+        _check_algorithm,
+        _check_model,
+    )
+
+    @classmethod
+    def claims(cls, raw: dict[str, Any]) -> bool:
+        return True  # the last kind tried: a file without ``command`` or ``engine: verl``
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return copy.deepcopy(DEFAULTS)
+
+    @classmethod
+    def identity_of(cls, path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        components = structural_settings(config)
+        return _scenario_hash(components), components
+
+    @property
+    def use_critic(self) -> bool:
+        """``critic.enable``, or (null) whether the advantage estimator is GAE, as verl decides it."""
+        enable = self.config["critic"]["enable"]
+        return self.config["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
+
+    @property
+    def use_reference(self) -> bool:
+        """Whether a KL term needs the reference policy (``use_kl_in_reward`` or ``actor.use_kl_loss``)."""
+        algo, actor = self.config["algorithm"], self.config["actor_rollout_ref"]["actor"]
+        return bool(algo["use_kl_in_reward"] or actor["use_kl_loss"])
+
+    @property
+    def use_reward_model(self) -> bool:
+        """``reward_model.enable``."""
+        return bool(self.config["reward_model"]["enable"])
+
+    @property
+    def executed_stages(self) -> tuple[str, ...]:
+        present = {
+            "compute_rm_score": self.use_reward_model,
+            "actor_compute_log_prob": True,
+            "ref_compute_log_prob": self.use_reference,
+            "compute_values": self.use_critic,
+            "critic_update": self.use_critic,
+            "actor_update": True,
+        }
+        return tuple(s for s in STAGES if present[s])
+
+    @property
+    def total_steps(self) -> int:
+        """``trainer.total_training_steps``."""
+        return self.config["trainer"]["total_training_steps"]
+
+    @property
+    def gates_metrics(self) -> bool:
+        return True
+
+    @property
+    def numeric_settings(self) -> dict[str, Any]:
+        return numeric_settings(self.config)
+
+    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+        # imported here: the scenario model loads without the run machinery, which imports it
+        from precision_harness.launch import run_worker
+
+        return run_worker(self, out_dir=out_dir, device=device, options=options)
+
+
+class CommandScenario(Scenario):
+    """Any process that writes verl's dump layout under ``$PRECISION_DUMP_DIR``.
+
+    Its allowed keys, defaults and identity: :mod:`precision_harness.command_scenario`.
+    """
+
+    kind = "command"
+    allows_auto = False
+    unnamed_change = "argv, env, settings, msprobe config, num_threads or an input file changed"
+    consistency_checks = (_check_stages, _check_level)
+    #: where a built-in-only key's setting belongs instead, for the one-line error
+    settings_hint: ClassVar[str] = "declare it under settings"
+
+    @classmethod
+    def claims(cls, raw: dict[str, Any]) -> bool:
+        return "command" in raw
+
+    @classmethod
+    def check_raw(cls, path: Path, raw: dict[str, Any]) -> None:
+        command_scenario.check_raw(path, raw, cls.kind, cls.settings_hint)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return command_scenario.defaults(DEFAULTS)
+
+    @classmethod
+    def identity_of(cls, path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        nested = command_scenario.identity(path, config, NUMERIC_SETTINGS, kind=cls.kind)
+        return hashlib.sha256(canonical_json(nested).encode()).hexdigest(), flat_command(nested)
+
+    @property
+    def executed_stages(self) -> tuple[str, ...]:
+        """The verl stages the scenario declares (``precision_debugger.stages``), in verl's order."""
+        return tuple(s for s in STAGES if s in self.profiler["stages"])
+
+    @property
+    def total_steps(self) -> int:
+        """The last profiled step (``global_profiler.steps``): the run is not stopped by the gate."""
+        return max(self.config["global_profiler"]["steps"])
+
+    @property
+    def gates_metrics(self) -> bool:
+        """``metrics:`` (the command must write ``$PRECISION_METRICS_FILE``)."""
+        return bool(self.config["metrics"])
+
+    @property
+    def numeric_settings(self) -> dict[str, Any]:
+        return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
+
+    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+        # imported here: the scenario model loads without the run machinery, which imports it
+        from precision_harness.command_runner import run_command_scenario
+
+        return run_command_scenario(self, out_dir=out_dir, device=device, options=options)
+
+    def command_spec(self, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+        """The argv and environment of one run (``env``: the ``PRECISION_*`` variables), as written."""
+        return CommandSpec(list(self.config["command"]), env)
+
+
+class VerlScenario(CommandScenario):
+    """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.verl_engine`)."""
+
+    kind = "verl"
+    unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
+    consistency_checks = (_check_stages, _check_level, _check_engine)
+    settings_hint = "put verl settings under verl.overrides"
+
+    @classmethod
+    def claims(cls, raw: dict[str, Any]) -> bool:
+        return raw.get("engine") == "verl"
+
+    @classmethod
+    def check_raw(cls, path: Path, raw: dict[str, Any]) -> None:
+        if "command" in raw:
+            raise ScenarioError(f"{path}: command: an engine: verl scenario runs verl's trainer; drop one of the two")
+        super().check_raw(path, raw)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {**super().defaults(), **command_scenario.verl_defaults()}
+
+    @property
+    def pins_rollouts(self) -> bool:
+        """``verl.pin_rollouts``."""
+        return bool(self.config["verl"]["pin_rollouts"])
+
+    def command_spec(self, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+        """verl's entrypoint with the user's, the gate's and on cpu the CPU overrides.
+
+        Raises:
+            ScenarioError: as :func:`precision_harness.verl_engine.command_spec`.
+        """
+        from precision_harness import verl_engine  # imports verl's config machinery only for verl scenarios
+
+        return verl_engine.command_spec(self, env, run_dir, device)
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """How a command or verl scenario's process is started.
+
+    Attributes:
+        argv: the command line.
+        env: the ``PRECISION_*`` variables and what the kind adds (verl's file logger, its CPU platform).
+        metrics_exclude: ``metrics.jsonl`` globs never gated (verl's timings).
+        header: lines the run's log starts with: every gate-owned override and variable.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    metrics_exclude: tuple[str, ...] = ()
+    header: list[str] = field(default_factory=list)
+
+
+#: tried in order: the first whose :meth:`Scenario.claims` accepts a file's keys loads it
+_KINDS: tuple[type[Scenario], ...] = (VerlScenario, CommandScenario, BuiltinScenario)
 
 #: a scenario name is one folder under golden/ and the artifacts folder: no separators, no leading dot
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")

@@ -56,7 +56,7 @@ from precision_harness.launch import Run, RunOptions, RunResult, run_scenario
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report import ItemRecord, PrecisionReport
-from precision_harness.scenario import AUTO, Scenario
+from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
 from precision_harness.unused_goldens import GoldenUsage, discover_scenarios
 from precision_harness.verdict_text import settings_changed
@@ -211,7 +211,7 @@ class PrecisionSession:
                 golden = self.store.load(scenario, st.golden_device)
             except PrecisionError as exc:
                 return Plan(GoldenAction.ERROR, scenario, error=exc)
-            pinned = golden if scenario.kind == "verl" and mode == "check" else None
+            pinned = golden if scenario.pins_rollouts and mode == "check" else None
             plan = Plan(GoldenAction.CHECK, self._runs(scenario, golden), golden=golden, pinned=pinned)
         if not msprobe_available():
             return Plan(GoldenAction.ERROR, scenario, error=_no_msprobe())
@@ -220,7 +220,7 @@ class PrecisionSession:
     def _runs(self, scenario: Scenario, golden: Golden) -> Scenario:
         """The scenario as a check runs it: a ``level: auto`` scenario whose golden was recorded at L1
         (before auto) runs and gates at L1, with a note saying to re-record."""
-        if scenario.level != AUTO or not gates_at_recorded_level(golden.level, scenario.level):
+        if not scenario.localizes or not gates_at_recorded_level(golden.level, scenario.level):
             return scenario
         self.report.notes.append(
             f"{scenario.name}: golden recorded at {golden.level} before level: auto; gating at "
@@ -272,7 +272,7 @@ class PrecisionSession:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         scenario, out_dir = plan.runs, self.run_dir(plan.runs)
         options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
-        if scenario.level == AUTO and plan.action is GoldenAction.RECORD:
+        if scenario.localizes and plan.action is GoldenAction.RECORD:
             variants, run = self._variants(scenario), self._bound(st, options)
             return self._executor.submit(
                 level_auto.run_recording, scenario, out_dir=out_dir, variants=variants, run=run
@@ -449,7 +449,7 @@ class PrecisionSession:
         """
         scenario = st.scenario
         missing = missing_dumps(scenario, run.run_dir)
-        if scenario.level == AUTO:
+        if scenario.localizes:
             missing += [f"{LOCALIZE_DIR}/{m}" for m in missing_dumps(scenario, run.run_dir / LOCALIZE_DIR)]
         if missing:
             raise RunFailedError(

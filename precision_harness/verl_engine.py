@@ -32,7 +32,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from precision_harness.command_runner import ROLLOUTS
 from precision_harness.errors import ScenarioError, VerlMissingError
+from precision_harness.scenario import CommandSpec
+from precision_harness.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
@@ -284,3 +287,40 @@ def compose(overrides: dict[str, Any], *, source: Path | str = "verl.overrides")
     except (HydraException, OmegaConfBaseException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ScenarioError(f"{source}: {first}") from None
+
+
+def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+    """A verl scenario's run: its entrypoint with the user's overrides, the gate's (:func:`gate_overrides`)
+    and, on cpu, :func:`cpu_overrides` and :func:`cpu_env`; ``env`` (the ``PRECISION_*`` variables)
+    gains verl's file logger. The log header lists every gate-owned override and variable.
+
+    Raises:
+        ScenarioError: a critic stage off the cpu, or on cpu an unsupported verl or an override of a
+            CPU-owned key.
+    """
+    verl = scenario.config["verl"]
+    user = dict(verl["overrides"])
+    gate = gate_overrides(
+        steps=list(scenario.steps),
+        stages=list(scenario.stages),
+        strict=bool(scenario.profiler["strict"]),
+        save_path=run_dir,
+        config_path=Path(env[ENV_MSPROBE_CONFIG]),
+        rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
+    )
+    env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
+    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
+    check_device_stages(scenario.path, list(scenario.stages), device)
+    if device == "cpu":
+        check_cpu_version(scenario.path)
+        cpu = cpu_overrides(critic=uses_critic(user))
+        check_cpu_overrides(scenario.path, user, cpu)
+        gate = {**cpu, **gate}
+        owned_env.update(cpu_env())
+        env.update(cpu_env())
+    header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
+    header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
+    header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
+    # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
+    hydra = {"hydra.run.dir": str(run_dir / "hydra")}
+    return CommandSpec(argv(verl["entrypoint"], {**user, **gate, **hydra}), env, tuple(verl["metrics_exclude"]), header)

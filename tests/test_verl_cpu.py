@@ -119,7 +119,8 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     scenario = _example(tmp_path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    argv, env, _, header = command.command_spec(scenario, run_dir, device="cpu")
+    spec = command.command_spec(scenario, run_dir, device="cpu")
+    argv, env, header = spec.argv, spec.env, spec.header
     overrides = dict(arg.split("=", 1) for arg in argv[3:])
     assert overrides.pop("hydra.run.dir") == str(run_dir / "hydra")  # Hydra's outputs/ stays out of the scenario
     os_env = {**os.environ, "PRECISION_SCENARIO_DIR": str(SCENARIO.parent)}
@@ -150,7 +151,7 @@ def test_the_ppo_example_gets_the_critic_overrides_and_they_compose(tmp_path: Pa
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     scenario = Scenario.load(PPO)
-    _, _, _, header = command.command_spec(scenario, tmp_path, device="cpu")
+    header = command.command_spec(scenario, tmp_path, device="cpu").header
     for key in verl_engine.cpu_overrides(critic=True):
         assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
     old = dict(os.environ)
@@ -193,7 +194,8 @@ def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> Non
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
     scenario = _example(tmp_path)
-    argv, env, _, header = command.command_spec(scenario, tmp_path, device="cuda")
+    spec = command.command_spec(scenario, tmp_path, device="cuda")
+    argv, env, header = spec.argv, spec.env, spec.header
     assert "VERL_PLATFORM" not in env and not any("precision_cpu" in a for a in argv)
     assert header[0] == "precision gate: verl on cuda: gate-owned overrides (docs/scenarios.md):"
 

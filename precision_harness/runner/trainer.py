@@ -26,7 +26,7 @@ from precision_harness.runner import devices, models, rollout, stages
 from precision_harness.runner.distributed import reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.runner.stage_outputs import StageOutputs
-from precision_harness.scenario import AUTO, Scenario
+from precision_harness.scenario import Scenario
 
 #: what actor_update's stage_outputs.json holds after its inputs: per micro-batch, then per mini-batch
 ACTOR_LOSSES = ("loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm")
@@ -116,7 +116,7 @@ class Trainer:
     def stage(self, step: int, name: str, model: torch.nn.Module) -> Iterator[None]:
         """Time the body; dump it when (step, stage) is profiled, with ``stage_outputs.json`` at ``level: auto``."""
         profiled = self.probe is not None and step in self.profiled_steps and name in self.profiled_stages
-        self.io = StageOutputs() if profiled and self.scenario.level == AUTO else None
+        self.io = StageOutputs() if profiled and self.scenario.localizes else None
         t0 = time.perf_counter()
         with self.probe.stage(step, name, model) if profiled else nullcontext() as dump_dir:
             yield
