@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from harness_testing import hooks_env
 
 from precision_harness import command_runner as command
 from precision_harness import verl_engine
@@ -400,8 +401,6 @@ print(json.dumps(out))
 
 # --- end to end: the examples behind the gate (minutes each; part of `make test`, deselect with -m "not slow") ---
 
-PLANTS = Path(__file__).resolve().parent / "verl_plants"
-
 
 def _marked_anywhere() -> list[int]:
     """Live processes carrying any PRECISION_RUN_ID mark (a gate run's Ray or verl process left behind)."""
@@ -439,13 +438,11 @@ def test_e2e_both_examples_pass_against_their_committed_goldens_and_leave_no_pro
 
 @pytest.mark.slow
 def test_e2e_planted_advantage_change_fails_actor_update_at_step_1() -> None:
-    """verl's own advantage estimators scaled by 1+1e-4 in every process (tests/verl_plants, loaded by verl's
-    extension hook beside the gate's CPU support): the log-prob stages at step 1 still pass, actor_update at step 1
-    fails."""
+    """verl's own advantage estimators scaled by 1+1e-4 in every process (``PRECISION_TEST_PLANT=advantages``, the
+    built-in loop's plant, patched in by tests/hooks): the log-prob stages at step 1 still pass, actor_update at
+    step 1 fails."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    path = os.pathsep.join(p for p in (str(PLANTS), os.environ.get("PYTHONPATH", "")) if p)
-    plant = {"PYTHONPATH": path, "VERL_USE_EXTERNAL_MODULES": "precision_plant_advantages"}
-    proc = _gate("-o", "precision_timeout=900", env=plant)
+    proc = _gate("-o", "precision_timeout=900", env=hooks_env(PRECISION_TEST_PLANT="advantages"))
     out = proc.stdout
     assert proc.returncode != 0, out[-4000:]
     assert "FAILED examples/verl_cpu/scenarios/grpo_tiny_cpu.yaml::actor_update[step_1]" in out, out[-4000:]

@@ -7,14 +7,16 @@ Two variables choose them; unset, every patched function does exactly what it di
   temperature that divides the logits before ``logsumexp``/``gather``; first seen by
   ``actor_compute_log_prob``), ``loss`` (each micro-batch's gradient-accumulation scale in
   ``actor_update``), ``advantages`` (scaled after ``compute_advantage``, outside every stage, as
-  verl's driver computes them).
+  verl's driver computes them; in verl's own trainer, every estimator of
+  ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` is wrapped the same way).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
   own shard by :data:`PERTURB_SCALE`, so a verdict must name the rank that diverged first.
 
 How a hook reaches a run: a test puts this folder on ``PYTHONPATH`` (:func:`harness_testing.hooks_env`)
 for the processes it starts; this folder's ``sitecustomize.py`` calls :func:`install` at interpreter
 start-up, which patches each module of :data:`PATCHES` right after it is first imported (a worker,
-a warm server, a Ray rank). Nothing here imports torch until a runner module is imported.
+a warm server, a Ray rank, and each of verl's processes: Ray passes ``PYTHONPATH`` on to them).
+Nothing here imports torch until a runner module is imported.
 """
 
 from __future__ import annotations
@@ -87,10 +89,32 @@ def _patch_trainer(trainer: ModuleType) -> None:
     trainer.Trainer._compute_advantage = _compute_advantage
 
 
+def _planted_estimator(estimator: Callable[..., Any]) -> Callable[..., Any]:
+    def planted(*args: Any, **kwargs: Any) -> Any:
+        advantages, returns = estimator(*args, **kwargs)
+        scale = factor("advantages")
+        return (advantages * scale if scale != 1.0 else advantages), returns
+
+    planted.__wrapped__ = estimator  # type: ignore[attr-defined]
+    return planted
+
+
+def _patch_core_algos(core_algos: ModuleType) -> None:
+    """verl's estimators, in the registry (``get_adv_estimator_fn``) and as the module attributes they were
+    registered from (``compute_advantage`` in ``ray_trainer.py`` calls GAE and GRPO that way)."""
+    for name, fn in list(core_algos.ADV_ESTIMATOR_REGISTRY.items()):
+        planted = _planted_estimator(fn)
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = planted
+        for attr, value in list(vars(core_algos).items()):
+            if value is fn:
+                setattr(core_algos, attr, planted)
+
+
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runner.stages": _patch_stages,
     "precision_harness.runner.trainer": _patch_trainer,
+    "verl.trainer.ppo.core_algos": _patch_core_algos,
 }
 
 
