@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from precision_harness import command_scenario
+from precision_harness import command_scenario, consistency
 from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
@@ -405,6 +405,22 @@ class Scenario:
         """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
         for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_level, _check_engine):
             check(self)
+        self.invariants  # noqa: B018 -- validates the invariants: key (one line naming the file and key)
+
+    @property
+    def invariants(self) -> consistency.Invariants:
+        """The scenario's ``invariants:`` checks (docs/consistency.md); none when the key is absent.
+
+        Raises:
+            ScenarioError: an unknown check or bound, or a bound that is not a number (names the key).
+        """
+        return consistency.parse(self.config.get("invariants"), source=self.path, kind=self.kind)
+
+    @property
+    def invariant_items(self) -> tuple[tuple[int, str], ...]:
+        """``(step, check)`` of every invariant item: each check at each training step (a command's: profiled)."""
+        steps = range(1, self.total_steps + 1) if self.kind == "builtin" else self.steps
+        return tuple((step, name) for step in steps for name in self.invariants.names)
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, *, source: Path) -> None:
@@ -630,6 +646,8 @@ _NOT_NUMERICS = (
     "description",
     "device",
     "tolerance",
+    # checks over the run's files: what the run computes is the same with or without them
+    "invariants",
     "trainer.ray",
     "global_profiler.steps",
     "global_profiler.global_tool_config.precision_debugger.stages",

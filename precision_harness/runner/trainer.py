@@ -22,7 +22,7 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
-from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner import devices, models, rollout, stages, weight_sync
 from precision_harness.runner.distributed import reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.runner.stage_outputs import StageOutputs
@@ -79,6 +79,8 @@ class Trainer:
         self.rollout_dtype = models.DTYPES[cfg["actor_rollout_ref"]["rollout"]["dtype"]]
         self.actor = models.build_actor(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device, self.actor_dtype)
         self.actor_optim = self._optimizer(self.actor, actor_cfg["optim"])
+        #: the inference engine's own copy of the weights, synced from the actor before each rollout
+        self.rollout_model = models.frozen_copy(self.actor, self.rollout_dtype)
         self.ref = models.frozen_copy(self.actor) if self.scenario.use_reference else None
         self.critic = self.critic_optim = self.reward_model = None
         if self.scenario.use_critic:
@@ -156,28 +158,41 @@ class Trainer:
         return self._step_metrics(st)
 
     def _generate_sequences(self, step: int) -> _Step:
-        """Rollout: the inference engine holds its own copy of the weights, in ``rollout.dtype``."""
+        """Rollout: weights synced into the inference engine (``rollout.dtype``), then sampling.
+
+        Writes ``step_<n>/weight_sync.json`` (:func:`~precision_harness.runner.weight_sync.sync_record`).
+        With ``rollout.log_prob_mode: recompute`` the rollout log-probs are recomputed over the whole
+        sampled sequences (:func:`~precision_harness.runner.rollout.recompute_log_probs`).
+        """
         cfg, tok = self.cfg, self.tok
-        n = cfg["actor_rollout_ref"]["rollout"]["n"]
+        rollout_cfg = cfg["actor_rollout_ref"]["rollout"]
         prompts = data_mod.arithmetic_prompts(seed=cfg["seed"], step=step, batch_size=cfg["data"]["train_batch_size"])
         encoded = rollout.encode_prompts(
             [p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"]
         )
         t0 = time.perf_counter()
-        engine = models.frozen_copy(self.actor, self.rollout_dtype)
+        weight_sync.sync_weights(self.actor, self.rollout_model)
+        record = weight_sync.sync_record(self.actor, self.rollout_model, step=step, dtype=self.rollout_dtype)
+        weight_sync.write_sync_record(self.out_dir / f"step_{step}", record)
         batch = rollout.generate(
-            engine,
+            self.rollout_model,
             encoded,
-            n=n,
-            temperature=cfg["actor_rollout_ref"]["rollout"]["temperature"],
+            n=rollout_cfg["n"],
+            temperature=rollout_cfg["temperature"],
             max_response_length=cfg["data"]["max_response_length"],
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
             generator=self.generator,
         )
-        del engine
-        self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
         batch = {k: v.to(self.device) for k, v in batch.items()}
+        if rollout_cfg.get("log_prob_mode", "sample") == "recompute":
+            batch["rollout_log_probs"] = rollout.recompute_log_probs(
+                self.rollout_model,
+                batch,
+                micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"],
+                temperature=rollout_cfg["temperature"],
+            )
+        self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
         return _Step(step=step, prompts=prompts, batch=batch, metrics={"training/global_step": step})
 
     def _compute_reward(self, st: _Step) -> None:
