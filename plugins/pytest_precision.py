@@ -308,7 +308,9 @@ class ScenarioFile(pytest.File):
                     self, name=f"{stage}[step_{step}]", scenario=scenario, step=step, stage=stage
                 )
         for step, check in scenario.invariant_items:
-            yield InvariantItem.from_parent(self, name=f"{check}[step_{step}]", scenario=scenario, step=step, stage=check)
+            yield InvariantItem.from_parent(
+                self, name=f"{check}[step_{step}]", scenario=scenario, step=step, stage=check
+            )
         if scenario.gates_metrics:
             yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
 

@@ -57,7 +57,10 @@ class Bound:
             return f"{self.name} {value:.6g} > {self.high:g}"
         if self.low is not None and not value >= self.low:
             return f"{self.name} {value:.6g} < {self.low:g}"
-        sides = [f">= {self.low:g}" if self.low is not None else "", f"<= {self.high:g}" if self.high is not None else ""]
+        sides = [
+            f">= {self.low:g}" if self.low is not None else "",
+            f"<= {self.high:g}" if self.high is not None else "",
+        ]
         return f"{self.name} {value:.6g} {' and '.join(s for s in sides if s)}"
 
 
@@ -136,8 +139,11 @@ def _bound(name: Any, value: Any, *, key: str, source: Path | str, kind: str) ->
         unknown = [k for k in value if k not in ("min", "max")]
         if unknown or not value:
             raise ScenarioError(f"{source}: {key}: expected a number or {{min: ..., max: ...}}, got {value!r}")
-        return Bound(name, _number(value.get("min"), key=f"{key}.min", source=source),
-                     _number(value.get("max"), key=f"{key}.max", source=source))
+        return Bound(
+            name,
+            _number(value.get("min"), key=f"{key}.min", source=source),
+            _number(value.get("max"), key=f"{key}.max", source=source),
+        )
     return Bound(name, None, _number(value, key=key, source=source, required=True))
 
 
@@ -223,8 +229,10 @@ def _check_exact(run_dir: Path, step: int, where: str, mode: str) -> Verdict:
     tokens = _response_tokens(log_probs)
     differ = [tok for tok in tokens if tok[2] != tok[3]]
     if not differ:
-        return Verdict(True, f"{where}: rollout_log_probs == old_log_prob bit for bit on {len(tokens)} tokens "
-                             f"(log_prob_mode: {mode})")
+        return Verdict(
+            True,
+            f"{where}: rollout_log_probs == old_log_prob bit for bit on {len(tokens)} tokens (log_prob_mode: {mode})",
+        )
     i, t, rollout, old = differ[0]
     return Verdict(
         False,
