@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from harness_testing import hooks_env, make_project, run_pytest
+
 from precision_harness import consistency
 from precision_harness.errors import ScenarioError
 from precision_harness.scenario import Scenario
@@ -37,7 +37,7 @@ invariants:
 
 
 def _items(project: Path, *, plant: str | None = None) -> dict[str, dict]:
-    """Record the project's golden (invariant items check in update mode too) and return its items by name, e.g. ``weight_sync[step_2]``."""
+    """Record the golden (invariant items check in update mode too); the items by name, e.g. ``metrics``."""
     env = hooks_env(PRECISION_TEST_PLANT=plant) if plant else None
     proc = run_pytest(project, "--precision-golden", "update", "--precision-report", "rep", env=env)
     report = json.loads((project / "rep" / "report.json").read_text())
