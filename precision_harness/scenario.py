@@ -26,6 +26,7 @@ from precision_harness.schemas import validate
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
+    "rollout_generate",
     "compute_rm_score",
     "actor_compute_log_prob",
     "ref_compute_log_prob",
@@ -33,6 +34,9 @@ STAGES: tuple[str, ...] = (
     "critic_update",
     "actor_update",
 )
+#: the rollout engine's stage: opt-in (listed in ``precision_debugger.stages``), built-in scenarios only,
+#: because verl's PrecisionDebugger skips it ("rollout_generate is ignored"): docs/consistency.md
+ROLLOUT_GENERATE = "rollout_generate"
 
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
@@ -110,7 +114,7 @@ DEFAULTS: dict[str, Any] = {
         "steps": None,
         "global_tool_config": {
             "precision_debugger": {
-                "stages": list(STAGES),
+                "stages": [s for s in STAGES if s != ROLLOUT_GENERATE],
                 "strict": False,
                 "config_path": None,
                 "task": "statistics",
@@ -288,6 +292,7 @@ class Scenario:
         if self.kind != "builtin":
             return tuple(s for s in STAGES if s in self.profiler["stages"])
         present = {
+            ROLLOUT_GENERATE: True,
             "compute_rm_score": self.use_reward_model,
             "actor_compute_log_prob": True,
             "ref_compute_log_prob": self.use_reference,
@@ -403,7 +408,16 @@ class Scenario:
     # ------------------------------------------------------------------------------ validation
     def _check_consistency(self) -> None:
         """Cross-field rules the schema cannot express; each raises ScenarioError naming the field."""
-        for check in _CONSISTENCY_CHECKS if self.kind == "builtin" else (_check_stages, _check_level, _check_engine):
+        for check in (
+            _CONSISTENCY_CHECKS
+            if self.kind == "builtin"
+            else (
+                _check_rollout_generate,
+                _check_stages,
+                _check_level,
+                _check_engine,
+            )
+        ):
             check(self)
         self.invariants  # noqa: B018 -- validates the invariants: key (one line naming the file and key)
 
@@ -451,6 +465,15 @@ def _check_stages(s: Scenario) -> None:
         raise ScenarioError(
             f"{s.path}: {_STAGES_KEY}: stage {not_run[0]!r} never runs in this scenario (strict: true); "
             "enable its role or remove it from stages"
+        )
+
+
+def _check_rollout_generate(s: Scenario) -> None:
+    """``rollout_generate`` is dumped by the built-in loop only: verl's debugger skips the rollout."""
+    if ROLLOUT_GENERATE in s.profiler["stages"]:
+        raise ScenarioError(
+            f"{s.path}: {_STAGES_KEY}: {ROLLOUT_GENERATE} is not dumped by verl (its PrecisionDebugger skips the "
+            f'rollout: "rollout_generate is ignored"), so a {s.kind} scenario cannot gate it; remove it from stages'
         )
 
 
