@@ -11,11 +11,15 @@ import math
 from pathlib import Path
 
 import pytest
-from harness_testing import hooks_env, make_project, run_pytest
+from harness_testing import base_data, hooks_env, make_project, run_pytest, write_dump
 
-from precision_harness import consistency
+from precision_harness import consistency, sampled_tokens
+from precision_harness.check import ItemKey, check_items
+from precision_harness.check_settings import CheckSettings
 from precision_harness.errors import ScenarioError
+from precision_harness.golden import Golden
 from precision_harness.scenario import Scenario
+from precision_harness.tolerance import TolerancePolicy
 
 SCENARIO = """\
 description: rollout consistency, GRPO n=2, 2 layers, 2 steps
@@ -202,3 +206,63 @@ def test_invariants_stay_out_of_the_scenario_hash(tmp_path: Path) -> None:
         "weight_sync",
         "rollout_log_prob_parity",
     )
+
+
+# ------------------------------------------------------------------------------ rollout_generate
+def _generate_stage(root: Path, step: int, responses: list[list[int]], linear_max: float) -> None:
+    data = base_data()
+    data["Functional.linear.0.forward"]["output"][0]["Max"] = linear_max
+    stage = root / f"step_{step}" / "rollout_generate"
+    write_dump(stage, data)
+    (stage / "step0" / "rank0" / sampled_tokens.SAMPLED_TOKENS).write_text(sampled_tokens.payload(responses))
+
+
+def test_changed_token_is_the_rollout_generate_verdict_before_any_statistic(tmp_path: Path) -> None:
+    recorded = [[1, 2, 3, 4, 5, 6, 7, 8]] * 3 + [[9, 9, 9, 9, 9, 17, 9, 9]]
+    sampled = [row[:] for row in recorded]
+    sampled[3][5] = 42
+    sampled[3][6:] = [1, 2]
+    sampled[2][7] = 0
+    _generate_stage(tmp_path / "golden", 2, recorded, linear_max=3.0)
+    _generate_stage(tmp_path / "run", 2, sampled, linear_max=30.0)  # statistics drift as well
+    golden = Golden.from_run_dir(tmp_path / "golden")
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
+    [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
+    assert not out.passed
+    # row-major: sample 2 position 7 comes before sample 3 position 5
+    assert out.text == "rollout_generate @ step_2: sample 2 position 7: token 8 -> 0 (first of 4 changed tokens)"
+    sampled[2][7] = 8
+    _generate_stage(tmp_path / "run", 2, sampled, linear_max=30.0)
+    [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
+    assert out.text == "rollout_generate @ step_2: sample 3 position 5: token 17 -> 42 (first of 3 changed tokens)"
+
+
+def test_same_tokens_leave_the_verdict_to_the_statistics(tmp_path: Path) -> None:
+    tokens = [[1, 2], [3, 4]]
+    _generate_stage(tmp_path / "golden", 1, tokens, linear_max=3.0)
+    _generate_stage(tmp_path / "run", 1, tokens, linear_max=30.0)
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
+    [(_, out)] = check_items(
+        tmp_path / "run", Golden.from_run_dir(tmp_path / "golden"), [ItemKey(1, "rollout_generate")], settings
+    )
+    assert not out.passed and "token" not in out.text.splitlines()[0] and "Functional.linear.0.forward" in out.text
+
+
+def test_rollout_generate_is_opt_in_and_refused_on_command_scenarios(tmp_path: Path) -> None:
+    assert "rollout_generate" not in _load(tmp_path, SCENARIO).stages
+    with pytest.raises(ScenarioError) as err:
+        command = COMMAND.split("invariants:")[0]
+        _load(tmp_path, command.replace("stages: [actor_update]", "stages: [rollout_generate, actor_update]"))
+    text = str(err.value)
+    assert "\n" not in text and "rollout_generate is not dumped by verl" in text, text
+
+
+def test_rollout_generate_run_records_its_tokens_and_passes_unchanged(project: Path) -> None:
+    path = project / "scenarios" / "consistency.yaml"
+    path.write_text(path.read_text().replace("stages: [actor_compute_log_prob]", "stages: [rollout_generate]"))
+    assert run_pytest(project, "--precision-golden", "update").returncode == 0
+    golden = Golden.from_dir(project / "golden" / "consistency" / "cpu")
+    tokens = json.loads(golden.read("step_1/rollout_generate/step0/rank0/sampled_tokens.json"))
+    assert len(tokens["responses"]) == 4 and all(len(row) == 4 for row in tokens["responses"])
+    proc = run_pytest(project, "-k", "rollout_generate")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
