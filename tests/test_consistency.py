@@ -266,3 +266,16 @@ def test_rollout_generate_run_records_its_tokens_and_passes_unchanged(project: P
     assert len(tokens["responses"]) == 4 and all(len(row) == 4 for row in tokens["responses"])
     proc = run_pytest(project, "-k", "rollout_generate")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
+
+
+def test_rollout_generate_at_level_auto_keeps_rollout_log_probs_in_its_stage_outputs(project: Path) -> None:
+    path = project / "scenarios" / "consistency.yaml"
+    text = path.read_text().replace("stages: [actor_compute_log_prob]", "stages: [rollout_generate]")
+    path.write_text(text.replace("level: L0", "level: auto"))
+    assert run_pytest(project, "--precision-golden", "update").returncode == 0
+    golden = Golden.from_dir(project / "golden" / "consistency" / "cpu")
+    outputs = json.loads(golden.read("step_1/rollout_generate/step0/rank0/stage_outputs.json"))
+    assert [k for k in outputs["data"] if "rollout_log_probs" in k], list(outputs["data"])
+    assert golden.localizes and golden.localization().has_stage(1, "rollout_generate")
+    proc = run_pytest(project, "-k", "rollout_generate")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
