@@ -6,6 +6,7 @@ the parameter or the token; an unplanted run passes every check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -21,6 +22,7 @@ from precision_harness.golden import Golden
 from precision_harness.scenario import Scenario
 from precision_harness.tolerance import TolerancePolicy
 
+STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
 SCENARIO = """\
 description: rollout consistency, GRPO n=2, 2 layers, 2 steps
 seed: 3
@@ -279,3 +281,19 @@ def test_rollout_generate_at_level_auto_keeps_rollout_log_probs_in_its_stage_out
     assert golden.localizes and golden.localization().has_stage(1, "rollout_generate")
     proc = run_pytest(project, "-k", "rollout_generate")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
+
+
+def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(tmp_path: Path) -> None:
+    """msprobe hooking the rollout consumes no random numbers and changes no later op: grpo_tiny's
+    golden (every other stage's dump and metrics.jsonl) is byte-identical with the stage on."""
+    from precision_harness import launch
+
+    repo = Path(__file__).resolve().parent.parent
+    base = Scenario.load(repo / "scenarios" / "grpo_tiny.yaml")
+    on = base.with_overrides({STAGES_KEY: ["rollout_generate", *base.stages]}, directory=tmp_path)
+    run = launch.run_scenario(on, out_dir=tmp_path / "run", device="cpu")
+    golden = Golden.from_dir(repo / "golden" / "grpo_tiny" / "cpu")
+    assert len(golden.contents) >= 10
+    for name in golden.contents:
+        assert hashlib.sha256((run.run_dir / name).read_bytes()).hexdigest() == golden.content_sha256(name), name
+    assert (run.run_dir / "step_2" / "rollout_generate" / "step0" / "rank0" / "dump.json").is_file()
