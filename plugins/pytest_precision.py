@@ -282,7 +282,7 @@ def precision_run(request: pytest.FixtureRequest) -> PrecisionRuns:
 
 
 class ScenarioFile(pytest.File):
-    """A scenario YAML file: one item per profiled (step, stage), then one for metrics.jsonl."""
+    """A scenario YAML file: one item per profiled (step, stage), per (step, invariant), then one for metrics.jsonl."""
 
     def collect(self) -> Iterator[pytest.Item]:
         usage = self.config.stash[_SESSION_KEY].usage
@@ -307,6 +307,10 @@ class ScenarioFile(pytest.File):
                 yield StageItem.from_parent(
                     self, name=f"{stage}[step_{step}]", scenario=scenario, step=step, stage=stage
                 )
+        for step, check in scenario.invariant_items:
+            yield InvariantItem.from_parent(
+                self, name=f"{check}[step_{step}]", scenario=scenario, step=step, stage=check
+            )
         if scenario.gates_metrics:
             yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
 
@@ -354,6 +358,10 @@ class StageItem(PrecisionItem):
 
     def runtest(self) -> None:
         self._verdict(ItemKey(self.step, self.stage))
+
+
+class InvariantItem(StageItem):
+    """One ``invariants:`` check at one step (``weight_sync``, ``rollout_log_prob_parity``): no golden."""
 
 
 class MetricsItem(PrecisionItem):

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness import verdict_text
+from precision_harness import sampled_tokens, verdict_text
 from precision_harness.check_settings import CheckSettings
 from precision_harness.churn import ChurnRow
 from precision_harness.compare import MetricsVerdict, StageVerdict, compare_metrics, compare_stage
@@ -29,7 +29,7 @@ from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.golden import Golden
 from precision_harness.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.paths import display_path
-from precision_harness.scenario import STAGES
+from precision_harness.scenario import ROLLOUT_GENERATE, STAGES
 
 
 class OutcomeKind(str, Enum):
@@ -133,6 +133,10 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
     if artifacts is not None:
         shutil.rmtree(artifacts, ignore_errors=True)
     run_stage = DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
+    if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
+        changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
+        if changed is not None:
+            return Outcome(False, changed, OutcomeKind.COMPARED)
     return check_stage(run_stage, golden.stage(key.step, key.stage), s)
 
 

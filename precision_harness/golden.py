@@ -56,7 +56,8 @@ from precision_harness.errors import (
     SchemaError,
 )
 from precision_harness.paths import display_path, is_relative_inside, join_inside
-from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, Scenario
+from precision_harness.sampled_tokens import SAMPLED_TOKENS
+from precision_harness.scenario import AUTO, LOCALIZE_LEVEL, ROLLOUT_GENERATE, Scenario
 from precision_harness.schemas import validate
 from precision_harness.tolerance import STATISTICS
 
@@ -76,6 +77,7 @@ GOLDEN_FILES = (
     "step_*/*/step0/rank*/dump.json",
     "step_*/*/step0/rank*/construct.json",
     f"step_*/*/step0/rank*/{STAGE_OUTPUTS}",  # level: auto, beside the L0 dump
+    f"step_*/{ROLLOUT_GENERATE}/step0/rank*/{SAMPLED_TOKENS}",  # the tokens rollout_generate sampled
     METRICS,
     "rollouts/**/*",  # a verl scenario's pinned rollouts (skip.rollout_tq), loaded by check runs
     # level: auto: the same stages at the localisation level, for the rerun of a failing stage

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from precision_harness import command_scenario
+from precision_harness import command_scenario, consistency
 from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.identity import flat_command
 from precision_harness.paths import display_path
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
+    "rollout_generate",
     "compute_rm_score",
     "actor_compute_log_prob",
     "ref_compute_log_prob",
@@ -36,6 +37,9 @@ STAGES: tuple[str, ...] = (
     "critic_update",
     "actor_update",
 )
+#: the rollout engine's stage: opt-in (listed in ``precision_debugger.stages``), built-in scenarios only,
+#: because verl's PrecisionDebugger skips it ("rollout_generate is ignored"): docs/consistency.md
+ROLLOUT_GENERATE = "rollout_generate"
 
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
@@ -113,7 +117,7 @@ DEFAULTS: dict[str, Any] = {
         "steps": None,
         "global_tool_config": {
             "precision_debugger": {
-                "stages": list(STAGES),
+                "stages": [s for s in STAGES if s != ROLLOUT_GENERATE],
                 "strict": False,
                 "config_path": None,
                 "task": "statistics",
@@ -220,6 +224,9 @@ class Scenario:
     allows_auto: ClassVar[bool]
     #: what a stale golden's message says when the golden cannot name the change
     unnamed_change: ClassVar[str]
+    #: whether its runs write per-token rollout log-probs and per-parameter weight digests (the
+    #: built-in loop's own rollout): ``rollout_generate``, ``weight_sync`` and ``exact`` parity need them
+    records_rollout: ClassVar[bool]
     #: cross-field rules the schema cannot express, run by :meth:`load`
     consistency_checks: ClassVar[tuple[Callable[[Scenario], None], ...]]
 
@@ -431,6 +438,25 @@ class Scenario:
             path.write_text(text, encoding="utf-8")
         return Scenario.load(path)
 
+    @property
+    def invariants(self) -> consistency.Invariants:
+        """The scenario's ``invariants:`` checks (docs/consistency.md); none when the key is absent.
+
+        Raises:
+            ScenarioError: an unknown check or bound, or a bound that is not a number (names the key).
+        """
+        raw = self.config.get("invariants")
+        return consistency.parse(raw, source=self.path, kind=self.kind, records_rollout=self.records_rollout)
+
+    @property
+    def invariant_items(self) -> tuple[tuple[int, str], ...]:
+        """``(step, check)`` of every invariant item: each check at each of :attr:`invariant_steps`."""
+        return tuple((step, name) for step in self.invariant_steps for name in self.invariants.names)
+
+    @property
+    def invariant_steps(self) -> tuple[int, ...]:
+        """The steps an invariant is checked at."""
+        raise NotImplementedError
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, *, source: Path) -> None:
     node = raw
@@ -461,6 +487,20 @@ def _check_stages(s: Scenario) -> None:
             f"{s.path}: {_STAGES_KEY}: stage {not_run[0]!r} never runs in this scenario (strict: true); "
             "enable its role or remove it from stages"
         )
+
+
+def _check_rollout_generate(s: Scenario) -> None:
+    """``rollout_generate`` is dumped by the built-in loop only: verl's debugger skips the rollout."""
+    if ROLLOUT_GENERATE in s.profiler["stages"]:
+        raise ScenarioError(
+            f"{s.path}: {_STAGES_KEY}: {ROLLOUT_GENERATE} is not dumped by verl (its PrecisionDebugger skips the "
+            f'rollout: "rollout_generate is ignored"), so a {s.kind} scenario cannot gate it; remove it from stages'
+        )
+
+
+def _check_invariants(s: Scenario) -> None:
+    """The ``invariants:`` key parses for this kind (one line naming the file and the key)."""
+    s.invariants  # noqa: B018 -- parsing is the check
 
 
 def _check_level(s: Scenario) -> None:
@@ -567,6 +607,7 @@ class BuiltinScenario(Scenario):
 
     kind = "builtin"
     allows_auto = True
+    records_rollout = True
     unnamed_change = "model, data, batch or algorithm settings changed"
     consistency_checks = (
         _check_stages,
@@ -576,6 +617,7 @@ class BuiltinScenario(Scenario):
         _check_world_size,
         _check_algorithm,
         _check_model,
+        _check_invariants,
     )
 
     @classmethod
@@ -611,6 +653,7 @@ class BuiltinScenario(Scenario):
     @property
     def executed_stages(self) -> tuple[str, ...]:
         present = {
+            ROLLOUT_GENERATE: True,
             "compute_rm_score": self.use_reward_model,
             "actor_compute_log_prob": True,
             "ref_compute_log_prob": self.use_reference,
@@ -628,6 +671,11 @@ class BuiltinScenario(Scenario):
     @property
     def gates_metrics(self) -> bool:
         return True
+
+    @property
+    def invariant_steps(self) -> tuple[int, ...]:
+        """Every training step: the loop syncs and samples at each, profiled or not."""
+        return tuple(range(1, self.total_steps + 1))
 
     @property
     def numeric_settings(self) -> dict[str, Any]:
@@ -648,8 +696,9 @@ class CommandScenario(Scenario):
 
     kind = "command"
     allows_auto = False
+    records_rollout = False
     unnamed_change = "argv, env, settings, msprobe config, num_threads or an input file changed"
-    consistency_checks = (_check_stages, _check_level)
+    consistency_checks = (_check_rollout_generate, _check_stages, _check_level, _check_invariants)
     #: where a built-in-only key's setting belongs instead, for the one-line error
     settings_hint: ClassVar[str] = "declare it under settings"
 
@@ -686,6 +735,11 @@ class CommandScenario(Scenario):
         return bool(self.config["metrics"])
 
     @property
+    def invariant_steps(self) -> tuple[int, ...]:
+        """The profiled steps (``global_profiler.steps``): the ones the gate knows the run reached."""
+        return self.steps
+
+    @property
     def numeric_settings(self) -> dict[str, Any]:
         return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
 
@@ -705,7 +759,7 @@ class VerlScenario(CommandScenario):
 
     kind = "verl"
     unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
-    consistency_checks = (_check_stages, _check_level, _check_engine)
+    consistency_checks = (_check_rollout_generate, _check_stages, _check_level, _check_engine, _check_invariants)
     settings_hint = "put verl settings under verl.overrides"
 
     @classmethod
@@ -839,6 +893,8 @@ _NOT_NUMERICS = (
     "description",
     "device",
     "tolerance",
+    # checks over the run's files: what the run computes is the same with or without them
+    "invariants",
     "trainer.ray",
     "global_profiler.steps",
     "global_profiler.global_tool_config.precision_debugger.stages",

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import churn as churn_mod
-from precision_harness import device_availability, level_auto, progress
+from precision_harness import consistency, device_availability, level_auto, progress
 from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
 from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
@@ -348,6 +348,8 @@ class PrecisionSession:
                 return Outcome(False, f"{scenario.name}: {plan.reason}", OutcomeKind.ERROR)
             run = self._settle(scenario, plan)
             st = self.state(scenario)
+            if key.stage in consistency.INVARIANTS:
+                return self._invariant(scenario, run, key)
             if plan.action is GoldenAction.RECORD:
                 return self._recorded(st, key)
             return self._check(st, plan, run, key)
@@ -378,6 +380,15 @@ class PrecisionSession:
         if isinstance(st.recording, PrecisionError):
             raise st.recording
         return run
+
+    @staticmethod
+    def _invariant(scenario: Scenario, run: RunResult, key: ItemKey) -> Outcome:
+        """An ``invariants:`` item: the run's own files, whatever the golden mode (docs/consistency.md)."""
+        assert key.step is not None and key.stage is not None
+        t0 = time.perf_counter()
+        mode = scenario.config.get("actor_rollout_ref", {}).get("rollout", {}).get("log_prob_mode", "sample")
+        verdict = consistency.check(run.run_dir, key.step, key.stage, scenario.invariants, log_prob_mode=mode)
+        return Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED, seconds=time.perf_counter() - t0)
 
     def _recorded(self, st: ScenarioState, key: ItemKey) -> Outcome:
         assert isinstance(st.recording, Recording)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from precision_harness import consistency
 from precision_harness import invariants as inv
 
 SUITE = inv.load_suite(Path(__file__).resolve().parent.parent / "scenarios")
@@ -19,8 +20,11 @@ MISMATCHED = [s for s in SUITE if inv.applies_mismatch_health(s)]
 #: the scenario whose actor_compute_log_prob is rerun at another micro-batch size
 MICRO_BATCH_SCENARIO = "grpo_is_token_truncate"
 MICRO_BATCH_OVERRIDE = {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1}
+#: an fp32 scenario rerun with its rollout log-probs recomputed over the whole sequence: bitwise parity
+PARITY_SCENARIO = "grpo_tiny"
+PARITY_OVERRIDE = {"actor_rollout_ref.rollout.log_prob_mode": "recompute"}
 #: started at session start by conftest.py, so it overlaps with the other runs
-PRECISION_VARIANTS = [(MICRO_BATCH_SCENARIO, MICRO_BATCH_OVERRIDE)]
+PRECISION_VARIANTS = [(MICRO_BATCH_SCENARIO, MICRO_BATCH_OVERRIDE), (PARITY_SCENARIO, PARITY_OVERRIDE)]
 
 
 def ids(scenarios: list) -> list[str]:
@@ -65,3 +69,22 @@ def test_rollout_training_mismatch_is_healthy(scenario, run_dir) -> None:
     assert inv.check_mismatch_health(rows, where=scenario.name) == 3 * len(rows)
     # the mismatch is real: bf16 vs fp32 log-probs are not identical
     assert all(row["mismatch/mismatch_log_ppl_abs_diff"] > 0 for row in rows)
+
+
+@pytest.mark.parametrize("scenario", SUITE, ids=ids(SUITE))
+def test_rollout_holds_the_actors_weights_after_every_sync(scenario, run_dir) -> None:
+    run, exact = run_dir(scenario.name), consistency.Invariants(weight_sync=True)
+    for step in range(1, scenario.total_steps + 1):
+        verdict = consistency.check(run, step, consistency.WEIGHT_SYNC, exact)
+        assert verdict.passed, verdict.text
+
+
+def test_recomputed_rollout_log_probs_equal_old_log_prob_bit_for_bit(run_dir) -> None:
+    """KV-free sampling is not bitwise (other matmul shapes); recomputing the sequence once is (docs/consistency.md)."""
+    exact = consistency.Invariants(parity="exact")
+    sampled, recomputed = run_dir(PARITY_SCENARIO), run_dir(PARITY_SCENARIO, PARITY_OVERRIDE)
+    for step in (1, 2):
+        verdict = consistency.check(recomputed, step, consistency.LOG_PROB_PARITY, exact, log_prob_mode="recompute")
+        assert verdict.passed, verdict.text
+        # the same check tells apart the sampled log-probs, so it is not vacuous
+        assert not consistency.check(sampled, step, consistency.LOG_PROB_PARITY, exact).passed

@@ -65,20 +65,29 @@ def test_top_level_must_be_mapping(tmp_path: Path) -> None:
 def test_unknown_stage_strict_is_error(tmp_path: Path) -> None:
     text = (
         "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
-        "      strict: true\n      stages: [actor_update, rollout_generate]\n"
+        "      strict: true\n      stages: [actor_update, train_batch]\n"
     )
-    with pytest.raises(ScenarioError, match="unknown stage 'rollout_generate' \\(strict: true\\)"):
+    with pytest.raises(ScenarioError, match="unknown stage 'train_batch' \\(strict: true\\)"):
         Scenario.load(write(tmp_path, text))
 
 
 def test_unknown_stage_not_strict_is_ignored(tmp_path: Path) -> None:
     text = (
         "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
-        "      strict: false\n      stages: [actor_update, rollout_generate]\n"
+        "      strict: false\n      stages: [actor_update, train_batch]\n"
     )
     s = Scenario.load(write(tmp_path, text))
     assert s.stages == ("actor_update",)
-    assert s.ignored_stages == ("rollout_generate",)
+    assert s.ignored_stages == ("train_batch",)
+
+
+def test_rollout_generate_is_a_stage_only_when_listed(tmp_path: Path) -> None:
+    text = (
+        "global_profiler:\n  global_tool_config:\n    precision_debugger:\n"
+        "      strict: true\n      stages: [actor_update, rollout_generate]\n"
+    )
+    assert Scenario.load(write(tmp_path, text)).stages == ("rollout_generate", "actor_update")
+    assert "rollout_generate" not in Scenario.load(write(tmp_path, "seed: 1\n")).stages
 
 
 def test_stage_that_never_runs_strict(tmp_path: Path) -> None:

@@ -98,3 +98,25 @@ def generate(
         "response_mask": response_mask,
         "rollout_log_probs": log_probs * response_mask,
     }
+
+
+def recompute_log_probs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], *, micro_batch_size: int, temperature: float
+) -> torch.Tensor:
+    """``rollout_log_probs`` ``(bs*n, R)`` of the sampled responses, recomputed by the rollout model in one
+    forward over each whole sequence (``actor_rollout_ref.rollout.log_prob_mode: recompute``).
+
+    Token-by-token generation runs the rollout model on growing prefixes, other matmul shapes than
+    the training engine's one forward over the finished sequence, so its log-probs differ from
+    ``old_log_prob`` in the last bits even with the same weights and dtype. Recomputed with the same
+    function, micro-batch size and temperature as ``actor_compute_log_prob``
+    (:func:`~precision_harness.runner.stages.compute_log_prob`), a rollout model holding the actor's
+    exact weights in the actor's dtype gives ``old_log_prob`` bit for bit: the
+    ``rollout_log_prob_parity: exact`` invariant (docs/consistency.md). 0 on padding.
+    """
+    from precision_harness.runner import stages
+
+    log_probs, _ = stages.compute_log_prob(
+        model, batch, micro_batch_size=micro_batch_size, temperature=temperature, calculate_entropy=False
+    )
+    return log_probs * batch["response_mask"]

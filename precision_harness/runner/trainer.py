@@ -1,10 +1,11 @@
 """The short PPO loop: ``total_training_steps`` x (rollout -> stages -> metrics).
 
-Order within a step is verl's ``RayPPOTrainer.fit``: generate -> reward (``compute_rm_score`` or
-the rule reward) -> ``actor_compute_log_prob`` -> ``ref_compute_log_prob`` -> ``compute_values`` ->
-advantage -> ``critic_update`` -> ``actor_update``. Profiled (step, stage) pairs are dumped by
-:class:`StageProbe`; every stage is timed. Writes ``metrics.jsonl``, ``step_<n>/log_probs.json``
-(per-token log-probs for the invariant checks of ``precision_tests/``) and ``run.json``.
+Order within a step is verl's ``RayPPOTrainer.fit``: weight sync -> generate (``rollout_generate``,
+opt-in) -> reward (``compute_rm_score`` or the rule reward) -> ``actor_compute_log_prob`` ->
+``ref_compute_log_prob`` -> ``compute_values`` -> advantage -> ``critic_update`` -> ``actor_update``.
+Profiled (step, stage) pairs are dumped by :class:`StageProbe`; every stage is timed. Writes
+``metrics.jsonl``, ``step_<n>/weight_sync.json``, ``step_<n>/log_probs.json`` (per-token log-probs
+for the invariant checks of ``precision_tests/``) and ``run.json``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import torch
 
 from precision_harness.runner import algorithms as core_algos
 from precision_harness.runner import data as data_mod
-from precision_harness.runner import devices, models, rollout, stages
+from precision_harness.runner import devices, models, rollout, stages, weight_sync
 from precision_harness.runner.distributed import reduce_metrics
 from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.runner.stage_outputs import StageOutputs
-from precision_harness.scenario import Scenario
+from precision_harness.sampled_tokens import SAMPLED_TOKENS
+from precision_harness.sampled_tokens import payload as sampled_tokens_payload
+from precision_harness.scenario import ROLLOUT_GENERATE, Scenario
 
 #: what actor_update's stage_outputs.json holds after its inputs: per micro-batch, then per mini-batch
 ACTOR_LOSSES = ("loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm")
@@ -79,6 +82,8 @@ class Trainer:
         self.rollout_dtype = models.DTYPES[cfg["actor_rollout_ref"]["rollout"]["dtype"]]
         self.actor = models.build_actor(cfg["model"], self.tok, seed=cfg["seed"]).to(self.device, self.actor_dtype)
         self.actor_optim = self._optimizer(self.actor, actor_cfg["optim"])
+        #: the inference engine's own copy of the weights, synced from the actor before each rollout
+        self.rollout_model = models.frozen_copy(self.actor, self.rollout_dtype)
         self.ref = models.frozen_copy(self.actor) if self.scenario.use_reference else None
         self.critic = self.critic_optim = self.reward_model = None
         if self.scenario.use_critic:
@@ -115,7 +120,7 @@ class Trainer:
     @contextmanager
     def stage(self, step: int, name: str, model: torch.nn.Module) -> Iterator[None]:
         """Time the body; dump it when (step, stage) is profiled, with ``stage_outputs.json`` at ``level: auto``."""
-        profiled = self.probe is not None and step in self.profiled_steps and name in self.profiled_stages
+        profiled = self._profiled(step, name)
         self.io = StageOutputs() if profiled and self.scenario.localizes else None
         t0 = time.perf_counter()
         with self.probe.stage(step, name, model) if profiled else nullcontext() as dump_dir:
@@ -124,6 +129,9 @@ class Trainer:
             self.io.write(Path(dump_dir) / "step0" / f"rank{self.probe.rank}")
             self.io = None
         self.timings[f"step_{step}/{name}"] = round(time.perf_counter() - t0, 6)
+
+    def _profiled(self, step: int, name: str) -> bool:
+        return self.probe is not None and step in self.profiled_steps and name in self.profiled_stages
 
     def _output(self, name: str, value: torch.Tensor | None) -> None:
         if self.io is not None:
@@ -156,28 +164,49 @@ class Trainer:
         return self._step_metrics(st)
 
     def _generate_sequences(self, step: int) -> _Step:
-        """Rollout: the inference engine holds its own copy of the weights, in ``rollout.dtype``."""
+        """Rollout: weights synced into the inference engine (``rollout.dtype``), then sampling.
+
+        Writes ``step_<n>/weight_sync.json`` (:func:`~precision_harness.runner.weight_sync.sync_record`).
+        With ``rollout.log_prob_mode: recompute`` the rollout log-probs are recomputed over the whole
+        sampled sequences (:func:`~precision_harness.runner.rollout.recompute_log_probs`).
+        """
         cfg, tok = self.cfg, self.tok
-        n = cfg["actor_rollout_ref"]["rollout"]["n"]
+        rollout_cfg = cfg["actor_rollout_ref"]["rollout"]
         prompts = data_mod.arithmetic_prompts(seed=cfg["seed"], step=step, batch_size=cfg["data"]["train_batch_size"])
         encoded = rollout.encode_prompts(
             [p.text for p in prompts], tok, max_prompt_length=cfg["data"]["max_prompt_length"]
         )
         t0 = time.perf_counter()
-        engine = models.frozen_copy(self.actor, self.rollout_dtype)
-        batch = rollout.generate(
-            engine,
-            encoded,
-            n=n,
-            temperature=cfg["actor_rollout_ref"]["rollout"]["temperature"],
-            max_response_length=cfg["data"]["max_response_length"],
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            generator=self.generator,
-        )
-        del engine
+        weight_sync.sync_weights(self.actor, self.rollout_model)
+        record = weight_sync.sync_record(self.actor, self.rollout_model, step=step, dtype=self.rollout_dtype)
+        weight_sync.write_sync_record(self.out_dir / f"step_{step}", record)
+        # an opt-in stage: unprofiled, it is neither timed nor logged, as before it existed
+        profiled = self._profiled(step, ROLLOUT_GENERATE)
+        with self.stage(step, ROLLOUT_GENERATE, self.rollout_model) if profiled else nullcontext():
+            batch = rollout.generate(
+                self.rollout_model,
+                encoded,
+                n=rollout_cfg["n"],
+                temperature=rollout_cfg["temperature"],
+                max_response_length=cfg["data"]["max_response_length"],
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                generator=self.generator,
+            )
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            if rollout_cfg.get("log_prob_mode", "sample") == "recompute":
+                batch["rollout_log_probs"] = rollout.recompute_log_probs(
+                    self.rollout_model,
+                    batch,
+                    micro_batch_size=rollout_cfg["log_prob_micro_batch_size_per_gpu"],
+                    temperature=rollout_cfg["temperature"],
+                )
+            self._output("rollout_log_probs", batch["rollout_log_probs"])
+        if profiled:
+            rank_dir = self.out_dir / f"step_{step}" / ROLLOUT_GENERATE / "step0" / f"rank{self.probe.rank}"
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            (rank_dir / SAMPLED_TOKENS).write_text(sampled_tokens_payload(batch["responses"].cpu().tolist()))
         self.timings[f"step_{step}/generate_sequences"] = round(time.perf_counter() - t0, 6)
-        batch = {k: v.to(self.device) for k, v in batch.items()}
         return _Step(step=step, prompts=prompts, batch=batch, metrics={"training/global_step": step})
 
     def _compute_reward(self, st: _Step) -> None:

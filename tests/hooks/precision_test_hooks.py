@@ -9,6 +9,10 @@ Two variables choose them; unset, every patched function does exactly what it di
   ``actor_update``), ``advantages`` (scaled after ``compute_advantage``, outside every stage, as
   verl's driver computes them; in verl's own trainer, every estimator of
   ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` is wrapped the same way).
+  Rollout sites, between the training and the rollout engine: ``weight_sync`` (the sync skips
+  :data:`SKIPPED_SYNC_MODULE`, whose rollout weights stay those of the step before), ``rollout_temperature``
+  (the rollout samples and recomputes with a temperature off by :data:`ROLLOUT_TEMPERATURE_SCALE`),
+  ``rollout_lm_head`` (after each sync the rollout's ``lm_head.weight`` is rounded through bfloat16).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
   own shard by :data:`PERTURB_SCALE`, so a verdict must name the rank that diverged first.
 
@@ -31,7 +35,10 @@ from typing import Any
 
 PLANT_ENV = "PRECISION_TEST_PLANT"
 PLANT_SCALE = 1.0 + 1e-4
-SITES = ("log_prob", "loss", "advantages")
+SITES = ("log_prob", "loss", "advantages", "weight_sync", "rollout_temperature", "rollout_lm_head")
+#: the module whose weights the planted weight sync leaves behind
+SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
+ROLLOUT_TEMPERATURE_SCALE = 1.0 + 1e-6
 PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
 PERTURB_SCALE = 1.0 + 1e-3
 
@@ -48,6 +55,11 @@ def factor(site: str) -> float:
     if planted not in SITES:
         raise ValueError(f"{PLANT_ENV}={planted!r}: expected one of {', '.join(SITES)}")
     return PLANT_SCALE if planted == site else 1.0
+
+
+def planted(site: str) -> bool:
+    """Whether ``$PRECISION_TEST_PLANT`` names ``site`` (:func:`factor`'s check of the variable)."""
+    return factor(site) != 1.0
 
 
 def perturb(batch: dict[str, Any]) -> dict[str, Any]:
@@ -90,28 +102,65 @@ def _patch_trainer(trainer: ModuleType) -> None:
 
 
 def _planted_estimator(estimator: Callable[..., Any]) -> Callable[..., Any]:
-    def planted(*args: Any, **kwargs: Any) -> Any:
+    def scaled_estimator(*args: Any, **kwargs: Any) -> Any:
         advantages, returns = estimator(*args, **kwargs)
         scale = factor("advantages")
         return (advantages * scale if scale != 1.0 else advantages), returns
 
-    planted.__wrapped__ = estimator  # type: ignore[attr-defined]
-    return planted
+    scaled_estimator.__wrapped__ = estimator  # type: ignore[attr-defined]
+    return scaled_estimator
 
 
 def _patch_core_algos(core_algos: ModuleType) -> None:
     """verl's estimators, in the registry (``get_adv_estimator_fn``) and as the module attributes they were
     registered from (``compute_advantage`` in ``ray_trainer.py`` calls GAE and GRPO that way)."""
     for name, fn in list(core_algos.ADV_ESTIMATOR_REGISTRY.items()):
-        planted = _planted_estimator(fn)
-        core_algos.ADV_ESTIMATOR_REGISTRY[name] = planted
+        wrapped = _planted_estimator(fn)
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = wrapped
         for attr, value in list(vars(core_algos).items()):
             if value is fn:
-                setattr(core_algos, attr, planted)
+                setattr(core_algos, attr, wrapped)
+
+
+def _patch_weight_sync(weight_sync: ModuleType) -> None:
+    sync = weight_sync.sync_weights
+
+    def sync_weights(actor: Any, rollout_model: Any) -> None:
+        import torch
+
+        skip, head = planted("weight_sync"), planted("rollout_lm_head")
+        prefix = SKIPPED_SYNC_MODULE + "."
+        kept = {n: p.detach().clone() for n, p in rollout_model.named_parameters() if skip and n.startswith(prefix)}
+        sync(actor, rollout_model)
+        with torch.no_grad():
+            for name, param in rollout_model.named_parameters():
+                if name in kept:
+                    param.copy_(kept[name])
+                elif head and name == "lm_head.weight":
+                    param.copy_(param.to(torch.bfloat16).to(param.dtype))
+
+    weight_sync.sync_weights = sync_weights
+
+
+def _patch_rollout(rollout: ModuleType) -> None:
+    generate, recompute = rollout.generate, rollout.recompute_log_probs
+
+    def scaled(temperature: float) -> float:
+        return temperature * ROLLOUT_TEMPERATURE_SCALE if planted("rollout_temperature") else temperature
+
+    def generate_planted(model: Any, prompts: Any, *, temperature: float, **kwargs: Any) -> Any:
+        return generate(model, prompts, temperature=scaled(temperature), **kwargs)
+
+    def recompute_planted(model: Any, batch: Any, *, micro_batch_size: int, temperature: float) -> Any:
+        return recompute(model, batch, micro_batch_size=micro_batch_size, temperature=scaled(temperature))
+
+    rollout.generate, rollout.recompute_log_probs = generate_planted, recompute_planted
 
 
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "precision_harness.runner.weight_sync": _patch_weight_sync,
+    "precision_harness.runner.rollout": _patch_rollout,
     "precision_harness.runner.stages": _patch_stages,
     "precision_harness.runner.trainer": _patch_trainer,
     "verl.trainer.ppo.core_algos": _patch_core_algos,
