@@ -116,8 +116,10 @@ def parse(raw: Any, *, source: Path | str, kind: str, records_rollout: bool) -> 
             f"{source}: {key}: expected exact or a mapping of bounds, e.g. "
             "{max_abs: 1.0e-2, token_mult_prob_error_median: 1.1}"
         )
-    per_token = records_rollout
-    bounds = tuple(_bound(name, v, key=f"{key}.{name}", source=source, records_rollout=per_token) for name, v in value.items())
+    bounds = tuple(
+        _bound(name, v, key=f"{key}.{name}", source=source, records_rollout=records_rollout)
+        for name, v in value.items()
+    )
     return Invariants(weight_sync=weight_sync, parity="bounded", bounds=bounds)
 
 

@@ -458,6 +458,7 @@ class Scenario:
         """The steps an invariant is checked at."""
         raise NotImplementedError
 
+
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, *, source: Path) -> None:
     node = raw
     *parents, leaf = dotted.split(".")

@@ -119,7 +119,9 @@ def test_bounds_report_the_measured_value_and_fail_past_it(tmp_path: Path) -> No
     )
     verdict = consistency.check(tmp_path, 1, "rollout_log_prob_parity", loose)
     assert verdict.passed and "max_abs 0.25 <= 0.5" in verdict.text, verdict.text
-    tight = consistency.parse({"rollout_log_prob_parity": {"max_abs": 0.2}}, source="s.yaml", kind="builtin", records_rollout=True)
+    tight = consistency.parse(
+        {"rollout_log_prob_parity": {"max_abs": 0.2}}, source="s.yaml", kind="builtin", records_rollout=True
+    )
     verdict = consistency.check(tmp_path, 1, "rollout_log_prob_parity", tight)
     assert not verdict.passed and verdict.text == "rollout_log_prob_parity @ step_1: max_abs 0.25 > 0.2"
 
@@ -142,7 +144,10 @@ def test_command_scenario_bounds_verl_metrics_from_metrics_jsonl(tmp_path: Path)
     rows = [{"step": 1, "training/rollout_probs_diff_max": 0.004}, {"step": 2, "training/rollout_probs_diff_max": 0.03}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     inv = consistency.parse(
-        {"rollout_log_prob_parity": {"training/rollout_probs_diff_max": 1.0e-2}}, source="v.yaml", kind="verl", records_rollout=False
+        {"rollout_log_prob_parity": {"training/rollout_probs_diff_max": 1.0e-2}},
+        source="v.yaml",
+        kind="verl",
+        records_rollout=False,
     )
     assert consistency.check(tmp_path, 1, "rollout_log_prob_parity", inv).passed
     verdict = consistency.check(tmp_path, 2, "rollout_log_prob_parity", inv)
