@@ -262,6 +262,34 @@ def _stored_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def cmd_golden_history(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from precision_harness.golden import Golden
+    from precision_harness.golden_history import GoldenHistory, history_html, history_lines, history_rows
+    from precision_harness.scenario import Scenario
+    from precision_harness.tolerance import TolerancePolicy
+
+    store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
+    scenario = Scenario.load(args.scenario)
+    device = opts.device_for(scenario)
+    current = Golden.from_dir(store.path(scenario.name, device))
+    policy = TolerancePolicy.for_golden(scenario.config["tolerance"], noise=current.noise, cross_device=False)
+    with tempfile.TemporaryDirectory(prefix="precision-history-") as scratch:
+        history = GoldenHistory.of(current.path, Path(scratch))
+        commits = history.commits(since=args.since)
+        rows = history_rows(current, history, commits, policy)
+    title = f"{scenario.name} on {device}: the golden now against its {len(rows)} committed version(s)"
+    _print(f"{title} (worst ratio to tolerance per stage; 0: identical)")
+    for line in history_lines(rows):
+        _print(line)
+    if args.html is not None:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(history_html(title, rows), encoding="utf-8")
+        _print(f"plot: {args.html}")
+    return EXIT_PASS
+
+
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.calibrate import calibrate, noise_table, reruns
@@ -354,12 +382,18 @@ def build_parser() -> argparse.ArgumentParser:
             "rewrite plain (format 1) goldens compressed, atomically, re-recording nothing",
         ),
         ("export", cmd_golden_export, "write one golden as plain files in verl's layout (for msprobe's own tools)"),
+        ("history", cmd_golden_history, "the golden now against each committed version of it (git), per stage"),
     ):
         gp = gsub.add_parser(action, help=text)
         if action == "export":
             gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden is exported")
             gp.add_argument("--out", type=Path, required=True, help="empty or new folder for the plain layout")
             option_table.add_cli_options(gp, "export")
+        if action == "history":
+            gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden's history is read")
+            gp.add_argument("--since", default=None, metavar="REV", help="only versions committed after REV")
+            gp.add_argument("--html", type=Path, default=None, metavar="PATH", help="write an offline plot here")
+            option_table.add_cli_options(gp, "history")
         option_table.add_cli_options(gp, "golden")
         gp.set_defaults(func=func)
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")
