@@ -11,7 +11,11 @@
   files, for msprobe's own tools);
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
-  (:mod:`precision_harness.portability`); exit 1 if a dump changes.
+  (:mod:`precision_harness.portability`); exit 1 if a dump changes;
+- ``golden history SCENARIO``: the golden now against each of its committed versions, per stage
+  (:mod:`precision_harness.golden_history`);
+- ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
+  from a fixed golden (:mod:`precision_harness.bisect`); exit 0 when found.
 
 Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
 file, a missing golden, an unsafe path): each error class carries its ``exit_code``
@@ -319,6 +323,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+# --------------------------------------------------------------------------------------- bisect
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from precision_harness.bisect import BisectSettings, run_bisect
+    from precision_harness.paths import display_path
+    from precision_harness.scenario import Scenario
+
+    opts = PrecisionOptions.from_cli(args)
+    name = Scenario.load(args.scenario).name if args.scenario.is_file() else args.scenario.stem
+    settings = BisectSettings(
+        scenario=args.scenario,
+        good=args.good,
+        bad=args.bad,
+        keyword=args.keyword,
+        golden_dir=opts.golden_dir,
+        from_working_tree=args.golden_dir is not None,
+        work=opts.artifacts / "bisect" / name,
+        timeout=opts.timeout,
+    )
+    _print(f"[precision] bisect {name}: --good {args.good}, --bad {args.bad}; your checkout is not touched")
+    result = run_bisect(settings, _print)
+    c = result.first_bad
+    _print(f"first bad commit: {c.short} {c.subject}")
+    for line in result.verdict:
+        _print(f"  {line}")
+    _print(f"scenario runs: {result.runs} (the good and bad checks included)")
+    _print(f"bisect log: {display_path(result.log)} (replay: git bisect replay {display_path(result.log)})")
+    return EXIT_PASS
+
+
 # ---------------------------------------------------------------------------------- portability
 def cmd_portability(args: argparse.Namespace) -> int:
     from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
@@ -423,6 +456,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option_table.add_cli_options(p, "portability")
     p.set_defaults(func=cmd_portability)
+    p = sub.add_parser(
+        "bisect",
+        help="the first commit at which a scenario's items drift from a fixed golden (git bisect run, in a worktree)",
+    )
+    p.add_argument("scenario", type=Path, help="scenario YAML file (its path in your repository)")
+    p.add_argument("--good", required=True, metavar="REV", help="a commit that passes (its golden is the reference)")
+    p.add_argument("--bad", default="HEAD", metavar="REV", help="a commit that drifts (default HEAD)")
+    p.add_argument("-k", dest="keyword", default=None, metavar="EXPR", help="pytest -k expression selecting items")
+    p.add_argument(
+        "--golden-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="use the goldens in DIR of the working tree instead of those committed at --good",
+    )
+    option_table.add_cli_options(p, "bisect")
+    p.set_defaults(func=cmd_bisect)
     return parser
 
 

@@ -98,14 +98,14 @@ OPTIONS: tuple[Option, ...] = (
         "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate", "compare", "export", "portability", "history", "bisect"),
+        cli=("run", "calibrate", "compare", "export", "portability", "history"),
     ),
     Option(
         "artifacts",
         "where runs and compare tables go (default: .precision/artifacts under rootdir)",
         default=".precision/artifacts",
         metavar="DIR",
-        cli=("compare",),
+        cli=("compare", "bisect"),
         convert=Path,
     ),
     Option(
@@ -172,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a scenario run may take (0: no limit)",
         default="0",
         pytest="ini",
-        cli=("run", "calibrate", "portability"),
+        cli=("run", "calibrate", "portability", "bisect"),
         convert=_timeout,
     ),
 )
