@@ -113,6 +113,8 @@ class Repository:
     def touching(self, rel: str, *, since: str | None = None, limit: int | None = None) -> list[Commit]:
         """Commits reachable from HEAD that changed ``rel`` (a folder), newest first; ``since``: only
         those after that revision; ``limit``: at most that many."""
+        if git(self.toplevel, "rev-parse", "--verify", "-q", "HEAD", check=False).returncode != 0:
+            return []  # a repository with no commit yet
         args = [f"-n{limit}"] if limit else []
         revs = [f"{self.resolve(since).sha}..HEAD"] if since else ["HEAD"]
         return self.commits(*args, *revs, "--", rel)
