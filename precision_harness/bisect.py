@@ -83,9 +83,7 @@ def run_bisect(settings: BisectSettings, say: Callable[[str], None]) -> BisectRe
     good, bad = repo.resolve(settings.good), repo.resolve(settings.bad)
     scenario = repo.relative(settings.scenario)
     if git(repo.toplevel, "cat-file", "-e", f"{good.sha}:{scenario}", check=False).returncode != 0:
-        raise HistoryError(
-            f"--good {settings.good}: no {scenario} at {good.short}; pick a commit that has the scenario"
-        )
+        raise HistoryError(f"--good {settings.good}: no {scenario} at {good.short}; pick a commit that has it")
     shutil.rmtree(settings.work, ignore_errors=True)
     settings.work.mkdir(parents=True)
     scratch = Path(tempfile.mkdtemp(prefix="precision-bisect-"))

@@ -37,6 +37,8 @@ from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError
 from precision_harness.options import PrecisionOptions
 
+#: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
 #: problems listed per golden by ``golden verify`` before "... and N more"
 MAX_LISTED = 20
 
@@ -342,7 +344,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         timeout=opts.timeout,
     )
     _print(f"[precision] bisect {name}: --good {args.good}, --bad {args.bad}; your checkout is not touched")
-    result = run_bisect(settings, _print)
+    try:
+        result = run_bisect(settings, _print)
+    except KeyboardInterrupt:
+        _print("[precision] bisect interrupted: git bisect reset, its worktree removed; your checkout is as it was")
+        return EXIT_INTERRUPTED
     c = result.first_bad
     _print(f"first bad commit: {c.short} {c.subject}")
     for line in result.verdict:
