@@ -132,7 +132,10 @@ def _check_ends(tree: Path, step: list[str], ends: tuple[Commit, Commit], say: C
 
 def _bisect(tree: Path, step: list[str], ends: tuple[Commit, Commit], say: Callable[[str], None]) -> str:
     """``git bisect start bad good`` and ``git bisect run step`` in ``tree``; the first bad commit's sha."""
-    git(tree, "bisect", "start", ends[1].sha, ends[0].sha)
+    started = git_text(tree, "bisect", "start", ends[1].sha, ends[0].sha)
+    for line in started.splitlines():
+        if line.startswith("Bisecting:"):
+            say(line)
     code, out = _run_group(["git", "bisect", "run", *step], tree, echo=say)
     found = _FIRST_BAD.search(out)
     if found is None:
@@ -191,7 +194,8 @@ def _runs(work: Path) -> int:
 
 def verdict_lines(out: Path) -> list[str]:
     """The first bad commit's verdict from its report.json: per failing item its stage and step, the
-    first divergent API, and the API localised at L1 (level auto) where the item was localised."""
+    first divergent API, the largest drift, and the API localised at L1 (level auto) where the item
+    was localised."""
     try:
         report: dict[str, Any] = json.loads((out / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -202,6 +206,9 @@ def verdict_lines(out: Path) -> list[str]:
         where = "metrics" if item["stage"] is None else f"{item['stage']} @ step_{item['step']}"
         first = item.get("first_divergence")
         lines.append(f"{where}: first divergent API {_drift(first)}" if first else f"{where}: {item['text'][:200]}")
+        largest = item.get("largest")
+        if largest and largest != first:
+            lines.append(f"  largest: {_drift(largest)}")
         local = (item.get("localized") or {}).get("first_divergence")
         if local:
             lines.append(f"  localised at {item['localized']['level']}: {_drift(local)}")
@@ -211,5 +218,5 @@ def verdict_lines(out: Path) -> list[str]:
 def _drift(d: dict[str, Any]) -> str:
     """``"Functional.linear.0.forward.input.1 Max 0.52 -> 0.55 (41x tolerance)"`` (report.json's drift)."""
     values = f" {d['golden']:.6g} -> {d['target']:.6g}" if d["golden"] is not None and d["target"] is not None else ""
-    ratio = f" ({d['ratio']:.3g}x tolerance)" if d["ratio"] is not None else ""
+    ratio = f" ({d['ratio']:.3g}x tolerance)" if d["ratio"] is not None else " (must match exactly)" if values else ""
     return f"{d['tensor']} {d['statistic']}{values}{ratio}"
