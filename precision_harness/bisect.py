@@ -38,6 +38,12 @@ from precision_harness.paths import display_path
 #: seconds an interrupted bisection's processes get to end after SIGINT before SIGKILL
 GRACE_S = 10
 _FIRST_BAD = re.compile(r"^([0-9a-f]{40}) is the first bad commit", re.M)
+#: the step, started in the worktree: the worktree is dropped from sys.path first, so the step is this
+#: harness's even where the commit holds another precision_harness (python -P does this from 3.11 only)
+_STEP = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from precision_harness.bisect_step import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 class BisectError(PrecisionError):
@@ -95,7 +101,7 @@ def run_bisect(settings: BisectSettings, say: Callable[[str], None]) -> BisectRe
         state.update(work=str(settings.work.resolve()), timeout=settings.timeout)
         state_path = scratch / "state.json"
         state_path.write_text(json.dumps(state), encoding="utf-8")
-        step = [sys.executable, "-P", "-m", "precision_harness.bisect_step", str(state_path)]
+        step = [sys.executable, "-c", _STEP, str(state_path)]
         _check_ends(tree, step, (good, bad), say)
         first_bad = _bisect(tree, step, (good, bad), say)
         log = settings.work / "bisect.log"

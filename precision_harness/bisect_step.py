@@ -1,7 +1,7 @@
 """One step of ``precision-harness bisect``: the commit checked out here, judged against the fixed golden.
 
-``git bisect run`` starts this in the bisect worktree (``python -P -m precision_harness.bisect_step
-STATE``) with a commit checked out, and reads its exit status: 0 the selected items pass, 1 one
+``git bisect run`` starts this in the bisect worktree (:func:`main` with the state file's path)
+with a commit checked out, and reads its exit status: 0 the selected items pass, 1 one
 drifted, 125 the commit cannot run the scenario (no scenario file there, a failed run such as an
 import error, a golden that does not fit it, nothing selected), so git skips it. The items run
 through pytest itself, exactly as the user's rerun line: ``pytest SCENARIO [-k EXPR]`` with the

@@ -328,7 +328,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------- bisect
 def cmd_bisect(args: argparse.Namespace) -> int:
     from precision_harness.bisect import BisectSettings, run_bisect
-    from precision_harness.paths import display_path
+    from precision_harness.paths import display_path, join_inside
     from precision_harness.scenario import Scenario
 
     opts = PrecisionOptions.from_cli(args)
@@ -340,7 +340,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         keyword=args.keyword,
         golden_dir=opts.golden_dir,
         from_working_tree=args.golden_dir is not None,
-        work=opts.artifacts / "bisect" / name,
+        work=join_inside(opts.artifacts, "bisect", name, what="artifacts bisect/<scenario>"),
         timeout=opts.timeout,
     )
     _print(f"[precision] bisect {name}: --good {args.good}, --bad {args.bad}; your checkout is not touched")

@@ -7,9 +7,9 @@ archive`` and read through :class:`~precision_harness.golden.Golden` like any go
 The distance of a stage between two goldens is the stage compare's worst tolerance ratio
 (:attr:`~precision_harness.compare.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
 over every Max/Min/Mean/Norm of every tensor, the number the gate fails above 1; ``inf`` for a
-structural change). It is the same ratio whether the older version is the target or the golden up
-to the scale, which is the older version's: a distance reads "how many tolerances the golden now sits
-from that version, judged as a check against it would judge it".
+structural change). The older version plays the golden (its values set the scale ``|golden|``, or
+its RMS for Mean), so a distance reads: how many tolerances a check of the newer golden against that
+version would find.
 
 Two users: ``precision-harness golden history`` (every version against the golden now, with an
 offline plot), and the creep alarm of ``--precision-golden update`` (the new golden against the
@@ -19,6 +19,7 @@ oldest version within ``precision_history_window`` versions, next to the churn a
 from __future__ import annotations
 
 import math
+import tarfile
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -215,11 +216,20 @@ def creep_review(run_dir: Path, previous: Golden | None, keys: Iterable[StageKey
             if oldest is None:
                 return {}
             return _alarms(run_dir, previous, oldest, (commits[-1], len(commits)), keys, settings.policy)
-    except PrecisionError as exc:
+    except (PrecisionError, OSError, tarfile.TarError) as exc:
         return f"golden history unavailable: {exc}"
 
 
-def _alarms(run_dir, previous, oldest, where, keys, policy) -> dict[StageKey, dict]:
+def _alarms(
+    run_dir: Path,
+    previous: Golden | None,
+    oldest: Golden,
+    where: tuple[Commit, int],
+    keys: Iterable[StageKey],
+    policy: TolerancePolicy,
+) -> dict[StageKey, dict]:
+    """Each stage of the run beyond tolerance from ``oldest`` (committed at ``where``: its commit and how
+    many updates ago), with its distance to ``previous`` beside it."""
     commit, ago = where
     checks = CheckSettings(scenario=oldest.scenario, policy=policy)
     out = {}

@@ -170,6 +170,17 @@ def test_bad_input_is_one_line_and_leaves_no_worktree(repo, tmp_path: Path) -> N
     assert proc.stderr.strip().endswith(f"no scenarios/nope.yaml at {shas[0][:7]}; pick a commit that has it")
     proc = _bisect(root, "--good", shas[0], "--golden-dir", "missing", "scenarios/loop.yaml")
     assert proc.returncode == 2 and proc.stderr.strip().endswith("--golden-dir missing: no such directory")
+    blocker = root / ".git" / "worktrees"  # a file where git keeps worktrees: git worktree add fails
+    assert not blocker.exists()
+    before = _scratch_dirs()
+    blocker.write_text("")
+    try:
+        proc = _bisect(root, "--good", shas[0], "scenarios/loop.yaml")
+    finally:
+        blocker.unlink()
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("precision-harness bisect: git worktree add --detach: fatal: "), proc.stderr
+    assert _scratch_dirs() <= before and _runs(root) == []
     outside = tmp_path / "outside"
     outside.mkdir()
     proc = _bisect(outside, "--good", "HEAD", "loop.yaml")
