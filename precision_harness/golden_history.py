@@ -196,10 +196,15 @@ class CreepSettings:
     golden_path: Path  #: ``golden/<scenario>/<device>`` in the working tree
     window: int  #: versions looked back (``precision_history_window``); the oldest of them is compared
     policy: TolerancePolicy
+    scenario_hash: str  #: the scenario's hash now: versions recorded under another are not looked at
 
 
 def creep_review(run_dir: Path, previous: Golden | None, keys: Iterable[StageKey], settings: CreepSettings):
     """The new run's stages against the oldest committed version within the window.
+
+    The window ends early at a version recorded under another scenario hash: a golden re-recorded
+    because its scenario changed is a new baseline (its distance to older versions is the scenario
+    change, not creep; ``golden history`` still shows it).
 
     Returns ``{(step, stage): creep}`` for every stage beyond tolerance from that version (the dict
     :attr:`ChurnRow.creep` holds: commit, subject, updates ago, ratio, and the ratio to ``previous``,
@@ -209,15 +214,24 @@ def creep_review(run_dir: Path, previous: Golden | None, keys: Iterable[StageKey
     try:
         with tempfile.TemporaryDirectory(prefix="precision-history-") as scratch:
             history = GoldenHistory.of(settings.golden_path, Path(scratch))
-            commits = history.commits(limit=max(1, settings.window))
-            if len(commits) < 2:
+            lineage = _lineage(history, settings)
+            if len(lineage) < 2:
                 return {}  # no version older than the last golden yet
-            oldest = history.golden_at(commits[-1])
-            if oldest is None:
-                return {}
-            return _alarms(run_dir, previous, oldest, (commits[-1], len(commits)), keys, settings.policy)
+            (commit, oldest), ago = lineage[-1], len(lineage)
+            return _alarms(run_dir, previous, oldest, (commit, ago), keys, settings.policy)
     except (PrecisionError, OSError, tarfile.TarError) as exc:
         return f"golden history unavailable: {exc}"
+
+
+def _lineage(history: GoldenHistory, settings: CreepSettings) -> list[tuple[Commit, Golden]]:
+    """The window's versions, newest first, up to the first unreadable one or one of another scenario hash."""
+    lineage = []
+    for commit in history.commits(limit=max(1, settings.window)):
+        golden = history.golden_at(commit)
+        if golden is None or golden.manifest.get("scenario_hash") != settings.scenario_hash:
+            break
+        lineage.append((commit, golden))
+    return lineage
 
 
 def _alarms(

@@ -472,7 +472,7 @@ class PrecisionSession:
             scenario.config["tolerance"], noise=previous.noise if previous else None, cross_device=False
         )
         path = self.store.path(scenario.name, st.device)
-        settings = golden_history.CreepSettings(path, self.options.history_window, policy)
+        settings = golden_history.CreepSettings(path, self.options.history_window, policy, scenario.hash)
         keys = [(step, stage) for step in scenario.steps for stage in scenario.stages]
         return golden_history.creep_review(run.run_dir, previous, keys, settings)
 

@@ -161,6 +161,8 @@ def test_outside_git_history_is_unavailable_once(tmp_path: Path) -> None:
     unavailable = [line for line in lines if "history unavailable" in line]
     assert len(unavailable) == 1 and "not in a git checkout" in unavailable[0], lines
     assert not _creep(lines)
+    md = session.report.write(tmp_path / "report")[1].read_text()  # report.json validated
+    assert f"_{unavailable[0]}_" in md
 
 
 def test_golden_history_command(history, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
@@ -197,3 +199,21 @@ def test_golden_history_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["golden", "history", "scenarios/tiny_ppo.yaml"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.endswith("not in a git checkout (golden history is read from git)")
+
+
+def test_a_changed_scenario_starts_a_new_baseline(history, tmp_path: Path) -> None:
+    """Versions recorded under another scenario hash are not creep: the window stops at them."""
+    root, scenario, _, _, _ = history
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    path = clone / "scenarios" / "tiny_ppo.yaml"
+    path.write_text(path.read_text().replace("seed: 3", "seed: 4", 1))  # structural: another hash
+    changed = Scenario.load(path)
+    assert changed.hash != scenario.hash
+    # 2.4x from the first golden, which test_report_md_and_json_carry_the_alarm shows alarms under one hash
+    session = _update(clone, changed, UPDATES * STEP)
+    assert not _creep(list(session.report.lines))
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "-m", "seed 4: golden re-recorded")
+    session = _update(clone, changed, (UPDATES + 1) * STEP)
+    assert not _creep(list(session.report.lines))
