@@ -163,6 +163,10 @@ def history_html(title: str, rows: list[HistoryRow]) -> str:
     for step, stage in keys:
         ys = [_plotted(r.distances.get((step, stage)), ceiling) for r in ordered]
         ax.plot(xs, ys, marker="o", ms=3, lw=1, label=f"step_{step}/{stage}")
+    structural = [(x, 2 * ceiling) for x, r in zip(xs, ordered, strict=True) if _has_inf(r)]
+    if structural:
+        label = f"structure changed (inf), drawn at {2 * ceiling:g}"
+        ax.scatter(*zip(*structural, strict=True), marker="x", s=60, color="#d32f2f", zorder=3, label=label)
     ax.axhline(1.0, color="#555", ls="--", lw=0.8, label="tolerance")
     ax.set_xticks(xs, [f"{r.commit.short}\n{r.commit.date[:10]}" for r in ordered], fontsize=7)
     ax.set_ylabel("distance of the golden now (x tolerance)")
@@ -179,6 +183,10 @@ def history_html(title: str, rows: list[HistoryRow]) -> str:
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
         f"<body><h1>{html.escape(title)}</h1>{svg}<pre>{body}</pre></body></html>\n"
     )
+
+
+def _has_inf(row: HistoryRow) -> bool:
+    return any(v is not None and not math.isfinite(v) for v in row.distances.values())
 
 
 def _plotted(value: float | None, ceiling: float) -> float:
