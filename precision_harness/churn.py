@@ -36,6 +36,10 @@ class ChurnRow:
     apis: int = 0
     new_apis: list[str] = field(default_factory=list)
     removed_apis: list[str] = field(default_factory=list)
+    #: the creep alarm (:func:`precision_harness.golden_history.creep_review`): ``{"commit", "subject",
+    #: "updates_ago", "ratio", "last_ratio"}`` where the stage sits beyond tolerance from an older
+    #: version, ``{"unavailable": line}`` outside git; None: no alarm
+    creep: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -155,3 +159,34 @@ def churn_table(rows: list[ChurnRow], *, markdown: bool = False) -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
     fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return [fmt(header)] + [fmt(b) for b in body]
+
+
+def show_ratio(ratio: float | None) -> str:
+    """``"3.2x"``, ``"0"``, ``"inf"`` (a structural change), ``"absent"`` (no such stage)."""
+    if ratio is None:
+        return "absent"
+    if not math.isfinite(ratio):
+        return "inf"
+    if ratio == 0:
+        return "0"
+    return f"{ratio:.2g}x" if ratio < 0.1 else f"{ratio:.1f}x"
+
+
+def creep_line(row: ChurnRow) -> str | None:
+    """``"grpo_tiny step_2/actor_update: within tolerance of the last golden, 3.2x tolerance from a1b2c3d
+    (7 updates ago)"``; None where the row has no alarm."""
+    creep = row.creep
+    if not creep or "commit" not in creep:
+        return None
+    last = creep.get("last_ratio")  # None: absent from the last golden, or its structure changed
+    if last is None:
+        against_last = "not comparable to the last golden (new, or its structure changed)"
+    elif last <= 1.0:
+        against_last = "within tolerance of the last golden"
+    else:
+        against_last = f"{show_ratio(last)} tolerance from the last golden"
+    ratio = creep["ratio"] if creep["ratio"] is not None else math.inf
+    return (
+        f"{row.scenario} step_{row.step}/{row.stage}: {against_last}, {show_ratio(ratio)} tolerance from "
+        f"{creep['commit']} ({creep['updates_ago']} updates ago)"
+    )

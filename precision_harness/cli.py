@@ -11,7 +11,11 @@
   files, for msprobe's own tools);
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
-  (:mod:`precision_harness.portability`); exit 1 if a dump changes.
+  (:mod:`precision_harness.portability`); exit 1 if a dump changes;
+- ``golden history SCENARIO``: the golden now against each of its committed versions, per stage
+  (:mod:`precision_harness.golden_history`);
+- ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
+  from a fixed golden (:mod:`precision_harness.bisect`); exit 0 when found.
 
 Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
 file, a missing golden, an unsafe path): each error class carries its ``exit_code``
@@ -33,6 +37,8 @@ from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError
 from precision_harness.options import PrecisionOptions
 
+#: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_INTERRUPTED = 130
 #: problems listed per golden by ``golden verify`` before "... and N more"
 MAX_LISTED = 20
 
@@ -262,6 +268,34 @@ def _stored_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def cmd_golden_history(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from precision_harness.golden import Golden
+    from precision_harness.golden_history import GoldenHistory, history_html, history_lines, history_rows
+    from precision_harness.scenario import Scenario
+    from precision_harness.tolerance import TolerancePolicy
+
+    store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
+    scenario = Scenario.load(args.scenario)
+    device = opts.device_for(scenario)
+    current = Golden.from_dir(store.path(scenario.name, device))
+    policy = TolerancePolicy.for_golden(scenario.config["tolerance"], noise=current.noise, cross_device=False)
+    with tempfile.TemporaryDirectory(prefix="precision-history-") as scratch:
+        history = GoldenHistory.of(current.path, Path(scratch))
+        commits = history.commits(since=args.since)
+        rows = history_rows(current, history, commits, policy)
+    title = f"{scenario.name} on {device}: the golden now against its {len(rows)} committed version(s)"
+    _print(f"{title} (worst ratio to tolerance per stage; 0: identical)")
+    for line in history_lines(rows):
+        _print(line)
+    if args.html is not None:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(history_html(title, rows), encoding="utf-8")
+        _print(f"plot: {args.html}")
+    return EXIT_PASS
+
+
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.calibrate import calibrate, noise_table, reruns
@@ -288,6 +322,39 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for line in noise_table(scenario, noise):
         _print(line)
     _print(f"golden {'updated' if changed else 'unchanged'}: {store.path(scenario.name, device) / 'manifest.json'}")
+    return EXIT_PASS
+
+
+# --------------------------------------------------------------------------------------- bisect
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from precision_harness.bisect import BisectSettings, run_bisect
+    from precision_harness.paths import display_path, join_inside
+    from precision_harness.scenario import Scenario
+
+    opts = PrecisionOptions.from_cli(args)
+    name = Scenario.load(args.scenario).name if args.scenario.is_file() else args.scenario.stem
+    settings = BisectSettings(
+        scenario=args.scenario,
+        good=args.good,
+        bad=args.bad,
+        keyword=args.keyword,
+        golden_dir=opts.golden_dir,
+        from_working_tree=args.golden_dir is not None,
+        work=join_inside(opts.artifacts, "bisect", name, what="artifacts bisect/<scenario>"),
+        timeout=opts.timeout,
+    )
+    _print(f"[precision] bisect {name}: --good {args.good}, --bad {args.bad}; your checkout is not touched")
+    try:
+        result = run_bisect(settings, _print)
+    except KeyboardInterrupt:
+        _print("[precision] bisect interrupted: git bisect reset, its worktree removed; your checkout is as it was")
+        return EXIT_INTERRUPTED
+    c = result.first_bad
+    _print(f"first bad commit: {c.short} {c.subject}")
+    for line in result.verdict:
+        _print(f"  {line}")
+    _print(f"scenario runs: {result.runs} (the good and bad checks included)")
+    _print(f"bisect log: {display_path(result.log)} (replay: git bisect replay {display_path(result.log)})")
     return EXIT_PASS
 
 
@@ -354,12 +421,18 @@ def build_parser() -> argparse.ArgumentParser:
             "rewrite plain (format 1) goldens compressed, atomically, re-recording nothing",
         ),
         ("export", cmd_golden_export, "write one golden as plain files in verl's layout (for msprobe's own tools)"),
+        ("history", cmd_golden_history, "the golden now against each committed version of it (git), per stage"),
     ):
         gp = gsub.add_parser(action, help=text)
         if action == "export":
             gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden is exported")
             gp.add_argument("--out", type=Path, required=True, help="empty or new folder for the plain layout")
             option_table.add_cli_options(gp, "export")
+        if action == "history":
+            gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden's history is read")
+            gp.add_argument("--since", default=None, metavar="REV", help="only versions committed after REV")
+            gp.add_argument("--html", type=Path, default=None, metavar="PATH", help="write an offline plot here")
+            option_table.add_cli_options(gp, "history")
         option_table.add_cli_options(gp, "golden")
         gp.set_defaults(func=func)
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")
@@ -389,6 +462,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option_table.add_cli_options(p, "portability")
     p.set_defaults(func=cmd_portability)
+    p = sub.add_parser(
+        "bisect",
+        help="the first commit at which a scenario's items drift from a fixed golden (git bisect run, in a worktree)",
+    )
+    p.add_argument("scenario", type=Path, help="scenario YAML file (its path in your repository)")
+    p.add_argument("--good", required=True, metavar="REV", help="a commit that passes (its golden is the reference)")
+    p.add_argument("--bad", default="HEAD", metavar="REV", help="a commit that drifts (default HEAD)")
+    p.add_argument("-k", dest="keyword", default=None, metavar="EXPR", help="pytest -k expression selecting items")
+    p.add_argument(
+        "--golden-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="use the goldens in DIR of the working tree instead of those committed at --good",
+    )
+    option_table.add_cli_options(p, "bisect")
+    p.set_defaults(func=cmd_bisect)
     return parser
 
 

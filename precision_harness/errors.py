@@ -70,3 +70,10 @@ class UnsafePathError(PrecisionError):
 
 class RunFailedError(PrecisionError):
     """A scenario worker process exited non-zero; the message carries the last error line."""
+
+
+class HistoryError(PrecisionError):
+    """Git cannot give what golden history or bisect asked for: no repository, an unknown revision, a
+    worktree that cannot be made."""
+
+    exit_code = EXIT_USAGE

@@ -98,14 +98,14 @@ OPTIONS: tuple[Option, ...] = (
         "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate", "compare", "export", "portability"),
+        cli=("run", "calibrate", "compare", "export", "portability", "history"),
     ),
     Option(
         "artifacts",
         "where runs and compare tables go (default: .precision/artifacts under rootdir)",
         default=".precision/artifacts",
         metavar="DIR",
-        cli=("compare",),
+        cli=("compare", "bisect"),
         convert=Path,
     ),
     Option(
@@ -152,6 +152,14 @@ OPTIONS: tuple[Option, ...] = (
         convert=Path,
     ),
     Option(
+        "history-window",
+        "golden versions (commits that changed a golden) an update looks back over for creep: the new golden "
+        "is compared with the oldest of them too, and the churn names it when beyond tolerance (default 10)",
+        default="10",
+        pytest="ini",
+        convert=int,
+    ),
+    Option(
         "worker",
         "warm (default): single-rank built-in runs are forked from a server that has torch, transformers "
         "and msprobe imported; fresh: a new interpreter per run (for debugging and benchmarks). "
@@ -164,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a scenario run may take (0: no limit)",
         default="0",
         pytest="ini",
-        cli=("run", "calibrate", "portability"),
+        cli=("run", "calibrate", "portability", "bisect"),
         convert=_timeout,
     ),
 )
@@ -192,6 +200,7 @@ class PrecisionOptions:
     ray_address: str | None = field(default=_default("ray-address"))  #: None: local subprocess / local Ray
     golden_device: str | None = field(default=_default("golden-device"))  #: compare against this device's golden
     golden_dir: Path = field(default=_default("golden-dir"))
+    history_window: int = field(default=_default("history-window"))  #: versions the creep alarm looks back
     timeout: float | None = field(default=_default("timeout"))
     worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.warm)
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check import Outcome, OutcomeKind
-from precision_harness.churn import ChurnRow, churn_table
+from precision_harness.churn import ChurnRow, churn_table, creep_line
 from precision_harness.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.environment import EnvironmentDiff, grouped
 from precision_harness.scenario import LOCALIZE_LEVEL, STAGES
@@ -235,11 +235,16 @@ class PrecisionReport:
         return out
 
     def _recorded_lines(self) -> Iterator[str]:
+        unavailable = None  # said once for the run, not once per scenario
         for records in self._by_scenario().values():
             recorded = [r for r in records if r.kind == OutcomeKind.RECORDED.value]
             if recorded:
+                rows = [ChurnRow.from_json(c) for r in recorded for c in r.churn]
                 yield recorded[0].text
-                yield from churn_lines([ChurnRow.from_json(c) for r in recorded for c in r.churn])
+                yield from churn_lines(rows)
+                unavailable = unavailable or next((r.creep["unavailable"] for r in rows if _unavailable(r)), None)
+        if unavailable:
+            yield unavailable
 
     def _environment_lines(self) -> Iterator[str]:
         """One line per distinct environment difference (usually one for the whole run), never one per item."""
@@ -347,12 +352,18 @@ def environment_line(env: EnvironmentDiff, *, scenarios: list[str] | None, faile
     return f"environment differs from the golden's{whom} ({env.summary}): {verdict}"
 
 
+def _unavailable(row: ChurnRow) -> bool:
+    return bool(row.creep) and "unavailable" in row.creep
+
+
 def churn_lines(rows: list[ChurnRow]) -> list[str]:
-    """Terminal lines of a scenario's churn table (only changed stages; a count of unchanged ones)."""
+    """Terminal lines of a scenario's churn table (only changed stages; a count of unchanged ones),
+    then its creep alarms (:func:`~precision_harness.churn.creep_line`)."""
     if not rows:
         return []
+    creep = [f"  creep: {line}" for line in map(creep_line, rows) if line]
     if all(r.status == "new" for r in rows):
-        return [f"  new golden: {len(rows)} stage dumps"]
+        return [f"  new golden: {len(rows)} stage dumps", *creep]
     changed = [r for r in rows if r.status != "unchanged"]
     lines = [f"  churn against the previous golden: {len(changed)} of {len(rows)} stage dumps changed"]
-    return lines + ["    " + line for line in churn_table(changed)] if changed else lines
+    return (lines + ["    " + line for line in churn_table(changed)] if changed else lines) + creep

@@ -231,14 +231,15 @@ def html_report(doc: dict[str, Any]) -> str:
                 )
         parts.append("</section>")
     if doc["churn"]:
-        from precision_harness.churn import ChurnRow, churn_table
+        from precision_harness.churn import ChurnRow, churn_table, creep_line
 
         parts.append('<section id="churn"><h2>Golden churn against the previous golden</h2>')
         rows = [
             ChurnRow(**{**c, "max_rel": {k: (v if v is not None else math.inf) for k, v in c["max_rel"].items()}})
             for c in doc["churn"]
         ]
-        parts.append("<pre>" + html.escape("\n".join(churn_table(rows))) + "</pre></section>")
+        creep = [line for line in map(creep_line, rows) if line]
+        parts.append("<pre>" + html.escape("\n".join(churn_table(rows) + creep)) + "</pre></section>")
     if doc["unused_goldens"]:
         parts.append(
             '<section id="unused"><h2>Unused goldens</h2><ul>'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precision_harness.churn import ChurnRow, churn_table
+from precision_harness.churn import ChurnRow, churn_table, creep_line
 from precision_harness.environment import grouped
 
 
@@ -121,6 +121,14 @@ def _churn(doc: dict[str, Any]) -> list[str]:
         lines += [f"**{name}**: {len(changed)} of {len(rows)} stage dumps changed", ""]
         if changed:
             lines += [*churn_table(changed, markdown=True), ""]
+        creep = [line for line in map(creep_line, rows) if line]
+        if creep:
+            lines += ["Creep against older goldens (not a failure: the reviewer decides):", ""]
+            lines += [*(f"- ⚠️ {line}" for line in creep), ""]
+    creeps = [c.get("creep") or {} for c in doc["churn"]]
+    unavailable = next((c["unavailable"] for c in creeps if c.get("unavailable")), None)
+    if unavailable:
+        lines += [f"_{unavailable}_", ""]
     return lines
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import churn as churn_mod
-from precision_harness import consistency, device_availability, level_auto, progress
+from precision_harness import consistency, device_availability, golden_history, level_auto, progress
 from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
 from precision_harness.check_settings import CheckSettings
 from precision_harness.environment import EnvironmentDiff
@@ -470,10 +470,22 @@ class PrecisionSession:
             )
         previous = self.store.previous(scenario.name, st.device)
         churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
+        golden_history.with_creep(churn, self._creep(st, run, previous))
         status = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
         golden = self.store.load(scenario, st.golden_device)
         before = previous.size_bytes if previous is not None else 0
         return Recording(status, size_note(golden.size_bytes, before), churn)
+
+    def _creep(self, st: ScenarioState, run: RunResult, previous: Golden | None):
+        """The creep alarm of a re-record (:func:`golden_history.creep_review`); never raises."""
+        scenario = st.scenario
+        policy = TolerancePolicy.for_golden(
+            scenario.config["tolerance"], noise=previous.noise if previous else None, cross_device=False
+        )
+        path = self.store.path(scenario.name, st.device)
+        settings = golden_history.CreepSettings(path, self.options.history_window, policy, scenario.hash)
+        keys = [(step, stage) for step in scenario.steps for stage in scenario.stages]
+        return golden_history.creep_review(run.run_dir, previous, keys, settings)
 
     def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
         """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
