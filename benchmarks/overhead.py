@@ -51,14 +51,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from precision_harness.check import check_items, items_of  # noqa: E402
-from precision_harness.check_settings import CheckSettings  # noqa: E402
-from precision_harness.compare import compare_stage  # noqa: E402
+from precision_harness.check.check_settings import CheckSettings  # noqa: E402
+from precision_harness.check.compare import compare_stage  # noqa: E402
+from precision_harness.check.items import check_items, items_of  # noqa: E402
+from precision_harness.check.tolerance import TolerancePolicy  # noqa: E402
 from precision_harness.dumps.stage import DirStage  # noqa: E402
-from precision_harness.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
-from precision_harness.launch import RunOptions, run_scenario  # noqa: E402
-from precision_harness.scenario import LEVEL_KEY, Scenario  # noqa: E402
-from precision_harness.tolerance import TolerancePolicy  # noqa: E402
+from precision_harness.goldens.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
+from precision_harness.runs.launch import RunOptions, run_scenario  # noqa: E402
+from precision_harness.scenarios.scenario import LEVEL_KEY, Scenario  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

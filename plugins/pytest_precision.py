@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from precision_harness import device_availability, options
-from precision_harness.check import METRICS_ITEM, ItemKey
+from precision_harness import options
+from precision_harness.check.items import METRICS_ITEM, ItemKey
 from precision_harness.errors import PrecisionError, VerlMissingError
-from precision_harness.launch import RunResult
 from precision_harness.options import PrecisionOptions
-from precision_harness.report import ItemRecord
-from precision_harness.scenario import Scenario
+from precision_harness.report.precision_report import ItemRecord
+from precision_harness.runs import device_availability
+from precision_harness.runs.launch import RunResult
+from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
 
 _SESSION_KEY = pytest.StashKey[PrecisionSession]()
@@ -246,7 +247,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 class PrecisionRuns:
     """What the ``precision_run`` fixture returns: scenario runs shared with the gate, one per session.
 
-    ``precision_run("grpo_tiny")`` waits for and returns the :class:`~precision_harness.launch.RunResult`
+    ``precision_run("grpo_tiny")`` waits for and returns the :class:`~precision_harness.runs.launch.RunResult`
     of ``scenarios/grpo_tiny.yaml`` (the run the gate's items use, started if the gate did not);
     ``precision_run("grpo_tiny", {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1})``
     runs that variant once. ``start(...)`` takes the same arguments and returns at once, so several

@@ -5,6 +5,6 @@ it dumps one verl stage in verl's layout when the gate runs the loop as a comman
 nothing otherwise. Importing this package imports neither torch nor msprobe.
 """
 
-from precision_harness.stage_api import StageError, stage
+from precision_harness.runs.stage_api import StageError, stage
 
 __all__ = ["StageError", "stage"]

@@ -3,19 +3,19 @@
 - ``run SCENARIO --out DIR``: one scenario run into a verl-layout directory (progress shown);
 - ``compare TARGET GOLDEN``: every ``step_<n>/<stage>`` and the metrics of a verl-layout directory
   (our run, or verl's ``global_profiler.save_path``) against a golden or another such directory,
-  through :func:`precision_harness.check.check_items`, the path the pytest items take (same
+  through :func:`precision_harness.check.items.check_items`, the path the pytest items take (same
   tolerance, sha256 checks, cross-device rules, verdicts, msprobe analysis); ``--report DIR`` as
   ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first;
 - ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
   ``golden migrate`` (plain goldens rewritten compressed) and ``golden export`` (a golden as plain
   files, for msprobe's own tools);
-- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.calibrate`);
+- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.check.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
-  (:mod:`precision_harness.portability`); exit 1 if a dump changes;
+  (:mod:`precision_harness.goldens.portability`); exit 1 if a dump changes;
 - ``golden history SCENARIO``: the golden now against each of its committed versions, per stage
-  (:mod:`precision_harness.golden_history`);
+  (:mod:`precision_harness.history.golden_history`);
 - ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
-  from a fixed golden (:mod:`precision_harness.bisect`); exit 0 when found.
+  from a fixed golden (:mod:`precision_harness.history.bisect`); exit 0 when found.
 
 Exit codes: 0 pass, 1 drift or a failed run or a bad golden, 2 usage (bad arguments, a bad scenario
 file, a missing golden, an unsafe path): each error class carries its ``exit_code``
@@ -54,8 +54,8 @@ def _print(line: str = "") -> None:
 # ------------------------------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
     from precision_harness import progress
-    from precision_harness.launch import RunOptions, run_scenario
-    from precision_harness.scenario import Scenario
+    from precision_harness.runs.launch import RunOptions, run_scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     scenario = Scenario.load(args.scenario)
     opts = PrecisionOptions.from_cli(args)
@@ -79,14 +79,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------------- compare
 def _compare_golden(path: Path):
     """A recorded golden (validated manifest, sha256 checked on use), else any verl-layout directory."""
-    from precision_harness.golden import MANIFEST, Golden
+    from precision_harness.goldens.golden import MANIFEST, Golden
 
     return Golden.from_dir(path) if (path / MANIFEST).is_file() else Golden.from_run_dir(path)
 
 
 def _compare_target(target: Path, artifacts: Path) -> Path:
     """The target as plain files: a compressed golden (e.g. another device's) is exported under ``artifacts``."""
-    from precision_harness.golden import MANIFEST, Golden
+    from precision_harness.goldens.golden import MANIFEST, Golden
 
     if not (target / MANIFEST).is_file():
         return target
@@ -118,12 +118,12 @@ def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from precision_harness.check import check_items
-    from precision_harness.check_settings import CheckSettings
-    from precision_harness.environment import EnvironmentDiff
-    from precision_harness.report import ItemRecord, PrecisionReport
-    from precision_harness.scenario import Scenario
-    from precision_harness.tolerance import TolerancePolicy
+    from precision_harness.check.check_settings import CheckSettings
+    from precision_harness.check.environment import EnvironmentDiff
+    from precision_harness.check.items import check_items
+    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+    from precision_harness.scenarios.scenario import Scenario
 
     opts = PrecisionOptions.from_cli(args)
     target, golden, artifacts, keys = _compare_inputs(args, opts)
@@ -150,9 +150,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
     """``(target dir, Golden, artifacts dir, items)`` of ``compare TARGET GOLDEN``; UsageError where unusable."""
-    from precision_harness.check import items_of
+    from precision_harness.check.items import items_of
     from precision_harness.paths import join_inside
-    from precision_harness.stage_api import check_dump_path
+    from precision_harness.runs.stage_api import check_dump_path
 
     for p, what in ((Path(args.target), "TARGET"), (Path(args.golden), "GOLDEN")):
         if not p.is_dir():
@@ -177,7 +177,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
 
 # --------------------------------------------------------------------------------------- golden
 def _golden_store(args: argparse.Namespace):
-    from precision_harness.golden import GoldenStore
+    from precision_harness.goldens.golden import GoldenStore
 
     root = PrecisionOptions.from_cli(args).golden_dir
     if not root.is_dir():
@@ -186,7 +186,7 @@ def _golden_store(args: argparse.Namespace):
 
 
 def cmd_golden_verify(args: argparse.Namespace) -> int:
-    from precision_harness.golden import verify_golden
+    from precision_harness.goldens.golden import verify_golden
 
     store = _golden_store(args)
     goldens = store.list()
@@ -208,7 +208,7 @@ def cmd_golden_verify(args: argparse.Namespace) -> int:
 
 def cmd_golden_list(args: argparse.Namespace) -> int:
     from precision_harness.errors import GoldenError
-    from precision_harness.golden import Golden
+    from precision_harness.goldens.golden import Golden
 
     store = _golden_store(args)
     rows = [("scenario", "device", "level", "steps", "stages", "files", "stored MB", "plain MB", "calibrated")]
@@ -234,8 +234,8 @@ def _golden_row(name: str, device: str, g) -> tuple[str, ...]:
 
 
 def cmd_golden_export(args: argparse.Namespace) -> int:
-    from precision_harness.golden import Golden
-    from precision_harness.scenario import Scenario
+    from precision_harness.goldens.golden import Golden
+    from precision_harness.scenarios.scenario import Scenario
 
     store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
     scenario = Scenario.load(args.scenario)
@@ -271,10 +271,10 @@ def _stored_bytes(path: Path) -> int:
 def cmd_golden_history(args: argparse.Namespace) -> int:
     import tempfile
 
-    from precision_harness.golden import Golden
-    from precision_harness.golden_history import GoldenHistory, history_html, history_lines, history_rows
-    from precision_harness.scenario import Scenario
-    from precision_harness.tolerance import TolerancePolicy
+    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.goldens.golden import Golden
+    from precision_harness.history.golden_history import GoldenHistory, history_html, history_lines, history_rows
+    from precision_harness.scenarios.scenario import Scenario
 
     store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
     scenario = Scenario.load(args.scenario)
@@ -298,10 +298,10 @@ def cmd_golden_history(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from precision_harness.calibrate import calibrate, noise_table, reruns
-    from precision_harness.golden import GoldenStore
-    from precision_harness.launch import RunOptions, bind
-    from precision_harness.scenario import Scenario
+    from precision_harness.check.calibrate import calibrate, noise_table, reruns
+    from precision_harness.goldens.golden import GoldenStore
+    from precision_harness.runs.launch import RunOptions, bind
+    from precision_harness.scenarios.scenario import Scenario
 
     if args.runs < 2:
         raise UsageError(f"--runs {args.runs}: calibration needs at least 2 reruns")
@@ -327,9 +327,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------- bisect
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from precision_harness.bisect import BisectSettings, run_bisect
+    from precision_harness.history.bisect import BisectSettings, run_bisect
     from precision_harness.paths import display_path, join_inside
-    from precision_harness.scenario import Scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     opts = PrecisionOptions.from_cli(args)
     name = Scenario.load(args.scenario).name if args.scenario.is_file() else args.scenario.stem
@@ -360,8 +360,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- portability
 def cmd_portability(args: argparse.Namespace) -> int:
-    from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
-    from precision_harness.scenario import Scenario
+    from precision_harness.goldens.portability import SETTINGS, PortabilityRun, check_scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     scenarios = [Scenario.load(path) for path in args.scenarios]  # a bad file stops before any run
     opts = PrecisionOptions.from_cli(args)
@@ -390,7 +390,7 @@ def cmd_portability(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    from precision_harness.calibrate import DEFAULT_K
+    from precision_harness.check.calibrate import DEFAULT_K
 
     parser = argparse.ArgumentParser(prog="precision-harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from precision_harness.scenario import Scenario
+    from precision_harness.scenarios.scenario import Scenario
 
 GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
@@ -202,7 +202,7 @@ class PrecisionOptions:
     golden_dir: Path = field(default=_default("golden-dir"))
     history_window: int = field(default=_default("history-window"))  #: versions the creep alarm looks back
     timeout: float | None = field(default=_default("timeout"))
-    worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.warm)
+    worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm)
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None

@@ -4,10 +4,10 @@ Each scenario's golden action is decided once, as one value (:meth:`PrecisionSes
 :class:`Plan`): the only place the golden mode is read. Its run is started once
 (:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however many of its
 items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The runner that
-starts a run is a constructor argument (:func:`~precision_harness.launch.run_scenario` by default).
-The comparison itself is :func:`precision_harness.check.check_items`, the path ``precision-harness
+starts a run is a constructor argument (:func:`~precision_harness.runs.launch.run_scenario` by default).
+The comparison itself is :func:`precision_harness.check.items.check_items`, the path ``precision-harness
 compare`` takes too. What the run adds up to (counts, churn, unused goldens, report files) is
-:class:`~precision_harness.report.PrecisionReport`.
+:class:`~precision_harness.report.precision_report.PrecisionReport`.
 
 A scenario's states (:class:`ScenarioState`), each reached once and in this order:
 
@@ -39,11 +39,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness import churn as churn_mod
-from precision_harness import consistency, device_availability, golden_history, level_auto, progress
-from precision_harness.check import ItemKey, Outcome, OutcomeKind, check_items
-from precision_harness.check_settings import CheckSettings
-from precision_harness.environment import EnvironmentDiff
+from precision_harness import progress
+from precision_harness.check import consistency, level_auto
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.items import ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.verdict_text import settings_changed
 from precision_harness.errors import (
     GoldenDeviceModelError,
     PrecisionError,
@@ -51,15 +53,16 @@ from precision_harness.errors import (
     RunFailedError,
     ScenarioError,
 )
-from precision_harness.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
-from precision_harness.launch import Run, RunOptions, RunResult, run_scenario
+from precision_harness.goldens import churn as churn_mod
+from precision_harness.goldens.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
+from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
+from precision_harness.history import golden_history
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
-from precision_harness.report import ItemRecord, PrecisionReport
-from precision_harness.scenario import Scenario
-from precision_harness.tolerance import TolerancePolicy
-from precision_harness.unused_goldens import GoldenUsage, discover_scenarios
-from precision_harness.verdict_text import settings_changed
+from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.runs import device_availability
+from precision_harness.runs.launch import Run, RunOptions, RunResult, run_scenario
+from precision_harness.scenarios.scenario import Scenario
 
 #: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``launch.run_scenario``)
 Runner = Callable[..., RunResult]

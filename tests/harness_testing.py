@@ -111,7 +111,7 @@ def edit_scenario(pytester: pytest.Pytester, old: str, new: str, name: str = "ti
 
 def export_golden(golden_dir: Path, out: Path) -> Path:
     """A recorded golden's payloads as plain files (verl's layout), e.g. to use as a compare target."""
-    from precision_harness.golden import Golden
+    from precision_harness.goldens.golden import Golden
 
     return Golden.from_dir(golden_dir).export(out)
 
@@ -120,7 +120,7 @@ def replace_payload(golden_dir: Path, name: str, content: bytes) -> Path:
     """Store ``content`` as golden payload ``name`` with sound digests in the manifest (a bad golden, well signed)."""
     import hashlib
 
-    from precision_harness import golden_codec
+    from precision_harness.goldens import golden_codec
 
     stored = name + golden_codec.SUFFIX
     data = golden_codec.compress(content)

@@ -1,4 +1,4 @@
-"""Hand-computed unit tests for precision_harness.runner.algorithms and .rollout_is."""
+"""Hand-computed unit tests for precision_harness.runs.runner.algorithms and .rollout_is."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from precision_harness.runner import algorithms as A
-from precision_harness.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+from precision_harness.runs.runner import algorithms as A
+from precision_harness.runs.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 
 
 def t(x, dtype=torch.float32):

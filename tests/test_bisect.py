@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from bisect_repo import PLANTED, git, make_repo
 
-from precision_harness.bisect_step import DRIFT, PASS, SKIP, classify
+from precision_harness.history.bisect_step import DRIFT, PASS, SKIP, classify
 
 WORK = Path(".precision/artifacts/bisect/loop")
 

@@ -8,11 +8,11 @@ import pytest
 from harness_testing import TINY
 from test_golden import fake_run
 
-from precision_harness.calibrate import DEFAULT_K, variant, variations
+from precision_harness.check.calibrate import DEFAULT_K, variant, variations
+from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.errors import SchemaError
-from precision_harness.golden import GoldenStore
-from precision_harness.scenario import Scenario
-from precision_harness.tolerance import TolerancePolicy
+from precision_harness.goldens.golden import GoldenStore
+from precision_harness.scenarios.scenario import Scenario
 
 NOISE = {
     "runs": 4,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from harness_testing import base_data, tensor, write_dump
 
-from precision_harness.churn import churn_table, stage_churn
 from precision_harness.dumps.stage import DirStage
+from precision_harness.goldens.churn import churn_table, stage_churn
 
 
 def _stage(path: Path) -> DirStage:

@@ -14,7 +14,7 @@ from harness_testing import export_golden, replace_payload, write_dump
 
 from precision_harness.cli import main
 from precision_harness.dumps.files import sha256_file
-from precision_harness.golden import Golden
+from precision_harness.goldens.golden import Golden
 from precision_harness.options import OPTIONS
 
 

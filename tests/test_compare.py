@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, tensor, write_dump
 
-from precision_harness.check import check_stage
-from precision_harness.check_settings import CheckSettings
-from precision_harness.compare import MetricDrift, MetricsVerdict, compare_metrics, compare_stage
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.compare import MetricDrift, MetricsVerdict, compare_metrics, compare_stage
+from precision_harness.check.items import check_stage
+from precision_harness.check.msprobe_tools import msprobe_table
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.verdict_text import metrics_text, stage_text
 from precision_harness.dumps.files import load_dump
 from precision_harness.dumps.rows import count_statistics, rows
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import GoldenCorruptError
-from precision_harness.msprobe_tools import msprobe_table
-from precision_harness.tolerance import TolerancePolicy
-from precision_harness.verdict_text import metrics_text, stage_text
 
 POLICY = TolerancePolicy()
 

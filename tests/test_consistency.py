@@ -1,4 +1,4 @@
-"""Training against rollout (precision_harness.consistency): the ``invariants:`` key, its items, planted faults.
+"""Training against rollout (precision_harness.check.consistency): the ``invariants:`` key, its items, planted faults.
 
 Each planted fault (tests/hooks/precision_test_hooks.py) must fail the check that catches it, naming
 the parameter or the token; an unplanted run passes every check.
@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, hooks_env, make_project, run_pytest, write_dump
 
-from precision_harness import consistency, sampled_tokens
-from precision_harness.check import ItemKey, check_items
-from precision_harness.check_settings import CheckSettings
+from precision_harness.check import consistency
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.items import ItemKey, check_items
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps import sampled_tokens
 from precision_harness.errors import ScenarioError
-from precision_harness.golden import Golden
-from precision_harness.scenario import Scenario
-from precision_harness.tolerance import TolerancePolicy
+from precision_harness.goldens.golden import Golden
+from precision_harness.scenarios.scenario import Scenario
 
 STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
 SCENARIO = """\
@@ -292,7 +293,7 @@ def test_rollout_generate_at_level_auto_keeps_rollout_log_probs_in_its_stage_out
 def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(tmp_path: Path) -> None:
     """msprobe hooking the rollout consumes no random numbers and changes no later op: grpo_tiny's
     golden (every other stage's dump and metrics.jsonl) is byte-identical with the stage on."""
-    from precision_harness import launch
+    from precision_harness.runs import launch
 
     repo = Path(__file__).resolve().parent.parent
     base = Scenario.load(repo / "scenarios" / "grpo_tiny.yaml")

@@ -1,5 +1,5 @@
-"""The machine a golden records (precision_harness.machine, runner.devices) and the environment diff a
-verdict names first (precision_harness.environment): pure functions, no torch, no scenario run."""
+"""The machine a golden records (precision_harness.runs.machine, runner.devices) and the environment diff a
+verdict names first (precision_harness.check.environment): pure functions, no torch, no scenario run."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness import machine
-from precision_harness.environment import Change, EnvironmentDiff, diff
-from precision_harness.runner.devices import determinism_env, determinism_settings
+from precision_harness.check.environment import Change, EnvironmentDiff, diff
+from precision_harness.runs import machine
+from precision_harness.runs.runner.devices import determinism_env, determinism_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,8 +116,8 @@ def test_determinism_settings_are_what_the_environment_has() -> None:
 def test_fingerprint_helpers_import_no_torch() -> None:
     """machine, environment and runner.devices load in the pytest process: torch stays out."""
     code = (
-        "import sys; import precision_harness.machine, precision_harness.environment, "
-        "precision_harness.runner.devices; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+        "import sys; import precision_harness.runs.machine, precision_harness.check.environment, "
+        "precision_harness.runs.runner.devices; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -21,18 +21,18 @@ import jsonschema
 import pytest
 from harness_testing import TINY, base_data, write_dump
 
-from precision_harness.check import ItemKey, OutcomeKind, check_items
-from precision_harness.check_settings import CheckSettings
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.items import ItemKey, OutcomeKind, check_items
+from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.cli import main
-from precision_harness.environment import EnvironmentDiff
-from precision_harness.golden import Golden, GoldenStore
-from precision_harness.launch import RunResult
+from precision_harness.goldens.golden import Golden, GoldenStore
 from precision_harness.options import PrecisionOptions
-from precision_harness.report import ItemRecord, PrecisionReport
-from precision_harness.scenario import Scenario
+from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.runs.launch import RunResult
+from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
 from precision_harness.session import PrecisionSession
-from precision_harness.tolerance import TolerancePolicy
 
 ENV = {
     "python": "3.11.7",

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from precision_harness.options import OPTIONS
-from precision_harness.scenario import Scenario
+from precision_harness.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -83,7 +83,7 @@ def test_verl_example_data_and_reward_are_what_its_overrides_point_at(tmp_path: 
     data = _verl_example_env(tmp_path, monkeypatch)
     import pandas as pd
 
-    from precision_harness import verl_engine
+    from precision_harness.runs import verl_engine
 
     scenario = Scenario.load(VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml")
     cfg = verl_engine.compose(scenario.config["verl"]["overrides"])

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from harness_testing import TINY, base_data, write_dump
 
-from precision_harness import golden as golden_mod
-from precision_harness import golden_codec, identity
 from precision_harness.dumps.files import sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
-from precision_harness.golden import GoldenStore
-from precision_harness.scenario import Scenario
+from precision_harness.goldens import golden as golden_mod
+from precision_harness.goldens import golden_codec
+from precision_harness.goldens.golden import GoldenStore
+from precision_harness.scenarios import identity
+from precision_harness.scenarios.scenario import Scenario
 
 
 @pytest.fixture

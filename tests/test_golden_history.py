@@ -17,13 +17,13 @@ import pytest
 from bisect_repo import git
 from harness_testing import TINY, base_data, write_dump
 
-from precision_harness.check import ItemKey
+from precision_harness.check.items import ItemKey
+from precision_harness.check.tolerance import DTYPE_DEFAULTS
 from precision_harness.cli import main
-from precision_harness.launch import RunResult
 from precision_harness.options import PrecisionOptions
-from precision_harness.scenario import Scenario
+from precision_harness.runs.launch import RunResult
+from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
-from precision_harness.tolerance import DTYPE_DEFAULTS
 
 NORM = 12.5  #: Norm of Functional.linear.0.forward's output in base_data()
 STEP = 0.4 * (DTYPE_DEFAULTS["float32"].atol + DTYPE_DEFAULTS["float32"].rtol * NORM)  #: 0.4x its fp32 allowance

@@ -18,13 +18,13 @@ import jsonschema
 import pytest
 from harness_testing import TINY, hooks_env, run_pytest
 
-from precision_harness.check import ItemKey, Outcome, OutcomeKind
+from precision_harness.check.items import ItemKey, Outcome, OutcomeKind
+from precision_harness.check.level_auto import localize, with_localization
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
-from precision_harness.golden import Golden, verify_golden
-from precision_harness.launch import RunOptions, bind
-from precision_harness.level_auto import localize, with_localization
-from precision_harness.scenario import Scenario
+from precision_harness.goldens.golden import Golden, verify_golden
+from precision_harness.runs.launch import RunOptions, bind
+from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
 
 pytest.importorskip("msprobe")
@@ -106,7 +106,7 @@ def test_stage_outputs_hold_what_l0_cannot_see(project: Path) -> None:
 def test_unchanged_auto_run_is_identical_and_its_l0_dump_equals_a_plain_l0_run(project: Path, tmp_path: Path) -> None:
     proc = run_pytest(project, "scenarios/plant_auto.yaml")
     assert proc.returncode == 0 and "10 identical to golden, 1 within tolerance" in proc.stdout, proc.stdout
-    from precision_harness import launch
+    from precision_harness.runs import launch
 
     base = Scenario.load(project / "scenarios" / "plant_l1.yaml")
     l0 = base.with_overrides({"global_profiler.global_tool_config.precision_debugger.level": "L0"}, directory=tmp_path)
@@ -165,8 +165,8 @@ def test_log_prob_change_is_invisible_to_l0_alone(planted: dict, project: Path) 
 
 def test_unchanged_localization_rerun_is_identical_to_the_l1_record(project: Path, tmp_path: Path) -> None:
     """A rerun to step 2 dumping only actor_update at L1 writes the very dump the full L1 run recorded."""
-    from precision_harness.check_settings import CheckSettings
-    from precision_harness.tolerance import TolerancePolicy
+    from precision_harness.check.check_settings import CheckSettings
+    from precision_harness.check.tolerance import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")
@@ -230,8 +230,8 @@ def test_localization_run_that_crashes_keeps_the_l0_verdict_and_says_why() -> No
 
 def test_localization_timeout_is_one_line(project: Path, tmp_path: Path) -> None:
     """A rerun past --precision-timeout: launch raises, localize passes it on, the item keeps its L0 verdict."""
-    from precision_harness.check_settings import CheckSettings
-    from precision_harness.tolerance import TolerancePolicy
+    from precision_harness.check.check_settings import CheckSettings
+    from precision_harness.check.tolerance import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness_testing import base_data, write_dump
 
-from precision_harness.msprobe_tools import analyze_failure
+from precision_harness.check.msprobe_tools import analyze_failure
 
 
 def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> None:
@@ -18,7 +18,8 @@ def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> 
 
     target, golden = dumps(tmp_path, triple)
     code = (
-        f"import sys, json; from pathlib import Path; from precision_harness.msprobe_tools import analyze_failure; "
+        "import sys, json; from pathlib import Path; "
+        "from precision_harness.check.msprobe_tools import analyze_failure; "
         f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), "
         f"Path({str(tmp_path / 'art')!r}), graph=False); "
         "heavy = sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules); "

@@ -19,8 +19,7 @@ from harness_testing import base_data, write_dump
 
 from precision_harness import cli
 from precision_harness.errors import RunFailedError
-from precision_harness.launch import RunOptions, run_scenario
-from precision_harness.portability import (
+from precision_harness.goldens.portability import (
     METRICS,
     SETTINGS,
     DispatchSetting,
@@ -28,7 +27,8 @@ from precision_harness.portability import (
     check_scenario,
     diff_runs,
 )
-from precision_harness.scenario import Scenario
+from precision_harness.runs.launch import RunOptions, run_scenario
+from precision_harness.scenarios.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 BF16 = REPO / "scenarios" / "grpo_bf16_actor.yaml"
@@ -76,7 +76,7 @@ def test_stage_missing_from_a_run_is_a_change(tmp_path: Path) -> None:
 
 
 def test_report_lines_group_settings_by_stage() -> None:
-    from precision_harness.portability import Change, ScenarioPortability
+    from precision_harness.goldens.portability import Change, ScenarioPortability
 
     result = ScenarioPortability(scenario="s", settings=["A=1", "B=2"], files=6)
     assert result.lines() == [
@@ -123,7 +123,7 @@ def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pyt
 KERNEL_SNIPPET = textwrap.dedent(
     """
     import json, sys, torch
-    from precision_harness.runner import cpu_kernels
+    from precision_harness.runs.runner import cpu_kernels
     torch.manual_seed(0)
     a, b = torch.randn(37, 70), torch.randn(70, 29)
     c, v = torch.randn(37, 29), torch.randn(70)
@@ -162,7 +162,7 @@ KERNEL_SNIPPET = textwrap.dedent(
 
 
 def _kernels(env: dict[str, str]) -> dict:
-    from precision_harness.runner.devices import determinism_env
+    from precision_harness.runs.runner.devices import determinism_env
 
     proc = subprocess.run(
         [sys.executable, "-c", KERNEL_SNIPPET],

@@ -15,13 +15,14 @@ import pytest
 from harness_testing import HOOKS, TINY, base_data, write_dump
 from test_golden import fake_run
 
-from precision_harness import compare, device_availability, launch, ray_launch, verdict_text
-from precision_harness.check_settings import CheckSettings
+from precision_harness.check import compare, verdict_text
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
-from precision_harness.golden import GoldenStore
-from precision_harness.scenario import Scenario
-from precision_harness.tolerance import TolerancePolicy
+from precision_harness.goldens.golden import GoldenStore
+from precision_harness.runs import device_availability, launch, ray_launch
+from precision_harness.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,7 +190,7 @@ def test_data_parallel_helpers_on_two_gloo_ranks(tmp_path: Path) -> None:
         textwrap.dedent("""
         import json, os, sys, torch
         import precision_test_hooks as hooks
-        from precision_harness.runner import distributed as dp
+        from precision_harness.runs.runner import distributed as dp
         rank = int(sys.argv[1])
         os.environ[hooks.PERTURB_ENV] = "1"
         port = int(sys.argv[2])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import precision_harness
-from precision_harness.stage_api import StageError
+from precision_harness.runs.stage_api import StageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from precision_harness.tolerance import EXACT, Tol, TolerancePolicy, relative_change, tolerance_ratio
+from precision_harness.check.tolerance import EXACT, Tol, TolerancePolicy, relative_change, tolerance_ratio
 
 
 def test_dtype_defaults_are_assert_close_table() -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from harness_testing import hooks_env
 
-from precision_harness import command_runner as command
-from precision_harness import verl_engine
+from precision_harness.runs import command_runner as command
+from precision_harness.runs import verl_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"
@@ -108,7 +108,7 @@ PPO = EXAMPLE / "scenarios" / "ppo_critic_tiny_cpu.yaml"
 
 
 def _example(tmp_path: Path):
-    from precision_harness.scenario import Scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     return Scenario.load(SCENARIO)
@@ -136,7 +136,7 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
     assert cfg.ray_kwargs.ray_init.num_gpus == 1
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "precision_harness.verl_cpu.extension"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "precision_harness.runs.verl_cpu.extension"
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_SCENARIO_DIR"] == str(SCENARIO.parent)
     # every gate-owned override and variable is listed at the top of the run's log
@@ -148,7 +148,7 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
 def test_the_ppo_example_gets_the_critic_overrides_and_they_compose(tmp_path: Path) -> None:
     """A scenario with a critic (GAE) gets the critic's CPU settings, its profiler on and its seed fixed."""
     pytest.importorskip("hydra", reason="verl's config is composed with hydra")
-    from precision_harness.scenario import Scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     scenario = Scenario.load(PPO)
@@ -176,7 +176,7 @@ def test_the_ppo_example_gets_the_critic_overrides_and_they_compose(tmp_path: Pa
 def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
     """verl 0.9.1 annotates no critic stage: only the gate's CPU support dumps them, so cuda/npu refuse them."""
     from precision_harness.errors import ScenarioError
-    from precision_harness.scenario import Scenario
+    from precision_harness.scenarios.scenario import Scenario
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     with pytest.raises(ScenarioError) as err:
@@ -269,7 +269,7 @@ def test_the_cpu_support_refuses_another_verl_in_one_line() -> None:
 import importlib.metadata as m
 real = m.version
 m.version = lambda name: "0.10.0" if name == "verl" else real(name)
-import precision_harness.verl_cpu.extension
+import precision_harness.runs.verl_cpu.extension
 """
     proc = _python(code)
     assert proc.returncode != 0
@@ -279,7 +279,7 @@ import precision_harness.verl_cpu.extension
 
 
 def test_seeded_responses_differ_within_a_group_and_repeat_across_runs() -> None:
-    from precision_harness.verl_cpu.rollout import response_tokens
+    from precision_harness.runs.verl_cpu.rollout import response_tokens
 
     alphabet = list(range(10, 37))
     group = [response_tokens(42, "det-3", [1, 2, 3], alphabet, 16, index=k) for k in range(4)]
@@ -338,7 +338,7 @@ def _step1(golden) -> dict:
 def test_the_grpo_golden_run_trained() -> None:
     """At step 1 the advantages are not 0 (rewards vary within groups), the policy loss and the gradient norm are
     not 0, and the actor's weights at step 2 differ from step 1's (the update changed them)."""
-    from precision_harness.golden import Golden
+    from precision_harness.goldens.golden import Golden
 
     golden = Golden.from_dir(GOLDEN)
     step1 = _step1(golden)
@@ -352,7 +352,7 @@ def test_the_ppo_golden_run_trained_actor_and_critic() -> None:
     """PPO with a critic: at step 1 the GAE advantages are not 0, the policy loss, the value loss and both gradient
     norms are not 0; the actor's and the critic's weights at step 2 differ from step 1's; the critic's stages
     (dumped by the gate's CPU support) hold its forward."""
-    from precision_harness.golden import Golden
+    from precision_harness.goldens.golden import Golden
 
     golden = Golden.from_dir(PPO_GOLDEN)
     step1 = _step1(golden)
@@ -369,7 +369,7 @@ def test_rewards_vary_within_every_grpo_group_of_the_pinned_rollouts(tmp_path: P
     """The pinned rollouts (verl's skip.rollout_tq batch, a torch file) read in a subprocess: each prompt's 4
     responses do not all score the same."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    from precision_harness.golden import Golden
+    from precision_harness.goldens.golden import Golden
 
     golden = Golden.from_dir(GOLDEN)
     names = [n for n in golden.contents if n.startswith("rollouts/") and n.endswith("tq_batch.pt")]

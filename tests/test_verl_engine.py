@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data
 
-from precision_harness import verl_engine
 from precision_harness.errors import ScenarioError
-from precision_harness.golden import Golden
-from precision_harness.scenario import Scenario
+from precision_harness.goldens.golden import Golden
+from precision_harness.runs import verl_engine
+from precision_harness.scenarios.scenario import Scenario
 
 pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
 pytest.importorskip("hydra", reason="verl's config is composed with hydra")

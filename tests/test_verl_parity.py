@@ -1,4 +1,4 @@
-"""Parity of precision_harness.runner.algorithms / .rollout_is with verl 0.9.1 on CPU.
+"""Parity of precision_harness.runs.runner.algorithms / .rollout_is with verl 0.9.1 on CPU.
 
 Identical seeded random batches (several shapes, right-padded masks, one fully padded row
 where the function allows it) go to our function and to verl's; results must agree under
@@ -51,8 +51,8 @@ rch = pytest.importorskip(
     "verl.trainer.ppo.rollout_corr_helper", reason="verl.trainer.ppo.rollout_corr_helper does not import"
 )
 
-from precision_harness.runner import algorithms as ours  # noqa: E402
-from precision_harness.runner import rollout_is as ours_is  # noqa: E402
+from precision_harness.runs.runner import algorithms as ours  # noqa: E402
+from precision_harness.runs.runner import rollout_is as ours_is  # noqa: E402
 
 pytestmark = pytest.mark.verl_parity
 

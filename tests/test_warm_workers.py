@@ -1,4 +1,4 @@
-"""Warm workers (precision_harness.warm): runs forked from a preloaded forkserver write the same bytes as
+"""Warm workers (precision_harness.runs.warm): runs forked from a preloaded forkserver write the same bytes as
 fresh interpreters, fall back to a fresh one when the determinism environment differs, and fail as
 fresh workers do (one line, the log's path) on a worker error or a timeout."""
 
@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 from harness_testing import TINY
 
-from precision_harness import launch, warm
 from precision_harness.errors import RunFailedError
-from precision_harness.runner.devices import determinism_env
-from precision_harness.scenario import Scenario
+from precision_harness.runs import launch, warm
+from precision_harness.runs.runner.devices import determinism_env
+from precision_harness.scenarios.scenario import Scenario
 
 pytest.importorskip("msprobe")
 RUN_SCHEMA = json.loads(

@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from precision_harness.check.tolerance import STATISTICS
 from precision_harness.errors import ProbeUnavailableError
-from precision_harness.tolerance import STATISTICS
 
 
 def tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

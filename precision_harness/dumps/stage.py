@@ -2,7 +2,7 @@
 
 The compare, the churn and calibration read a stage only through :class:`StageSource`. Two
 classes implement it: :class:`DirStage`, a verl-layout folder on disk (a run, a plain export,
-verl's ``outputs/profile``), and :class:`~precision_harness.golden.GoldenStage`, a stage of a
+verl's ``outputs/profile``), and :class:`~precision_harness.goldens.golden.GoldenStage`, a stage of a
 recorded golden, plain or compressed, whose digests come from its manifest.
 """
 

@@ -65,7 +65,7 @@ def planted(site: str) -> bool:
 def perturb(batch: dict[str, Any]) -> dict[str, Any]:
     """On rank ``$PRECISION_TEST_PERTURB_RANK`` of a multi-rank run, ``batch`` with that rank's shard of
     ``advantages`` (rows ``r*B/W`` to ``(r+1)*B/W``) scaled; ``batch`` itself otherwise."""
-    from precision_harness.runner.distributed import rank, world_size
+    from precision_harness.runs.runner.distributed import rank, world_size
 
     w, r = world_size(), rank()
     if w == 1 or os.environ.get(PERTURB_ENV) != str(r) or "advantages" not in batch:
@@ -159,10 +159,10 @@ def _patch_rollout(rollout: ModuleType) -> None:
 
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
-    "precision_harness.runner.weight_sync": _patch_weight_sync,
-    "precision_harness.runner.rollout": _patch_rollout,
-    "precision_harness.runner.stages": _patch_stages,
-    "precision_harness.runner.trainer": _patch_trainer,
+    "precision_harness.runs.runner.weight_sync": _patch_weight_sync,
+    "precision_harness.runs.runner.rollout": _patch_rollout,
+    "precision_harness.runs.runner.stages": _patch_stages,
+    "precision_harness.runs.runner.trainer": _patch_trainer,
     "verl.trainer.ppo.core_algos": _patch_core_algos,
 }
 

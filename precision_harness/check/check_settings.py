@@ -1,0 +1,40 @@
+"""CheckSettings: what every item of one (target, golden) pair is checked with, passed whole down to the compare."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.tolerance import TolerancePolicy
+
+if TYPE_CHECKING:
+    from precision_harness.check.items import ItemKey
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """What every item of one (target, golden) pair is checked with."""
+
+    scenario: str
+    policy: TolerancePolicy
+    artifacts: Path | None = None  #: compare tables and verdicts go to ``<artifacts>/step_<n>/<stage>/``
+    shown: Callable[[Path], Path] = Path  #: how a verdict names a path (e.g. relative to rootdir)
+    rerun: Callable[[ItemKey], str] | None = None  #: the command that reruns one item
+    rerecord: str | None = None  #: the command that re-records the golden
+    changed: tuple[str, ...] = ()  #: numeric settings that differ from the golden's, one line each
+    #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
+    #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
+    msprobe: bool = True
+    #: the target's environment against the golden's: a failing verdict names it first after its headline
+    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
+
+    def rerun_of(self, key: ItemKey) -> str | None:
+        """The command that reruns ``key`` alone, or None."""
+        return self.rerun(key) if self.rerun is not None else None
+
+    def item_artifacts(self, step: int, stage: str) -> Path | None:
+        """``<artifacts>/step_<n>/<stage>``, or None where the settings keep no artifacts."""
+        return self.artifacts / f"step_{step}" / stage if self.artifacts is not None else None

@@ -1,0 +1,305 @@
+"""Compare one stage (or a metrics.jsonl) against its golden and return a typed verdict; no file I/O.
+
+The rows are msprobe's (:func:`precision_harness.dumps.rows.rows`, the parser behind ``msprobe
+compare``); the tolerance is ours. msprobe's Result column only looks at Norm and lets a 5 % output
+change pass, so it is not the gate: every Max/Min/Mean/Norm is checked with
+:class:`~precision_harness.check.tolerance.TolerancePolicy`, and the checks msprobe misses are added: API
+key sets (msprobe silently drops golden-only rows), dtype/shape changes, NaN/Inf where the golden is
+finite, a rank missing on either side.
+
+A rank whose digest equals the golden's is identical statistic for statistic; a stage whose every
+rank is identical passes without the table (``StageVerdict.identical``), which keeps the common,
+unchanged case fast. Both sides are read through :class:`~precision_harness.dumps.stage.StageSource`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.tolerance import Tol, TolerancePolicy, relative_change, tolerance_ratio
+from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, to_float
+from precision_harness.dumps.stage import StageSource
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One statistic of one tensor beyond tolerance."""
+
+    tensor: str  #: msprobe tensor name, e.g. ``Functional.linear.7.forward.output.0``
+    statistic: str  #: Max, Min, Mean or Norm
+    golden: float
+    target: float
+    ratio: float  #: |target - golden| / allowance; > 1 fails
+    rel: float  #: |target - golden| / |golden|
+    tol: Tol
+    order: int  #: row index in execution order
+    rank: str = "rank0"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An always-failure (a structural difference, a value turned non-finite), on one rank or on the stage.
+
+    ``str()`` is the verdict's line: ``"rank1: Functional.linear.0.forward.output.0: not in the golden"``.
+    """
+
+    text: str
+    rank: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.rank}: {self.text}" if self.rank is not None else self.text
+
+
+#: ``(rank, order, tensor, worst tolerance ratio of its statistics)`` of one compared row
+ProfilePoint = tuple[str, int, str, float]
+
+
+class _Verdict:
+    """What every verdict answers: passed, when nothing drifted beyond tolerance and nothing always fails."""
+
+    drifts: list[Any]
+    problems: list[Any]
+
+    @property
+    def passed(self) -> bool:
+        return not self.drifts and not self.problems
+
+
+@dataclass
+class RankVerdict(_Verdict):
+    """Outcome of comparing one rank's dump pair (its share of a :class:`StageVerdict`)."""
+
+    rank: str
+    checked: int = 0
+    drifts: list[Drift] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
+    _nan_reported: bool = field(default=False, repr=False)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(Problem(text, self.rank))
+
+
+@dataclass
+class StageVerdict(_Verdict):
+    """Outcome of comparing one (scenario, step, stage) across all its ranks."""
+
+    scenario: str
+    step: int
+    stage: str
+    checked: int = 0  #: statistics compared
+    drifts: list[Drift] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  #: always-failures, one line each
+    tolerance: str = ""
+    identical: bool = False  #: every rank's digest equals the golden's
+    ranks: list[str] = field(default_factory=list)
+    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift
+    #: profile a report plots (empty for identical dumps).
+    profile: list[ProfilePoint] = field(default_factory=list)
+
+    @property
+    def worst_ratio(self) -> float:
+        """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
+        worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
+        return math.inf if self.problems else worst
+
+    @property
+    def first_divergence(self) -> Drift | None:
+        """The drift earliest in execution order; across ranks, the one whose rank diverged first.
+
+        Ranks run the same program in lock step (collectives synchronise them), so a row index is
+        comparable across ranks: a change to rank 1's data shows in rank 1's forward before rank 0
+        sees it through the gradient all-reduce.
+        """
+        return min(self.drifts, key=lambda d: (d.order, d.rank)) if self.drifts else None
+
+    @property
+    def failing_ranks(self) -> list[str]:
+        """Ranks with a drift or an always-failure, sorted (``rank2`` before ``rank10``)."""
+        ranks = {d.rank for d in self.drifts} | {p.rank for p in self.problems if p.rank is not None}
+        return sorted(ranks, key=lambda r: (len(r), r))
+
+    @property
+    def largest(self) -> Drift | None:
+        return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
+
+    def add(self, rank: RankVerdict) -> None:
+        """Take in one rank's result."""
+        self.checked += rank.checked
+        self.drifts += rank.drifts
+        self.problems += rank.problems
+        self.profile += rank.profile
+
+
+def compare_rank(
+    t_dump: dict[str, Any], g_dump: dict[str, Any], *, policy: TolerancePolicy, stage: str, rank: str
+) -> RankVerdict:
+    """Compare one rank's parsed dump pair: key sets, then every statistic of every row.
+
+    msprobe drops golden-only rows silently, so API and row key sets are checked here.
+
+    Raises:
+        ProbeUnavailableError: msprobe (its row parser) is not installed.
+    """
+    verdict = RankVerdict(rank)
+    _check_api_keys(verdict, t_dump["data"], g_dump["data"])
+    t_rows, g_rows = rows(t_dump), rows(g_dump)
+    for order, (name, t_item) in enumerate(t_rows.items()):
+        g_item = g_rows.get(name)
+        if g_item is None:
+            if t_item["api"] in g_dump["data"]:  # same API, different tensors: a structural change
+                verdict.problem(f"{name}: not in the golden")
+            continue
+        _compare_row(verdict, _Row(name, order, t_item, g_item), policy=policy, stage=stage)
+    for name, g_item in g_rows.items():
+        if name not in t_rows and g_item["api"] in t_dump["data"]:
+            verdict.problem(f"{name}: in the golden but missing from this run")
+    return verdict
+
+
+def _check_api_keys(verdict: RankVerdict, target: dict[str, Any], golden: dict[str, Any]) -> None:
+    only_golden = [a for a in golden if a not in target]
+    only_target = [a for a in target if a not in golden]
+    if only_golden:
+        verdict.problem(f"{len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}")
+    if only_target:
+        verdict.problem(f"{len(only_target)} API(s) not in the golden, first {only_target[0]}")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One tensor row present on both sides."""
+
+    name: str
+    order: int
+    target: dict[str, Any]
+    golden: dict[str, Any]
+
+
+def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: str) -> None:
+    """Check one tensor row (dtype, shape, each statistic) into ``v``; add its worst ratio to the profile.
+
+    Mean is judged against the golden's RMS (:func:`~precision_harness.dumps.rows.rms`).
+    """
+    t_item, g_item = row.target, row.golden
+    t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
+    if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
+        v.problem(f"{row.name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
+        return
+    t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
+    mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))
+    row_worst = 0.0
+    for stat, g_val in g_stats.items():
+        t_val = t_stats.get(stat)
+        if t_val is None and g_val is None:
+            continue
+        v.checked += 1
+        if t_val is None or g_val is None:
+            v.problem(f"{row.name} {stat}: {g_val} -> {t_val}")
+            continue
+        if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
+            v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+            v._nan_reported = True
+        tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=row.name)
+        ratio = tolerance_ratio(t_val, g_val, tol, scale=mean_scale if stat == "Mean" else None)
+        row_worst = max(row_worst, ratio)
+        if ratio > 1.0:
+            rel = relative_change(t_val, g_val)
+            v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
+    v.profile.append((v.rank, row.order, row.name, row_worst))
+
+
+def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:
+    """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
+
+    The stage's name and step come from ``golden``. Where every shared rank's digest equals the
+    golden's, the verdict is ``identical`` and its count is the golden's recorded one.
+
+    Raises:
+        GoldenCorruptError: a dump on either side is unreadable.
+        ProbeUnavailableError: msprobe (its row parser) is not installed and the dumps differ.
+    """
+    policy = settings.policy
+    verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
+    t_ranks, g_ranks = set(target.ranks()), set(golden.ranks())
+    verdict.ranks = sorted(t_ranks | g_ranks)
+    if not t_ranks:
+        verdict.problems.append(Problem(f"no dump.json under {target}: the stage did not run or was not profiled"))
+        return verdict
+    verdict.problems += [Problem("in the golden but missing from this run", r) for r in sorted(g_ranks - t_ranks)]
+    verdict.problems += [Problem("in this run but not in the golden", r) for r in sorted(t_ranks - g_ranks)]
+    shared = sorted(t_ranks & g_ranks)
+    if shared and all(target.digest(r) == golden.digest(r) for r in shared):
+        verdict.identical = not verdict.problems
+        recorded = golden.statistics()
+        verdict.checked = recorded if recorded is not None else sum(count_statistics(golden.load(r)) for r in shared)
+        return verdict
+    for rank in shared:
+        verdict.add(compare_rank(target.load(rank), golden.load(rank), policy=policy, stage=golden.name, rank=rank))
+    verdict.drifts.sort(key=lambda d: (d.rank, d.order))
+    return verdict
+
+
+# ------------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class MetricDrift:
+    step: int
+    name: str
+    golden: float | None
+    target: float | None
+    ratio: float
+    rel: float
+
+
+@dataclass
+class MetricsVerdict(_Verdict):
+    """Outcome of comparing a run's metrics.jsonl against the golden's, every step."""
+
+    scenario: str
+    checked: int = 0  #: values compared
+    drifts: list[MetricDrift] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
+
+
+def _by_step(rows_: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(rows_)}
+
+
+def compare_metrics(
+    target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], settings: CheckSettings
+) -> MetricsVerdict:
+    """Gate every metric of every step (parsed ``metrics.jsonl`` rows) with ``policy.for_metric``
+    (``|t - g| <= atol + rtol |g|``)."""
+    verdict = MetricsVerdict(scenario=settings.scenario)
+    t_rows, g_rows = _by_step(target), _by_step(golden)
+    for step in sorted(set(g_rows) - set(t_rows)):
+        verdict.problems.append(f"step {step}: in the golden metrics but missing from this run")
+    for step in sorted(set(t_rows) - set(g_rows)):
+        verdict.problems.append(f"step {step}: not in the golden metrics")
+    for step in sorted(set(t_rows) & set(g_rows)):
+        _compare_step(verdict, step, t_rows[step], g_rows[step], settings.policy)
+    return verdict
+
+
+def _compare_step(
+    verdict: MetricsVerdict, step: int, t: dict[str, Any], g: dict[str, Any], policy: TolerancePolicy
+) -> None:
+    for name in sorted(set(g) - set(t)):
+        verdict.problems.append(f"step {step}: metric {name} missing from this run")
+    for name in sorted(set(t) - set(g)):
+        verdict.problems.append(f"step {step}: metric {name} not in the golden")
+    for name in sorted(set(t) & set(g)):
+        tv, gv = to_float(t[name]), to_float(g[name])
+        if tv is None and gv is None:
+            continue
+        if tv is None or gv is None:  # a number became null (or the reverse): not a drift, a change
+            verdict.problems.append(f"step {step}: metric {name}: {g[name]!r} -> {t[name]!r}")
+            continue
+        verdict.checked += 1
+        ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
+        if ratio > 1.0:
+            verdict.drifts.append(MetricDrift(step, name, gv, tv, ratio, relative_change(tv, gv)))

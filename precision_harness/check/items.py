@@ -1,0 +1,218 @@
+"""The one compare path: a target directory against a golden, item by item, into :class:`Outcome` s.
+
+A target is any directory in verl's dump layout (our run, or verl's ``global_profiler.save_path``);
+a golden is a :class:`~precision_harness.goldens.golden.Golden`. :func:`check_items` walks the requested
+items, a ``(step, stage)`` pair (every rank's ``dump.json``) or the ``metrics.jsonl``, verifies the
+golden's files against their sha256, compares, and on a failing stage asks msprobe too (first diff;
+graph for L0/mix). The pytest items (through :class:`~precision_harness.session.PrecisionSession`)
+and ``precision-harness compare`` both call it, so both give the same verdicts, text and artifacts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from precision_harness.check import verdict_text
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.compare import MetricsVerdict, StageVerdict, compare_metrics, compare_stage
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
+from precision_harness.dumps import sampled_tokens
+from precision_harness.dumps.files import METRICS, read_metrics
+from precision_harness.dumps.stage import DirStage, StageSource
+from precision_harness.errors import GoldenMissingError, PrecisionError
+from precision_harness.goldens.churn import ChurnRow
+from precision_harness.goldens.golden import Golden
+from precision_harness.paths import display_path
+from precision_harness.scenarios.scenario import ROLLOUT_GENERATE, STAGES
+
+
+class OutcomeKind(str, Enum):
+    """What an item's outcome is: compared within/beyond tolerance, identical, a recorded golden, or an error."""
+
+    COMPARED = "compared"
+    IDENTICAL = "identical"
+    RECORDED = "recorded"
+    ERROR = "error"
+
+
+@dataclass
+class Outcome:
+    """What an item reports: passed or not, the verdict text, and data for summaries and reports."""
+
+    passed: bool
+    text: str
+    kind: OutcomeKind
+    verdict: StageVerdict | MetricsVerdict | None = None
+    msprobe: MsprobeAnswer | None = None
+    seconds: float = 0.0  #: compare (and msprobe analysis) wall time
+    artifacts: Path | None = None
+    churn: list[ChurnRow] = field(default_factory=list)  #: update mode: the stage against the previous golden
+    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (check.level_auto)
+    localized: Outcome | None = None
+    #: the run's environment against the golden's (every item of a scenario carries the same)
+    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
+
+    @classmethod
+    def error(cls, exc: PrecisionError) -> Outcome:
+        """A failed outcome whose text is the error's one line."""
+        return cls(False, str(exc), OutcomeKind.ERROR)
+
+
+@dataclass(frozen=True)
+class ItemKey:
+    """One gate item: a ``(step, stage)`` dump, or the run's ``metrics.jsonl`` (both None)."""
+
+    step: int | None = None
+    stage: str | None = None
+
+    @property
+    def is_metrics(self) -> bool:
+        return self.stage is None
+
+    @property
+    def selector(self) -> str:
+        """The ``-k`` expression that selects this item alone."""
+        return "metrics" if self.is_metrics else f"{self.stage} and step_{self.step}"
+
+
+METRICS_ITEM = ItemKey()
+
+
+def items_of(target: Path, golden: Golden) -> list[ItemKey]:
+    """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` on either side, in execution order, then metrics."""
+    found = set(golden.stages())
+    for dump in Path(target).glob("step_*/*/step0/rank*/dump.json"):
+        step_dir = dump.parents[3].name
+        if step_dir[5:].isdigit():
+            found.add((int(step_dir[5:]), dump.parents[2].name))
+    order = {s: i for i, s in enumerate(STAGES)}
+    keys = [ItemKey(step, stage) for step, stage in sorted(found, key=lambda p: (p[0], order.get(p[1], 99), p[1]))]
+    has_metrics = (Path(target) / "metrics.jsonl").is_file() and golden.has_metrics()
+    return keys + ([METRICS_ITEM] if has_metrics else [])
+
+
+def check_items(
+    target: Path, golden: Golden, keys: Iterable[ItemKey], settings: CheckSettings
+) -> Iterator[tuple[ItemKey, Outcome]]:
+    """Outcome of each item of ``target`` against ``golden``; a user-caused problem is a failed outcome.
+
+    Args:
+        target: verl-layout directory (``step_<n>/<stage>/step0/rank<r>/dump.json``, ``metrics.jsonl``).
+        golden: the golden; each of its files is checked against its sha256 before use.
+        keys: the items to check (:func:`items_of` for all of them).
+    """
+    for key in keys:
+        try:
+            out = (
+                _check_metrics(target, golden, settings)
+                if key.is_metrics
+                else _check_stage(target, golden, key, settings)
+            )
+        except PrecisionError as exc:
+            out = Outcome.error(exc)
+        out.environment = settings.environment
+        yield key, out
+
+
+def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -> Outcome:
+    assert key.step is not None and key.stage is not None
+    if not golden.has_stage(key.step, key.stage):
+        again = f", re-record with: {s.rerecord}" if s.rerecord else ""
+        raise GoldenMissingError(
+            f"{display_path(golden.path)}: no dump for {key.stage} @ step_{key.step}; "
+            f"the golden predates this step/stage{again}"
+        )
+    golden.verify_stage(key.step, key.stage)
+    artifacts = s.item_artifacts(key.step, key.stage)
+    if artifacts is not None:
+        shutil.rmtree(artifacts, ignore_errors=True)
+    run_stage = DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
+    if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
+        changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
+        if changed is not None:
+            return Outcome(False, changed, OutcomeKind.COMPARED)
+    return check_stage(run_stage, golden.stage(key.step, key.stage), s)
+
+
+def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
+    if not golden.has_metrics():
+        again = f"; re-record with: {s.rerecord}" if s.rerecord else ""
+        raise GoldenMissingError(f"{display_path(golden.path)}: no metrics.jsonl in the golden{again}")
+    golden_rows = golden.metrics()
+    return check_metrics(read_metrics(Path(target) / METRICS), golden_rows, s)
+
+
+def check_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> Outcome:
+    """Compare one stage and, when it fails, ask msprobe too (its table, first diff; graph for L0/mix).
+
+    Compare tables, ``verdict.txt`` and msprobe's output go to ``settings.item_artifacts`` (nowhere
+    when the settings keep none); ``settings.msprobe`` False gives our verdict alone.
+
+    Raises:
+        GoldenCorruptError: a dump on either side is unreadable.
+    """
+    __tracebackhide__ = True
+    t0 = time.perf_counter()
+    verdict = compare_stage(target, golden, settings)
+    if verdict.passed:
+        kind = OutcomeKind.IDENTICAL if verdict.identical else OutcomeKind.COMPARED
+        return Outcome(True, verdict_text.stage_text(verdict), kind, verdict, seconds=time.perf_counter() - t0)
+    artifacts = settings.item_artifacts(golden.step, golden.name)
+    answer = None
+    if settings.msprobe and artifacts is not None:
+        _write_tables(target, golden, verdict, artifacts)
+        if target.ranks():
+            plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
+            answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
+    shown = settings.shown(artifacts) if artifacts is not None else None
+    text = verdict_text.stage_text(
+        verdict,
+        artifacts=shown,
+        rerun=settings.rerun_of(ItemKey(golden.step, golden.name)),
+        changed=settings.changed,
+        environment=settings.environment.headline(),
+        msprobe=answer.lines(graph_dir=(shown / "graph") if shown is not None else None) if answer else None,
+    )
+    if artifacts is not None:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")
+    return Outcome(
+        False, text, OutcomeKind.COMPARED, verdict, answer, seconds=time.perf_counter() - t0, artifacts=shown
+    )
+
+
+def _write_tables(target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path) -> list[Path]:
+    """msprobe's own compare table of each failing rank both sides hold, for reading beside our verdict."""
+    failing, shared = set(verdict.failing_ranks), set(target.ranks()) & set(golden.ranks())
+    tables = []
+    for rank in sorted(failing & shared):
+        t_dump = target.plain_dir(artifacts) / "step0" / rank / "dump.json"
+        g_dump = golden.plain_dir(artifacts / "golden") / "step0" / rank / "dump.json"
+        tables.append(write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{rank}.csv"))
+    return tables
+
+
+def check_metrics(target: list[dict[str, Any]], golden: list[dict[str, Any]], settings: CheckSettings) -> Outcome:
+    """Compare parsed ``metrics.jsonl`` rows with the golden's, with ``policy.for_metric``.
+
+    A failing verdict names the settings' environment headline first after its own headline.
+    """
+    __tracebackhide__ = True
+    t0 = time.perf_counter()
+    verdict = compare_metrics(target, golden, settings)
+    failed = not verdict.passed
+    text = verdict_text.metrics_text(
+        verdict,
+        rerun=settings.rerun_of(METRICS_ITEM) if failed else None,
+        policy_exact=settings.policy.exact,
+        changed=settings.changed if failed else None,
+        environment=settings.environment.headline() if failed else None,
+    )
+    return Outcome(verdict.passed, text, OutcomeKind.COMPARED, verdict, seconds=time.perf_counter() - t0)

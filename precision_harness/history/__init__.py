@@ -1,0 +1,1 @@
+"""History: git as the store of earlier goldens (golden history, the creep alarm) and bisect."""

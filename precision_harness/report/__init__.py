@@ -1,0 +1,1 @@
+"""Report: one record per item, and report.json, report.md and report.html."""

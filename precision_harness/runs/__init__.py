@@ -1,0 +1,1 @@
+"""Runs: starting one scenario run (a worker, a command, verl's trainer, Ray) and what runs inside it."""

@@ -1,0 +1,377 @@
+"""Run a command scenario: any process that writes verl's dump layout under ``$PRECISION_DUMP_DIR``.
+
+The gate gives the command (run with the scenario file's folder as its working directory):
+
+==========================  ===============================================================
+``PRECISION_DUMP_DIR``      where the verl layout must appear (verl's ``global_profiler.save_path``)
+``PRECISION_MSPROBE_CONFIG`` an msprobe ``config.json`` written from the scenario's level/scope/list
+``PRECISION_STEPS``         comma list of ``global_profiler.steps``
+``PRECISION_STAGES``        comma list of ``precision_debugger.stages``
+``PRECISION_METRICS``       where the run may write a ``metrics.jsonl``
+``PRECISION_SCENARIO_DIR``  the scenario file's folder (verl overrides read it as ``${oc.env:...}``)
+==========================  ===============================================================
+
+plus the scenario's ``env`` and the same thread pinning as a built-in scenario. After the command
+exits, the run directory holds its dumps (``step_<n>/<stage>/step0/rank<r>/dump.json``), the
+metrics (lines in verl's ``FileLogger`` form, ``{"step": n, "data": {...}}``, are converted to one
+object per step) and a ``run.json`` written here. A command that is not found, exits non-zero or
+runs past the timeout is a one-line :class:`RunFailedError` with the last lines of its log (a
+timeout also names the last stage that was dumped).
+
+The command runs in a session of its own, marked by ``PRECISION_RUN_ID`` in its environment. When it
+ends (exit, failure or timeout) every process that still carries the mark is killed, by id: Ray's
+GCS, raylet and workers, which verl's trainer starts and a killed driver leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from precision_harness.errors import RunFailedError
+from precision_harness.paths import display_path
+from precision_harness.runs.stage_api import (
+    ENV_DUMP_DIR,
+    ENV_METRICS,
+    ENV_MSPROBE_CONFIG,
+    ENV_STAGES,
+    ENV_STEPS,
+    check_dump_path,
+)
+
+if TYPE_CHECKING:
+    from precision_harness.runs.launch import RunOptions, RunResult
+    from precision_harness.scenarios.scenario import CommandSpec
+
+#: lines of the command's log quoted in a failure
+LOG_TAIL = 5
+ENV_SCENARIO_DIR = "PRECISION_SCENARIO_DIR"
+#: marks every process a command run starts, so that none outlives it (:func:`reap`)
+ENV_RUN_ID = "PRECISION_RUN_ID"
+METRICS = "metrics.jsonl"
+
+
+def command_env(scenario: Any, run_dir: Path) -> dict[str, str]:
+    """The ``PRECISION_*`` variables (and the scenario's ``env``) the command runs with."""
+    config_path = run_dir / "msprobe_config.json"
+    config_path.write_text(json.dumps(scenario.msprobe_config(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    env = {str(k): str(v) for k, v in scenario.config["env"].items()}
+    env.update(
+        {
+            ENV_DUMP_DIR: str(run_dir),
+            ENV_MSPROBE_CONFIG: str(config_path),
+            ENV_STEPS: ",".join(map(str, scenario.steps)),
+            ENV_STAGES: ",".join(scenario.stages),
+            ENV_METRICS: str(run_dir / METRICS),
+            ENV_SCENARIO_DIR: str(Path(scenario.path).resolve().parent),
+        }
+    )
+    return env
+
+
+def run_command(
+    scenario: Any,
+    argv: list[str],
+    *,
+    run_dir: Path,
+    env: dict[str, str],
+    timeout: float | None,
+    header: list[str] | None = None,
+) -> float:
+    """Run ``argv`` in the scenario's folder with ``env`` added; return its wall time (s).
+
+    ``header``: lines written at the top of ``run_dir/worker.log`` before the command's output.
+    Every process left with the run's ``PRECISION_RUN_ID`` is killed when the command ends (:func:`reap`).
+
+    Raises:
+        RunFailedError: the command is not found, exits non-zero or runs past ``timeout`` (the
+            message quotes the last lines of ``run_dir/worker.log`` and names it; a timeout names
+            the last stage dumped).
+    """
+    shown = display_path(scenario.path)
+    log = run_dir / "worker.log"
+    run_id = env.get(ENV_RUN_ID) or uuid.uuid4().hex
+    t0 = time.perf_counter()
+    with open(log, "wb") as fh:
+        if header:
+            fh.write("".join(f"{line}\n" for line in header).encode())
+            fh.flush()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=scenario.path.parent,
+                env={**os.environ, **env, ENV_RUN_ID: run_id},
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.path.parent})") from None
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reap(run_id)
+            raise RunFailedError(
+                f"{shown}: command timed out after {timeout:g} s; {last_stage(run_dir)}{_tail(log)}"
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            reap(run_id)
+            raise
+    reap(run_id)
+    if returncode != 0:
+        raise RunFailedError(f"{shown}: command exited with {returncode}{_tail(log)}")
+    return time.perf_counter() - t0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the command's session (it was started in one of its own) and wait for the command."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def marked_processes(run_id: str) -> list[int]:
+    """The ids of live processes whose environment holds ``PRECISION_RUN_ID=run_id`` (Linux /proc)."""
+    mark = f"{ENV_RUN_ID}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def reap(run_id: str, *, grace_s: float = 5.0) -> list[int]:
+    """Terminate, then kill, every process marked with ``run_id``; return their ids.
+
+    Ray's GCS and raylet, started by a command's ``ray.init()``, sit in sessions of their own and
+    survive a killed driver; they and Ray's workers inherit the command's environment, so the mark
+    finds them.
+    """
+    pids = marked_processes(run_id)
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            pids = marked_processes(run_id)
+            if not pids:
+                break
+            time.sleep(0.1)
+    return pids
+
+
+def last_stage(run_dir: Path) -> str:
+    """``last stage reached: step_<n>/<stage>`` (the newest dump folder), or that none was reached."""
+    stages = [d for d in run_dir.glob("step_*/*/step0") if d.is_dir()]
+    if not stages:
+        return "no stage was reached"
+    newest = max(stages, key=lambda d: d.stat().st_mtime)
+    return f"last stage reached: {newest.parent.parent.name}/{newest.parent.name}"
+
+
+def _tail(log: Path) -> str:
+    lines = deque((line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()), LOG_TAIL)
+    quoted = " | ".join(lines) if lines else "no output"
+    return f"; last lines: {quoted} (log: {display_path(log)})"
+
+
+def normalize_metrics(run_dir: Path, *, exclude: list[str]) -> None:
+    """Rewrite ``metrics.jsonl`` as one object per step with ``training/global_step``, keys in ``exclude`` dropped.
+
+    verl's ``FileLogger`` writes ``{"step": n, "data": {...}}``; our runner and the stage API write
+    the flat form. Timing and throughput metrics (``exclude`` globs) move from run to run and are
+    never gated.
+    """
+    path = run_dir / METRICS
+    if not path.is_file():
+        return
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if isinstance(row, dict) and set(row) == {"step", "data"} and isinstance(row["data"], dict):
+            row = {**row["data"], "training/global_step": row["step"]}
+        rows.append({k: v for k, v in row.items() if not any(fnmatch.fnmatchcase(k, g) for g in exclude)})
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+
+
+def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
+    """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` in ``run_dir``."""
+    found = set()
+    for dump in run_dir.glob("step_*/*/step0/rank*/dump.json"):
+        step = dump.parents[3].name[5:]
+        if step.isdigit():
+            found.add((int(step), dump.parents[2].name))
+    return found
+
+
+def shown_command(argv: list[str], run_dir: Path) -> str:
+    """``argv`` as a golden records it: this interpreter as ``python`` and the run folder as ``$RUN_DIR``,
+    so a committed manifest names no path of the machine that recorded it."""
+    return " ".join(argv).replace(sys.executable, "python").replace(str(run_dir), "$RUN_DIR")
+
+
+def command_fingerprint(
+    argv: list[str], *, run_dir: Path, device: str, num_threads: int, environ: dict[str, str]
+) -> dict[str, Any]:
+    """A command run's ``env``: what the gate knows without importing torch (the command's own process
+    loaded it): python, the command (:func:`shown_command`), the machine's CPU, threads and the
+    determinism variables ``environ`` gave the command for ``device``. Package versions are the
+    command's business and are not recorded."""
+    from precision_harness.runs import machine
+    from precision_harness.runs.runner.devices import determinism_settings
+
+    return {
+        "python": platform.python_version(),
+        "command": shown_command(argv, run_dir),
+        "machine": platform.machine(),
+        **machine.cpu_fingerprint(),
+        "num_threads": num_threads,
+        "determinism_env": determinism_settings(device, num_threads, environ),
+    }
+
+
+def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device: str, wall_s: float) -> dict[str, Any]:
+    """``run.json`` for a command run (``env``: :func:`command_fingerprint`): what the golden manifest
+    records, and what was dumped undeclared."""
+    declared = {(s, st) for s in scenario.steps for st in scenario.stages}
+    undeclared = sorted(f"step_{s}/{st}" for s, st in dumped_stages(run_dir) - declared)
+    manifest = {
+        "format": 1,
+        "scenario": scenario.name,
+        "scenario_hash": scenario.hash,
+        "kind": scenario.kind,
+        "device": device,
+        "level": scenario.level,
+        "dump": True,
+        "rank": 0,
+        "world_size": 1,
+        "env": env,
+        "steps": list(scenario.steps),
+        "stages": list(scenario.stages),
+        "numeric_settings": scenario.numeric_settings,
+        "undeclared": undeclared,
+        "timings": {"total_s": round(wall_s, 6), "stages": {}},
+    }
+    (run_dir / "run.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return manifest
+
+
+#: where a verl scenario's pinned rollouts live in a run directory (and in its golden)
+ROLLOUTS = "rollouts"
+
+
+def command_spec(scenario: Any, run_dir: Path, *, device: str = "cpu") -> CommandSpec:
+    """How a command or verl scenario's run starts in ``run_dir``: the ``PRECISION_*`` environment
+    (:func:`command_env`) laid under what the scenario's kind adds (:meth:`CommandScenario.command_spec`).
+
+    Raises:
+        ScenarioError: a verl scenario on cpu with an unsupported verl or an override of a CPU-owned key.
+    """
+    return scenario.command_spec(command_env(scenario, run_dir), run_dir, device)
+
+
+def _generate_rollouts(
+    scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, header: list[str]
+) -> float:
+    """Pass 1 of a recording run with pinned rollouts: run once to generate and save the rollouts, keep only them.
+
+    verl's trainer feeds a batch it generated and one it loaded from ``skip.rollout_tq`` to the
+    training stages in different row orders (it regroups a loaded batch by prompt), so the micro-batches,
+    their padding and every dumped shape differ between the two paths. Check runs always load, so the
+    golden must come from a run that loaded too: pass 2 (the caller) replays what this pass saved.
+    The pass's log is kept as ``worker.generate.log``; each pass has the full ``timeout``.
+    """
+    head = [*header, "precision gate: pass 1 of 2: generating the rollouts to pin (its dumps are discarded)"]
+    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=head)
+    for entry in run_dir.iterdir():
+        if entry.name in (ROLLOUTS, "msprobe_config.json"):
+            continue
+        if entry.name == "worker.log":
+            entry.replace(run_dir / "worker.generate.log")
+        elif entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return wall
+
+
+def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOptions) -> dict[str, Any]:
+    """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
+
+    Of ``options``: ``dispatch_env`` is laid over the determinism environment and the scenario's own
+    ``env``; ``pinned`` is the golden whose recorded rollouts a verl check run loads (None: generate
+    them); ``ray_address`` is given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's
+    trainer makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
+    the ranks write their dumps there.
+
+    Raises:
+        RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``.
+    """
+    from precision_harness.runs.runner.devices import determinism_env
+
+    try:
+        check_dump_path(run_dir)
+    except ValueError as exc:
+        raise RunFailedError(f"{display_path(scenario.path)}: {exc}") from None
+    pinned, timeout = options.pinned, options.timeout
+    if pinned is not None:
+        names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
+        pinned.export(run_dir, names)
+    spec = command_spec(scenario, run_dir, device=device)
+    argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
+    threads = scenario.config["trainer"]["num_threads"]
+    env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {})}
+    if options.ray_address:
+        env["RAY_ADDRESS"] = options.ray_address
+    wall = 0.0
+    if pinned is None and scenario.pins_rollouts:
+        wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
+    wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+    normalize_metrics(run_dir, exclude=list(exclude))
+    fingerprint = command_fingerprint(
+        argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
+    )
+    return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)
+
+
+def run_command_scenario(scenario: Any, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+    """Run a command or verl scenario into a fresh ``out_dir`` (:func:`launch_command`), timed.
+
+    Raises:
+        RunFailedError: as :func:`launch_command`, or ``options.dump`` is off (built-in scenarios only).
+    """
+    from precision_harness.runs.launch import RunResult
+
+    if not options.dump:
+        raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options)
+    return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=time.perf_counter() - t0)

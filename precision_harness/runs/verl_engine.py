@@ -1,0 +1,326 @@
+"""verl scenarios (``engine: verl``): verl's own trainer, ``python -m verl.trainer.main_ppo``, behind the gate.
+
+The scenario gives verl overrides (``verl.overrides``, dotted keys as on verl's command line); the
+gate adds the ones it owns (:func:`gate_overrides`): the precision debugger on (tool, steps,
+save_path, config_path, stages, strict, ``actor_rollout_ref.actor.profiler.enable``), the number
+of steps, a console and file logger (the file logger's jsonl becomes ``metrics.jsonl``), no
+validation and no checkpoints, and, unless ``verl.pin_rollouts: false``, rollout pinning: the
+recording run saves its rollouts (``skip.rollout_tq``, action ``cache``) into the golden and check
+runs load them, so a failure is training-side drift, not sampling.
+
+Facts checked against verl 0.9.1 (the wheel's source): ``PrecisionDebuggerProfiler`` dumps to
+``{save_path}/step_{global_step}/{stage}/step0/rank{r}/dump.json``; only ``ActorRolloutRefWorker``
+is annotated, so only :data:`DUMPED_STAGES` are dumped; with ``config_path`` unset (or msprobe
+missing and ``strict: false``) nothing is dumped and nothing is said.
+
+On the CPU (``--precision-device cpu``) the gate runs the same trainer through verl's extension hook:
+:func:`cpu_env` makes every verl process import :mod:`precision_harness.runs.verl_cpu` (a CPU platform
+with gloo, the rollout replica ``precision_cpu``, the patches of verl internals, refused for a verl
+other than :data:`SUPPORTED_VERSIONS`), and :func:`cpu_overrides` adds the resource and engine
+settings verl needs there. Both are gate-owned, printed at the top of the run's log and listed in
+docs/scenarios.md.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import ScenarioError, VerlMissingError
+from precision_harness.runs.command_runner import ROLLOUTS
+from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
+from precision_harness.scenarios.scenario import CommandSpec
+
+#: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
+DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
+#: the critic's stages: verl 0.9.1's precision debugger knows them but nothing annotates them; on cpu the
+#: gate's CPU support does (precision_harness/runs/verl_cpu/patches.py, patch 4), so only there are they dumped
+CRITIC_STAGES = ("compute_values", "critic_update")
+CHECKED_VERSION = "0.9.1"
+#: the verl versions the CPU support (precision_harness.runs.verl_cpu, its patches) was checked against
+SUPPORTED_VERSIONS = ("0.9.1",)
+#: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
+CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
+#: the platform and rollout replica that module registers
+CPU_PLATFORM = "precision_cpu"
+ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
+#: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
+METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/perf/*", "*/time*", "training/epoch")
+_PD = "global_profiler.global_tool_config.precision_debugger"
+_SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
+
+
+def installed_version() -> str | None:
+    """The installed verl's version, read without importing it (None: not installed)."""
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_engine(scenario_path: Path, stages: list[str]) -> None:
+    """verl must be installed, and dump every declared stage.
+
+    Raises:
+        VerlMissingError: verl is missing (names the extra; pytest skips the scenario).
+        ScenarioError: a declared stage is one verl does not dump.
+    """
+    version = installed_version()
+    if version is None:
+        raise VerlMissingError(
+            f"{scenario_path}: engine: verl needs verl installed in this environment; "
+            "pip install 'pytest-precision[verl]' (or your own verl build)"
+        )
+    missing = [s for s in stages if s not in DUMPED_STAGES + CRITIC_STAGES]
+    if missing:
+        raise ScenarioError(
+            f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
+            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CRITIC_STAGES)} on cpu "
+            f"(checked against verl {CHECKED_VERSION})"
+        )
+
+
+def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> None:
+    """Raise ScenarioError for a critic stage off the CPU: verl dumps it only with the gate's CPU support."""
+    critic = [s for s in stages if s in CRITIC_STAGES]
+    if critic and device != "cpu":
+        raise ScenarioError(
+            f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {critic[0]!r} on {device} "
+            "(nothing in its critic worker is annotated); the gate dumps the critic's stages on cpu only: "
+            "remove it, or run with --precision-device cpu"
+        )
+
+
+def unsupported_version_message(version: str | None) -> str:
+    """The one line for a verl the CPU support was not checked against."""
+    return (
+        f"engine: verl on cpu: verl {version} is not supported; the CPU platform, rollout replica and patches "
+        f"(precision_harness/verl_cpu) were tested with verl {', '.join(SUPPORTED_VERSIONS)}: "
+        f"pip install 'pytest-precision[verl]'"
+    )
+
+
+def check_cpu_version(scenario_path: Path) -> None:
+    """Raise ScenarioError unless the installed verl is one the CPU support was tested with."""
+    version = installed_version()
+    if version not in SUPPORTED_VERSIONS:
+        raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
+
+
+def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that make verl load the CPU support in every process it starts (its extension hook).
+
+    Modules ``environ`` (default: this process's) already names in ``VERL_USE_EXTERNAL_MODULES`` are kept,
+    after the CPU support, which registers the platform they may need.
+    """
+    own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
+    modules = [CPU_MODULE, *(m for m in own.split(",") if m and m != CPU_MODULE)]
+    return {
+        "VERL_USE_EXTERNAL_MODULES": ",".join(modules),  # verl/__init__.py imports each, in every process
+        "VERL_PLATFORM": CPU_PLATFORM,  # the platform it registers (verl would fall back to nvidia/NCCL)
+        "VERL_ENGINE_DEVICE": "cuda",  # verl's engine registry has FSDP under cuda/nvidia only
+        "VERL_ENGINE_VENDOR": "nvidia",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def cpu_overrides(*, critic: bool) -> dict[str, Any]:
+    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``); with a
+    ``critic``, its engine settings and its profiler on (the gate's CPU support dumps its stages)."""
+    out: dict[str, Any] = {
+        # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
+        "ray_kwargs.ray_init.num_cpus": 8,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        # verl's single controller hard-codes use_gpu=True: one declared Ray GPU, which no process uses
+        "+ray_kwargs.ray_init.num_gpus": 1,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.nnodes": 1,
+        # no FlashAttention on CPU
+        "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+        "actor_rollout_ref.model.use_remove_padding": False,
+        # FSDP1 needs an accelerator; FSDP2 runs on gloo
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.ref.use_torch_compile": False,
+        # the seeded replica; it needs stable request ids (det-<index>)
+        "actor_rollout_ref.rollout.name": CPU_PLATFORM,
+        "actor_rollout_ref.rollout.full_determinism": True,
+        # its responses carry no log-probs (they are not sampled from the model)
+        "actor_rollout_ref.rollout.calculate_log_probs": False,
+    }
+    if critic:
+        out.update(
+            {
+                "critic.strategy": "fsdp2",
+                "+critic.model.override_config.attn_implementation": "sdpa",
+                "critic.model.use_remove_padding": False,
+                "critic.fsdp.use_torch_compile": False,
+                # the value head is initialised from torch's RNG, which verl seeds only under full_determinism
+                "critic.fsdp.full_determinism": True,
+                # verl leaves the critic's profiler off; compute_values and critic_update run inside it
+                "critic.profiler.enable": True,
+            }
+        )
+    return out
+
+
+def uses_critic(overrides: dict[str, Any]) -> bool:
+    """Whether verl's trainer builds a critic for these overrides (verl's ``need_critic``)."""
+    if overrides.get("critic.enable") is not None:
+        return bool(overrides["critic.enable"])
+    return overrides.get("algorithm.adv_estimator") == "gae"
+
+
+def check_cpu_overrides(scenario_path: Path, overrides: dict[str, Any], cpu: dict[str, Any]) -> None:
+    """Raise ScenarioError for a scenario override of a key the gate owns on the CPU."""
+    owned = {key.lstrip("+") for key in cpu}
+    for key in overrides:
+        if key.lstrip("+") in owned:
+            raise ScenarioError(
+                f"{scenario_path}: verl.overrides: {key.lstrip('+')} is set by the gate on cpu (the CPU platform, "
+                "rollout replica and resources, docs/scenarios.md); remove it"
+            )
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value as Hydra's override grammar reads it (``True`` -> ``true``, lists as ``[a,b]``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if _SIMPLE.match(text) and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def gate_overrides(
+    *, steps: list[int], stages: list[str], strict: bool, save_path: Path, config_path: Path, rollouts: Path | None
+) -> dict[str, Any]:
+    """The overrides the gate owns (``rollouts``: where pinned rollouts are saved and loaded, None: not pinned)."""
+    last = max(steps)
+    out: dict[str, Any] = {
+        "global_profiler.tool": "precision_debugger",
+        "global_profiler.steps": list(steps),
+        "global_profiler.save_path": str(save_path),
+        f"{_PD}.config_path": str(config_path),
+        f"{_PD}.stages": list(stages),
+        f"{_PD}.strict": strict,
+        "actor_rollout_ref.actor.profiler.enable": True,
+        "trainer.total_training_steps": last,
+        "trainer.logger": ["console", "file"],
+        "trainer.val_before_train": False,
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+    }
+    if rollouts is not None:
+        out.update(
+            {
+                "skip.rollout_tq.enable": True,
+                "skip.rollout_tq.steps": list(range(1, last + 1)),
+                "skip.rollout_tq.dump_dir": str(rollouts),
+                "skip.rollout_tq.action": "cache",
+            }
+        )
+    return out
+
+
+#: keys the gate sets on every verl run; a scenario may not override them
+OWNED = tuple(
+    gate_overrides(steps=[1], stages=[], strict=False, save_path=Path("."), config_path=Path("."), rollouts=Path("."))
+)
+
+
+def check_user_overrides(scenario_path: Path, overrides: dict[str, Any]) -> None:
+    """Raise ScenarioError for an override of a key the gate owns."""
+    for key in overrides:
+        if key in OWNED or key.startswith(("global_profiler.", "skip.rollout_tq.")):
+            raise ScenarioError(
+                f"{scenario_path}: verl.overrides: {key} is set by the gate (profiler, steps, logger, rollout "
+                "pinning); remove it, or set it through the scenario's own keys (global_profiler, verl.pin_rollouts)"
+            )
+
+
+def argv(entrypoint: list[str] | None, overrides: dict[str, Any]) -> list[str]:
+    """``python -m verl.trainer.main_ppo key=value ...`` (this interpreter unless ``entrypoint`` says otherwise)."""
+    head = list(entrypoint) if entrypoint else [sys.executable, *ENTRYPOINT]
+    return head + [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
+
+
+def config_dir() -> Path:
+    """verl's own ``trainer/config`` folder, found without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or spec.origin is None:
+        raise ScenarioError("verl is not installed: pip install 'pytest-precision[verl]'")
+    return Path(spec.origin).parent / "trainer" / "config"
+
+
+def compose(overrides: dict[str, Any], *, source: Path | str = "verl.overrides") -> Any:
+    """Compose verl's ``ppo_trainer`` config with ``overrides`` through Hydra, as ``main_ppo`` does.
+
+    Raises:
+        ScenarioError: Hydra rejects an override (a key verl's config does not have, a bad value);
+            the message is Hydra's first line, naming ``source``.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    items = [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            return hydra_compose(config_name="ppo_trainer", overrides=items)
+    except (HydraException, OmegaConfBaseException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScenarioError(f"{source}: {first}") from None
+
+
+def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+    """A verl scenario's run: its entrypoint with the user's overrides, the gate's (:func:`gate_overrides`)
+    and, on cpu, :func:`cpu_overrides` and :func:`cpu_env`; ``env`` (the ``PRECISION_*`` variables)
+    gains verl's file logger. The log header lists every gate-owned override and variable.
+
+    Raises:
+        ScenarioError: a critic stage off the cpu, or on cpu an unsupported verl or an override of a
+            CPU-owned key.
+    """
+    verl = scenario.config["verl"]
+    user = dict(verl["overrides"])
+    gate = gate_overrides(
+        steps=list(scenario.steps),
+        stages=list(scenario.stages),
+        strict=bool(scenario.profiler["strict"]),
+        save_path=run_dir,
+        config_path=Path(env[ENV_MSPROBE_CONFIG]),
+        rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
+    )
+    env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
+    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
+    check_device_stages(scenario.path, list(scenario.stages), device)
+    if device == "cpu":
+        check_cpu_version(scenario.path)
+        cpu = cpu_overrides(critic=uses_critic(user))
+        check_cpu_overrides(scenario.path, user, cpu)
+        gate = {**cpu, **gate}
+        owned_env.update(cpu_env())
+        env.update(cpu_env())
+    header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
+    header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
+    header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
+    # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
+    hydra = {"hydra.run.dir": str(run_dir / "hydra")}
+    return CommandSpec(argv(verl["entrypoint"], {**user, **gate, **hydra}), env, tuple(verl["metrics_exclude"]), header)

@@ -1,0 +1,114 @@
+"""Warm workers: scenario runs forked from a server that already imported torch, transformers and msprobe.
+
+Importing torch, transformers' Qwen2 and msprobe is over half of a small scenario's run. The
+standard library's ``multiprocessing`` *forkserver* imports them once (:data:`PRELOAD`) in a
+server process; each run is a child forked from it, so it starts with the modules loaded and still
+is a fresh process: msprobe's debugger is a process-wide singleton and is first built in the child.
+
+Why this is safe for determinism:
+
+- The server is started with the run's determinism environment (:func:`devices.determinism_env`),
+  because torch fixes its CPU dispatch (``ATEN_CPU_CAPABILITY``) and the OpenMP/MKL settings are
+  read when torch loads. A run whose environment differs from the server's in those variables
+  (another device or thread count) gets a fresh process instead (:func:`context_for`).
+- Importing builds no torch thread pool, no CUDA/NPU context and no msprobe debugger; the child
+  seeds, pins threads and picks the device itself (``runner.devices.setup``), as a fresh process does.
+- ``PYTHONHASHSEED`` is fixed at the server's start and inherited.
+
+The child re-applies the caller's whole environment, sends stdout/stderr to the run's
+``worker.log`` and runs the same ``precision_harness.runs.runner`` entry point as a fresh worker; its
+exit code is that entry point's. Ray and command scenarios never come here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import sys
+import threading
+from multiprocessing.context import BaseContext
+from typing import Any
+
+#: what the server imports once (the worker's heavy imports; nothing here builds a device context)
+PRELOAD = (
+    "torch",
+    "numpy",
+    "transformers.models.qwen2.modeling_qwen2",
+    "msprobe.pytorch",
+    "precision_harness.runs.runner.__main__",
+    "precision_harness.runs.runner.trainer",
+    "precision_harness.runs.stage_api",
+)
+
+_lock = threading.Lock()
+_server_env: dict[str, str] | None = None
+
+
+def context_for(determinism: dict[str, str]) -> BaseContext | None:
+    """The forkserver context whose server was started with ``determinism`` (None: use a fresh process).
+
+    The first call starts the server with ``determinism`` in its environment; a later call with
+    other values gets None, because what torch read at import cannot change in a child.
+    """
+    global _server_env
+    with _lock:
+        if _server_env is None:
+            _start_server(determinism)
+            _server_env = dict(determinism)
+        if _server_env != determinism:
+            return None
+    return multiprocessing.get_context("forkserver")
+
+
+def _start_server(determinism: dict[str, str]) -> None:
+    """Start the forkserver with ``determinism`` in its environment; the caller's environment is restored.
+
+    The forkserver takes this process's environment (it has no ``env`` argument), so the variables
+    are set around its start. Only those keys change, and only to the values every run of this
+    environment gets anyway, so another thread starting a process meanwhile sees a whole environment.
+    """
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+    saved = {key: os.environ.get(key) for key in determinism}
+    os.environ.update(determinism)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_child(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """The forked child: the caller's environment, output to ``log_path``, then the worker's ``main(argv)``.
+
+    Exits with the worker's exit code (0 ok, 1 failed with ``error.txt`` written).
+    """
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    import time
+
+    from precision_harness.runs.runner import __main__ as worker
+
+    worker._T0 = time.perf_counter()  # import_s is what this run imported, not the server's preload
+    worker.WARM = True
+    code = worker.main(argv)
+    # a fresh interpreter runs its atexit handlers at exit; multiprocessing's child would skip them
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def start(context: BaseContext, argv: list[str], env: dict[str, str], log_path: str) -> Any:
+    """Fork a child of the warm server running :func:`run_child`; returns the started ``Process``."""
+    process = context.Process(target=run_child, args=(argv, env, log_path), name="precision-worker", daemon=False)
+    process.start()
+    return process

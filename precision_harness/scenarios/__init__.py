@@ -1,0 +1,1 @@
+"""Scenarios: the YAML model, its three kinds, and a scenario's identity."""
