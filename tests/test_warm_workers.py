@@ -5,7 +5,6 @@ fresh workers do (one line, the log's path) on a worker error or a timeout."""
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing.forkserver
 import os
 from pathlib import Path
@@ -18,11 +17,10 @@ from precision_harness.errors import RunFailedError
 from precision_harness.runs import launch, warm
 from precision_harness.runs.runner.devices import determinism_env
 from precision_harness.scenarios.scenario import Scenario
+from precision_harness.schemas import load_schema
 
 pytest.importorskip("msprobe")
-RUN_SCHEMA = json.loads(
-    (Path(launch.__file__).parent / "schemas" / "run_manifest.schema.json").read_text(encoding="utf-8")
-)
+RUN_SCHEMA = load_schema("run_manifest")
 
 
 def _payloads(run_dir: Path) -> dict[str, str]:
