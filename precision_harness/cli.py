@@ -338,8 +338,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         good=args.good,
         bad=args.bad,
         keyword=args.keyword,
-        golden_dir=opts.golden_dir,
-        from_working_tree=args.golden_dir is not None,
+        golden_dir=args.golden_dir,
         work=join_inside(opts.artifacts, "bisect", name, what="artifacts bisect/<scenario>"),
         timeout=opts.timeout,
     )
@@ -475,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="use the goldens in DIR of the working tree instead of those committed at --good",
+        help="use the goldens in DIR of the working tree instead of those committed at --good (in the folder "
+        "the precision_golden_dir of the pytest ini file at --good names, default golden)",
     )
     option_table.add_cli_options(p, "bisect")
     p.set_defaults(func=cmd_bisect)

@@ -103,3 +103,65 @@ def make_repo(repo: Path, *, golden_from: Path | None = None, broken: tuple[int,
         what = "raise the learning rate" if n == PLANTED else "cannot import mylib" if n in broken else "notes"
         shas.append(commit(repo, f"commit {n}: {what}"))
     return shas
+
+
+#: a built-in GRPO scenario at ``level: auto``, as small as verl's trainer allows: one layer, two prompts
+#: times n=2, two steps, the stages dumped at step 2 only (step 1's update moves the weights step 2 reads)
+BUILTIN = """\
+description: a built-in GRPO at level auto, bisected
+seed: 3
+model:
+  hidden_size: 16
+  intermediate_size: 32
+  num_hidden_layers: 1
+  num_attention_heads: 2
+  num_key_value_heads: 1
+data:
+  train_batch_size: 2
+  max_prompt_length: 8
+  max_response_length: 4
+trainer:
+  total_training_steps: 2
+  num_threads: 1
+actor_rollout_ref:
+  actor:
+    ppo_mini_batch_size: 2
+    ppo_micro_batch_size_per_gpu: 4
+    optim:
+      lr: {lr}
+  rollout:
+    n: 2
+algorithm:
+  adv_estimator: grpo
+global_profiler:
+  steps: [2]
+  global_tool_config:
+    precision_debugger:
+      stages: [actor_compute_log_prob, actor_update]
+      strict: true
+      level: auto
+"""
+BUILTIN_COMMITS = 5
+BUILTIN_PLANTED = 3
+
+
+def make_builtin_repo(repo: Path, *, ini: str = "") -> list[str]:
+    """Five commits of a built-in ``level: auto`` scenario; commit 3 raises its ``optim.lr``. The golden
+    is recorded at commit 1 under ``golden_dir`` (from ``ini``'s ``precision_golden_dir``, else golden/)."""
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / ".gitignore").write_text(".precision/\n__pycache__/\n")
+    (repo / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n" + ini)
+    (repo / "notes.txt").write_text("1\n")
+    (repo / "scenarios").mkdir()
+    scenario = repo / "scenarios" / "auto.yaml"
+    scenario.write_text(BUILTIN.format(lr="1.0e-3"))
+    proc = record(repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shas = [commit(repo, "commit 1: the scenario and its golden")]
+    for n in range(2, BUILTIN_COMMITS + 1):
+        (repo / "notes.txt").write_text(f"{n}\n")
+        if n == BUILTIN_PLANTED:
+            scenario.write_text(BUILTIN.format(lr="2.0e-3"))
+        shas.append(commit(repo, f"commit {n}: " + ("raise optim.lr" if n == BUILTIN_PLANTED else "notes")))
+    return shas

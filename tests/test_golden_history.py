@@ -18,7 +18,7 @@ from bisect_repo import git
 from harness_testing import TINY, base_data, write_dump
 
 from precision_harness.check.items import ItemKey
-from precision_harness.check.tolerance import DTYPE_DEFAULTS
+from precision_harness.check.tolerance import DTYPE_DEFAULTS, METRIC_DEFAULT
 from precision_harness.cli import main
 from precision_harness.options import PrecisionOptions
 from precision_harness.runs.launch import RunResult
@@ -29,10 +29,14 @@ NORM = 12.5  #: Norm of Functional.linear.0.forward's output in base_data()
 STEP = 0.4 * (DTYPE_DEFAULTS["float32"].atol + DTYPE_DEFAULTS["float32"].rtol * NORM)  #: 0.4x its fp32 allowance
 KEY = ItemKey(1, "actor_update")
 UPDATES = 6
+PG_LOSS = 2.0
+#: 0.4x the default metric allowance of ``actor/pg_loss`` at :data:`PG_LOSS`
+METRIC_STEP = 0.4 * (METRIC_DEFAULT.atol + METRIC_DEFAULT.rtol * PG_LOSS)
 
 
-def _run_dir(root: Path, scenario: Scenario, shift: float) -> Path:
-    """A run of ``scenario`` whose actor_update @ step_1 has that Norm moved by ``shift``."""
+def _run_dir(root: Path, scenario: Scenario, shift: float, metric_shift: float | None = None) -> Path:
+    """A run of ``scenario`` whose actor_update @ step_1 has that Norm moved by ``shift``; with ``metric_shift``
+    a metrics.jsonl whose ``actor/pg_loss`` is :data:`PG_LOSS` moved by it at every step."""
     shutil.rmtree(root, ignore_errors=True)
     for step in scenario.steps:
         for stage in scenario.stages:
@@ -54,12 +58,17 @@ def _run_dir(root: Path, scenario: Scenario, shift: float) -> Path:
         "numeric_settings": scenario.numeric_settings,
     }
     (root / "run.json").write_text(json.dumps(run))
+    if metric_shift is not None:
+        rows = [{"training/global_step": step, "actor/pg_loss": PG_LOSS + metric_shift} for step in scenario.steps]
+        (root / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return root
 
 
-def _update(root: Path, scenario: Scenario, shift: float, *, window: int = 10) -> PrecisionSession:
+def _update(
+    root: Path, scenario: Scenario, shift: float, *, window: int = 10, metric_shift: float | None = None
+) -> PrecisionSession:
     """One ``--precision-golden update`` of ``scenario`` whose run is prepared; the session, its records in."""
-    target = _run_dir(root / "prepared", scenario, shift)
+    target = _run_dir(root / "prepared", scenario, shift, metric_shift)
 
     def runner(s: Scenario, *, out_dir: Path, **kw) -> RunResult:
         return RunResult(s.name, target, json.loads((target / "run.json").read_text()), 0.1)
@@ -217,3 +226,23 @@ def test_a_changed_scenario_starts_a_new_baseline(history, tmp_path: Path) -> No
     git(clone, "commit", "-q", "-m", "seed 4: golden re-recorded")
     session = _update(clone, changed, (UPDATES + 1) * STEP)
     assert not _creep(list(session.report.lines))
+
+
+def test_golden_history_covers_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """Four updates, each moving only metrics.jsonl's actor/pg_loss by 0.4x its tolerance: the history
+    names metrics.jsonl, 1.2x from the first version."""
+    root = tmp_path / "repo"
+    scenario = _project(root)
+    git(root, "init", "-q", "-b", "main")
+    for n in range(4):
+        _update(root, scenario, 0.0, metric_shift=n * METRIC_STEP)
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", f"metrics update {n}")
+    shas = git(root, "log", "--reverse", "--format=%h").split()
+    monkeypatch.chdir(root)
+    assert main(["golden", "history", "scenarios/tiny_ppo.yaml"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    first = out.index(next(line for line in out if line.startswith(shas[0])))
+    assert out[first + 1 : first + 3] == ["    worst 1.2x at metrics.jsonl", "      metrics.jsonl  1.2x"], out
+    second = out.index(next(line for line in out if line.startswith(shas[1])))
+    assert out[second + 1] == "    worst 0.8x at metrics.jsonl"

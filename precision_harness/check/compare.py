@@ -263,6 +263,7 @@ class MetricsVerdict(_Verdict):
     checked: int = 0  #: values compared
     drifts: list[MetricDrift] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
+    worst_ratio: float = 0.0  #: largest ``|t - g| / (atol + rtol |g|)`` over the compared values (0: identical)
 
 
 def _by_step(rows_: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -301,5 +302,6 @@ def _compare_step(
             continue
         verdict.checked += 1
         ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
+        verdict.worst_ratio = max(verdict.worst_ratio, ratio)
         if ratio > 1.0:
             verdict.drifts.append(MetricDrift(step, name, gv, tv, ratio, relative_change(tv, gv)))

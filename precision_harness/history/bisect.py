@@ -5,7 +5,9 @@ bisection, and ``git bisect`` runs inside it, so its state (``BISECT_LOG``, ``re
 both per worktree) is the worktree's own. Each commit is judged by
 :mod:`precision_harness.history.bisect_step` (0 pass, 1 drift, 125 cannot run), driven by ``git bisect
 run``. The golden is fixed for the whole bisection: the golden folder as committed at ``--good``
-(``git archive``), or the working tree's with ``--golden-dir``.
+(``git archive``; the folder the ``precision_golden_dir`` of the commit's pytest ini file names,
+:mod:`precision_harness.history.pytest_ini`), or the working tree's with ``--golden-dir``. Each
+bisection writes into a new folder named by its UTC start time, so earlier logs are kept.
 
 Before bisecting, ``--good`` must pass and ``--bad`` must drift; otherwise one line says which
 does not. The end is the first bad commit, its subject, its verdict (stage, step, first divergent
@@ -17,6 +19,7 @@ and the end of every process started run in ``finally``, on an interrupt (SIGINT
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -25,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,7 @@ from typing import Any
 from precision_harness.errors import HistoryError, PrecisionError
 from precision_harness.history.bisect_step import DRIFT, PASS, RUNS_LOG, SKIP
 from precision_harness.history.git_history import Commit, Repository, git, git_text
+from precision_harness.history.pytest_ini import golden_dir_at
 from precision_harness.paths import display_path
 
 #: seconds an interrupted bisection's processes get to end after SIGINT before SIGKILL
@@ -59,9 +64,8 @@ class BisectSettings:
     good: str
     bad: str
     keyword: str | None  #: pytest ``-k`` expression selecting the items
-    golden_dir: Path  #: the golden root: in the working tree (``from_working_tree``) or the path committed at good
-    from_working_tree: bool
-    work: Path  #: reports, runs.jsonl and bisect.log go here
+    golden_dir: Path | None  #: the golden root in the working tree; None: the one the pytest ini at good names
+    work: Path  #: the scenario's bisect folder; each bisection writes reports, runs.jsonl and bisect.log below it
     timeout: float | None = None
 
 
@@ -90,35 +94,50 @@ def run_bisect(settings: BisectSettings, say: Callable[[str], None]) -> BisectRe
     scenario = repo.relative(settings.scenario)
     if git(repo.toplevel, "cat-file", "-e", f"{good.sha}:{scenario}", check=False).returncode != 0:
         raise HistoryError(f"--good {settings.good}: no {scenario} at {good.short}; pick a commit that has it")
-    shutil.rmtree(settings.work, ignore_errors=True)
-    settings.work.mkdir(parents=True)
     scratch = Path(tempfile.mkdtemp(prefix="precision-bisect-"))
     tree = scratch / "tree"
     try:
-        golden_root = _golden_root(repo, settings, good, scratch)
+        golden_root = _golden_root(repo, settings, (good, scenario), scratch)
         git(repo.toplevel, "worktree", "add", "--detach", str(tree), good.sha)
+        work = new_work_folder(settings.work)
         state = {"scenario": scenario, "keyword": settings.keyword, "golden_root": str(golden_root)}
-        state.update(work=str(settings.work.resolve()), timeout=settings.timeout)
+        state.update(work=str(work.resolve()), timeout=settings.timeout)
         state_path = scratch / "state.json"
         state_path.write_text(json.dumps(state), encoding="utf-8")
         step = [sys.executable, "-c", _STEP, str(state_path)]
         _check_ends(tree, step, (good, bad), say)
         first_bad = _bisect(tree, step, (good, bad), say)
-        log = settings.work / "bisect.log"
+        log = work / "bisect.log"
         log.write_text(git_text(tree, "bisect", "log") + "\n", encoding="utf-8")
         first = repo.resolve(first_bad)
-        return BisectResult(first, verdict_lines(settings.work / first.sha[:12]), _runs(settings.work), log)
+        return BisectResult(first, verdict_lines(work / first.sha[:12]), _runs(work), log)
     finally:
         _clean(repo, tree, scratch)
 
 
-def _golden_root(repo: Repository, settings: BisectSettings, good: Commit, scratch: Path) -> Path:
-    """The fixed golden root: the working tree's, or the one committed at good (extracted)."""
-    if settings.from_working_tree:
+def new_work_folder(base: Path) -> Path:
+    """A new folder below ``base`` named by the UTC time (``20261123T195200Z``, ``-2`` on a clash):
+    every bisection keeps its own log and reports."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in itertools.count(1):
+        work = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            work.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return work
+    raise AssertionError("unreachable")
+
+
+def _golden_root(repo: Repository, settings: BisectSettings, at: tuple[Commit, str], scratch: Path) -> Path:
+    """The fixed golden root: the working tree's, or the one committed at good (extracted) in the folder
+    the pytest ini at good names for the scenario."""
+    good, scenario = at
+    if settings.golden_dir is not None:
         if not settings.golden_dir.is_dir():
             raise HistoryError(f"--golden-dir {settings.golden_dir}: no such directory")
         return settings.golden_dir.resolve()
-    rel = repo.relative(settings.golden_dir)
+    rel = golden_dir_at(repo, good, scenario)
     root = repo.extract(good.sha, rel, scratch / "golden")
     if root is None:
         raise HistoryError(f"--good {settings.good}: no {rel}/ committed at {good.short}; record goldens there first")

@@ -7,9 +7,11 @@ archive`` and read through :class:`~precision_harness.goldens.golden.Golden` lik
 The distance of a stage between two goldens is the stage compare's worst tolerance ratio
 (:attr:`~precision_harness.check.compare.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
 over every Max/Min/Mean/Norm of every tensor, the number the gate fails above 1; ``inf`` for a
-structural change). The older version plays the golden (its values set the scale ``|golden|``, or
-its RMS for Mean), so a distance reads: how many tolerances a check of the newer golden against that
-version would find.
+structural change). The metrics item's (``metrics.jsonl``) is the metrics compare's worst ratio
+(:attr:`~precision_harness.check.compare.MetricsVerdict.worst_ratio`, ``|t - g| / (atol + rtol |g|)``
+per metric and step; ``inf`` for a step or metric on one side only). The older version plays the
+golden (its values set the scale ``|golden|``, or its RMS for Mean), so a distance reads: how many
+tolerances a check of the newer golden against that version would find.
 
 Two users: ``precision-harness golden history`` (every version against the golden now, with an
 offline plot), and the creep alarm of ``--precision-golden update`` (the new golden against the
@@ -26,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
+from precision_harness.check.compare import compare_metrics, compare_stage
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps.files import METRICS
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.errors import GoldenError, HistoryError, PrecisionError
 from precision_harness.goldens.churn import ChurnRow, show_ratio
@@ -37,6 +40,8 @@ from precision_harness.paths import display_path
 
 #: ``(step, stage)``
 StageKey = tuple[int, str]
+#: the metrics item among the stage keys (its rows hold every step; step 0 lists it first)
+METRICS_KEY: StageKey = (0, METRICS)
 #: characters of a commit subject shown per version
 MAX_SUBJECT = 72
 
@@ -47,6 +52,18 @@ def stage_distance(new: StageSource, old: StageSource | None, settings: CheckSet
     if old is None or not old.ranks():
         return None
     return compare_stage(new, old, settings).worst_ratio
+
+
+def metrics_distance(new: list[dict], old: list[dict], settings: CheckSettings) -> float:
+    """Worst tolerance ratio of the ``new`` metrics rows (parsed ``metrics.jsonl``) checked against ``old``;
+    ``inf`` where a step or a metric is on one side only, or a value turned null."""
+    verdict = compare_metrics(new, old, settings)
+    return math.inf if verdict.problems else verdict.worst_ratio
+
+
+def key_label(key: StageKey) -> str:
+    """``step_2/actor_update``, or ``metrics.jsonl`` for :data:`METRICS_KEY`."""
+    return METRICS if key == METRICS_KEY else f"step_{key[0]}/{key[1]}"
 
 
 class GoldenHistory:
@@ -100,7 +117,7 @@ class HistoryRow:
 
 
 def history_rows(current: Golden, history: GoldenHistory, commits: Iterable[Commit], policy: TolerancePolicy):
-    """One :class:`HistoryRow` per commit: every stage of ``current`` against that version.
+    """One :class:`HistoryRow` per commit: every stage of ``current``, and its metrics.jsonl, against that version.
 
     Raises:
         GoldenCorruptError: a dump of ``current`` is unreadable.
@@ -114,6 +131,10 @@ def history_rows(current: Golden, history: GoldenHistory, commits: Iterable[Comm
         for step, stage in keys if old is not None else ():
             old_stage = old.stage(step, stage) if old.has_stage(step, stage) else None
             row.distances[(step, stage)] = stage_distance(current.stage(step, stage), old_stage, settings)
+        if old is not None and current.has_metrics():
+            old_rows = old.metrics() if old.has_metrics() else None
+            distance = None if old_rows is None else metrics_distance(current.metrics(), old_rows, settings)
+            row.distances[METRICS_KEY] = distance
         rows.append(row)
     return rows
 
@@ -130,10 +151,10 @@ def history_lines(rows: list[HistoryRow]) -> list[str]:
         if row.missing:
             lines += [head, "    no readable golden at this commit"]
             continue
-        where = f" at step_{key[0]}/{key[1]}" if key is not None and worst > 0 else ""
+        where = f" at {key_label(key)}" if key is not None and worst > 0 else ""
         lines.append(f"{head}\n    worst {show_ratio(worst)}{where}")
         moved = [(k, r) for k, r in sorted(row.distances.items()) if r != 0]
-        lines += [f"      step_{step}/{stage}  {show_ratio(r)}" for (step, stage), r in moved]
+        lines += [f"      {key_label(k)}  {show_ratio(r)}" for k, r in moved]
     return lines
 
 
@@ -160,9 +181,9 @@ def history_html(title: str, rows: list[HistoryRow]) -> str:
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ordered) + 3), 4), dpi=96)
     xs = list(range(len(ordered)))
     ceiling = max([v for r in ordered for v in r.distances.values() if v is not None and math.isfinite(v)] + [1.0])
-    for step, stage in keys:
-        ys = [_plotted(r.distances.get((step, stage)), ceiling) for r in ordered]
-        ax.plot(xs, ys, marker="o", ms=3, lw=1, label=f"step_{step}/{stage}")
+    for key in keys:
+        ys = [_plotted(r.distances.get(key), ceiling) for r in ordered]
+        ax.plot(xs, ys, marker="o", ms=3, lw=1, label=key_label(key))
     structural = [(x, 2 * ceiling) for x, r in zip(xs, ordered, strict=True) if _has_inf(r)]
     if structural:
         label = f"structure changed (inf), drawn at {2 * ceiling:g}"
