@@ -70,6 +70,26 @@ def write_dump(stage_dir: Path, data: dict[str, Any], rank: str = "rank0") -> Pa
     return path
 
 
+def write_run_json(root: Path, scenario: Any, env: dict[str, Any]) -> Path:
+    """A ``run.json`` for a run of ``scenario`` faked in ``root`` (its dumps written by the caller), on
+    ``env["device"]``, with ``env`` as the run's fingerprint; returns ``root``."""
+    run = {
+        "format": 1,
+        "scenario": scenario.name,
+        "scenario_hash": scenario.hash,
+        "device": env["device"],
+        "level": scenario.level,
+        "dump": True,
+        "env": env,
+        "steps": list(scenario.steps),
+        "stages": list(scenario.stages),
+        "timings": {"total_s": 0.0, "stages": {}},
+        "numeric_settings": scenario.numeric_settings,
+    }
+    (root / "run.json").write_text(json.dumps(run))
+    return root
+
+
 def make_project(root: Path, scenario_text: str | None = None, name: str = "tiny_ppo") -> Path:
     """A pytest project dir with ``scenarios/<name>.yaml`` (the tiny scenario by default)."""
     (root / "scenarios").mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harness_testing import TINY, base_data, write_dump
+from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
@@ -97,20 +97,7 @@ def _run_dir(root: Path, scenario: Scenario, env: dict, mutate=None) -> Path:
             if mutate and (step, stage) == (1, "actor_update"):
                 mutate(data)
             write_dump(root / f"step_{step}" / stage, data)
-    run = {
-        "format": 1,
-        "scenario": scenario.name,
-        "scenario_hash": scenario.hash,
-        "device": env["device"],
-        "level": scenario.level,
-        "dump": True,
-        "env": env,
-        "steps": list(scenario.steps),
-        "stages": list(scenario.stages),
-        "timings": {"total_s": 0.0, "stages": {}},
-        "numeric_settings": scenario.numeric_settings,
-    }
-    (root / "run.json").write_text(json.dumps(run))
+    write_run_json(root, scenario, env)
     return root
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from bisect_repo import git
-from harness_testing import TINY, base_data, write_dump
+from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.items import ItemKey
 from precision_harness.check.tolerance import DTYPE_DEFAULTS, METRIC_DEFAULT
@@ -44,20 +44,7 @@ def _run_dir(root: Path, scenario: Scenario, shift: float, metric_shift: float |
             if (step, stage) == (KEY.step, KEY.stage):
                 data["Functional.linear.0.forward"]["output"][0]["Norm"] = NORM + shift
             write_dump(root / f"step_{step}" / stage, data)
-    run = {
-        "format": 1,
-        "scenario": scenario.name,
-        "scenario_hash": scenario.hash,
-        "device": "cpu",
-        "level": scenario.level,
-        "dump": True,
-        "env": {"device": "cpu"},
-        "steps": list(scenario.steps),
-        "stages": list(scenario.stages),
-        "timings": {"total_s": 0.0, "stages": {}},
-        "numeric_settings": scenario.numeric_settings,
-    }
-    (root / "run.json").write_text(json.dumps(run))
+    write_run_json(root, scenario, {"device": "cpu"})
     if metric_shift is not None:
         rows = [{"training/global_step": step, "actor/pg_loss": PG_LOSS + metric_shift} for step in scenario.steps]
         (root / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
