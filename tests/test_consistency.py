@@ -238,12 +238,58 @@ def test_changed_token_is_the_rollout_generate_verdict_before_any_statistic(tmp_
     settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
     [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
     assert not out.passed
+    first, *statistics = out.text.splitlines()
     # row-major: sample 2 position 7 comes before sample 3 position 5
-    assert out.text == "rollout_generate @ step_2: sample 2 position 7: token 8 -> 0 (first of 4 changed tokens)"
+    assert first == "rollout_generate @ step_2: sample 2 position 7: token 8 -> 0 (first of 4 changed tokens)"
+    assert "Functional.linear.0.forward" in "\n".join(statistics), out.text  # the statistics follow
     sampled[2][7] = 8
     _generate_stage(tmp_path / "run", 2, sampled, linear_max=30.0)
     [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
-    assert out.text == "rollout_generate @ step_2: sample 3 position 5: token 17 -> 42 (first of 3 changed tokens)"
+    first = out.text.splitlines()[0]
+    assert first == "rollout_generate @ step_2: sample 3 position 5: token 17 -> 42 (first of 3 changed tokens)"
+
+
+def test_changed_token_fails_the_item_even_with_statistics_within_tolerance(tmp_path: Path) -> None:
+    _generate_stage(tmp_path / "golden", 1, [[1, 2], [3, 4]], linear_max=3.0)
+    _generate_stage(tmp_path / "run", 1, [[1, 2], [3, 5]], linear_max=3.0)
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
+    golden = Golden.from_run_dir(tmp_path / "golden")
+    [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(1, "rollout_generate")], settings)
+    assert not out.passed
+    assert (
+        out.text.splitlines()[0]
+        == "rollout_generate @ step_1: sample 1 position 1: token 4 -> 5 (first of 1 changed tokens)"
+    )
+
+
+def test_rollout_sampling_change_fails_rollout_generate_with_the_first_changed_token(project: Path) -> None:
+    """A real run: the rollout samples at temperature 0.2 instead of 1.0 (tests/hooks ``rollout_sampling``)
+    against a golden recorded without it; the item's first line names the token, the statistics follow."""
+    path = project / "scenarios" / "consistency.yaml"
+    path.write_text(path.read_text().replace("stages: [actor_compute_log_prob]", "stages: [rollout_generate]"))
+    assert run_pytest(project, "--precision-golden", "update").returncode == 0
+    env = hooks_env(PRECISION_TEST_PLANT="rollout_sampling")
+    proc = run_pytest(project, "--precision-report", "rep", env=env)
+    items = {
+        i["nodeid"].rsplit("::", 1)[-1]: i for i in json.loads((project / "rep" / "report.json").read_text())["items"]
+    }
+    item = items["rollout_generate[step_1]"]
+    assert not item["passed"], proc.stdout
+    first, *statistics = item["text"].splitlines()
+    golden = Golden.from_dir(project / "golden" / "consistency" / "cpu")
+    recorded = json.loads(golden.read("step_1/rollout_generate/step0/rank0/sampled_tokens.json"))["responses"]
+    run = (
+        project / ".precision" / "artifacts" / "consistency" / "run" / "step_1" / "rollout_generate" / "step0" / "rank0"
+    )
+    sampled = json.loads((run / "sampled_tokens.json").read_text())["responses"]
+    changed = [(i, t) for i, row in enumerate(sampled) for t, tok in enumerate(row) if tok != recorded[i][t]]
+    assert changed, "the plant changed no sampled token"
+    i, t = changed[0]
+    expected = f"rollout_generate @ step_1: sample {i} position {t}: token {recorded[i][t]} -> {sampled[i][t]} "
+    assert first == expected + f"(first of {len(changed)} changed tokens)", item["text"]
+    assert statistics and "statistics" in "\n".join(statistics), item["text"]
+    # sampling alone changed: the weights and the recomputed log-probs still agree with the actor
+    assert all(items[n]["passed"] for n in items if n.startswith(("weight_sync", "rollout_log_prob_parity")))
 
 
 def test_same_tokens_leave_the_verdict_to_the_statistics(tmp_path: Path) -> None:
