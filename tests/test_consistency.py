@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -350,3 +353,41 @@ def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(
     for name in golden.contents:
         assert hashlib.sha256((run.run_dir / name).read_bytes()).hexdigest() == golden.content_sha256(name), name
     assert (run.run_dir / "step_2" / "rollout_generate" / "step0" / "rank0" / "dump.json").is_file()
+
+
+# ------------------------------------------------------------------------------ the CLI
+def _cli(project: Path, *args: str, plant: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **hooks_env(PRECISION_TEST_PLANT=plant)} if plant else dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "precision_harness.cli", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_cli_run_and_compare_hold_a_run_to_its_invariants(project: Path) -> None:
+    """``precision-harness run`` and ``compare --scenario`` report the invariant items the gate does (no golden)."""
+    scenario = "scenarios/consistency.yaml"
+    clean = _cli(project, "run", scenario, "--out", "clean")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "PASS weight_sync @ step_2: 27 parameters bit-identical" in clean.stdout, clean.stdout
+    assert "PASS rollout_log_prob_parity @ step_2: rollout_log_probs == old_log_prob bit for bit" in clean.stdout
+
+    planted = _cli(project, "run", scenario, "--out", "planted", plant="weight_sync")
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    fail = "FAIL weight_sync @ step_2: model.layers.1.mlp.up_proj.weight: the rollout holds other values"
+    assert fail in planted.stdout and "PASS weight_sync @ step_1:" in planted.stdout, planted.stdout
+
+    # the planted run against itself: every dump is identical, so only the invariants can fail
+    compare = _cli(project, "compare", "planted", "planted", "--scenario", scenario, "--report", "rep")
+    assert compare.returncode == 1, compare.stdout + compare.stderr
+    assert fail in compare.stdout, compare.stdout
+    records = json.loads((project / "rep" / "report.json").read_text())["items"]
+    failed = sorted(r["nodeid"] for r in records if not r["passed"])
+    # the stale up_proj also moves the rollout's log-probs away from the actor's
+    assert failed == ["planted::rollout_log_prob_parity[step_2]", "planted::weight_sync[step_2]"], failed
+    without = _cli(project, "compare", "planted", "planted")  # no --scenario: no invariants to hold it to
+    assert without.returncode == 0 and "weight_sync" not in without.stdout, without.stdout
