@@ -291,6 +291,8 @@ def test_rollout_sampling_change_fails_rollout_generate_with_the_first_changed_t
     expected = f"rollout_generate @ step_1: sample {i} position {t}: token {recorded[i][t]} -> {sampled[i][t]} "
     assert first == expected + f"(first of {len(changed)} changed tokens)", item["text"]
     assert statistics and "statistics" in "\n".join(statistics), item["text"]
+    verdict = project / ".precision" / "artifacts" / "consistency" / "step_1" / "rollout_generate" / "verdict.txt"
+    assert verdict.read_text().splitlines()[0] == first
     # sampling alone changed: the weights and the recomputed log-probs still agree with the actor
     assert all(items[n]["passed"] for n in items if n.startswith(("weight_sync", "rollout_log_prob_parity")))
 

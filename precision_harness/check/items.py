@@ -138,7 +138,9 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
     if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
         changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
         if changed is not None:
-            return replace(out, passed=False, text=f"{changed}\n{out.text}", kind=OutcomeKind.COMPARED)
+            out = replace(out, passed=False, text=f"{changed}\n{out.text}", kind=OutcomeKind.COMPARED)
+            if artifacts is not None and (artifacts / "verdict.txt").is_file():
+                (artifacts / "verdict.txt").write_text(out.text + "\n", encoding="utf-8")
     return out
 
 
