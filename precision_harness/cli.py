@@ -1,11 +1,13 @@
 """``precision-harness``: the gate outside pytest.
 
-- ``run SCENARIO --out DIR``: one scenario run into a verl-layout directory (progress shown);
+- ``run SCENARIO --out DIR``: one scenario run into a verl-layout directory (progress shown), then
+  the scenario's ``invariants:`` over it (exit 1 when one fails; docs/consistency.md);
 - ``compare TARGET GOLDEN``: every ``step_<n>/<stage>`` and the metrics of a verl-layout directory
   (our run, or verl's ``global_profiler.save_path``) against a golden or another such directory,
   through :func:`precision_harness.check.items.check_items`, the path the pytest items take (same
   tolerance, sha256 checks, cross-device rules, verdicts, msprobe analysis); ``--report DIR`` as
-  ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first;
+  ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first.
+  With ``--scenario``, a run directory as TARGET is also held to the scenario's ``invariants:``;
 - ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
   ``golden migrate`` (plain goldens rewritten compressed) and ``golden export`` (a golden as plain
   files, for msprobe's own tools);
@@ -73,7 +75,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         run = future.result()
     timing = progress.timing_line(run.run_json)
     _print(f"{scenario.name} on {device}: run {run.wall_s:.1f} s ({timing}) -> {run.run_dir}")
-    return EXIT_PASS
+    failed = 0
+    for _, _, out in _invariant_outcomes(scenario, run.run_dir):
+        _print(("PASS " if out.passed else "FAIL ") + out.text)
+        failed += not out.passed
+    return EXIT_DRIFT if failed else EXIT_PASS
+
+
+def _invariant_outcomes(scenario, run_dir: Path):
+    """``(step, check, Outcome)`` of the scenario's ``invariants:`` over its run in ``run_dir``: no golden,
+    the run's own files (:func:`precision_harness.check.consistency.run_verdicts`, as the gate's items)."""
+    from precision_harness.check import consistency
+    from precision_harness.check.items import Outcome, OutcomeKind
+
+    for step, name, verdict in consistency.run_verdicts(scenario, Path(run_dir)):
+        yield step, name, Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED)
 
 
 # -------------------------------------------------------------------------------------- compare
@@ -99,6 +115,12 @@ def _compare_target(target: Path, artifacts: Path) -> Path:
     run = {"scenario": golden.scenario, "device": golden.device, "env": golden.env}
     (out / "run.json").write_text(json.dumps(run), encoding="utf-8")
     return out
+
+
+def _is_golden(path: Path) -> bool:
+    from precision_harness.goldens.golden import MANIFEST
+
+    return (path / MANIFEST).is_file()
 
 
 def _target_run(target: Path) -> dict:
@@ -127,7 +149,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     opts = PrecisionOptions.from_cli(args)
     target, golden, artifacts, keys = _compare_inputs(args, opts)
-    tolerance = Scenario.load(args.scenario).config["tolerance"] if args.scenario else None
+    scenario = Scenario.load(args.scenario) if args.scenario else None
+    tolerance = scenario.config["tolerance"] if scenario is not None else None
     device = _target_device(target, opts)
     environment = EnvironmentDiff.between(golden.env, _target_run(target).get("env"))
     # another accelerator model is another device's kernels: the cross-device rules, as for another device type
@@ -142,6 +165,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         nodeid = f"{args.target}::{'metrics' if key.is_metrics else f'step_{key.step}/{key.stage}'}"
         record = ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=key.step, stage=key.stage)
         report.records.append(record)
+    # a golden keeps no weight_sync.json or log_probs.json: invariants are checked on a run directory
+    if scenario is not None and target == Path(args.target) and not _is_golden(target):
+        for step, name, out in _invariant_outcomes(scenario, target):
+            _print(("PASS " if out.passed else "FAIL ") + out.text)
+            nodeid = f"{args.target}::{name}[step_{step}]"
+            report.records.append(
+                ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=step, stage=name)
+            )
     _print(f"{report.num_items} compared, {report.num_items - report.num_failed} passed, {report.num_failed} failed")
     if opts.report is not None:
         _print(f"precision report: {', '.join(map(str, report.write(opts.report)))}")
@@ -405,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         type=Path,
         default=None,
-        help="scenario YAML whose 'tolerance' section applies (default: dtype defaults)",
+        help="scenario YAML whose 'tolerance' section applies (default: dtype defaults) and whose "
+        "'invariants:' TARGET (a run directory) is held to",
     )
     option_table.add_cli_options(p, "compare")
     p.set_defaults(func=cmd_compare)

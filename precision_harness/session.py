@@ -389,7 +389,7 @@ class PrecisionSession:
         """An ``invariants:`` item: the run's own files, whatever the golden mode (docs/consistency.md)."""
         assert key.step is not None and key.stage is not None
         t0 = time.perf_counter()
-        mode = scenario.config.get("actor_rollout_ref", {}).get("rollout", {}).get("log_prob_mode", "sample")
+        mode = consistency.log_prob_mode(scenario.config)
         verdict = consistency.check(run.run_dir, key.step, key.stage, scenario.invariants, log_prob_mode=mode)
         return Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED, seconds=time.perf_counter() - t0)
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,12 +241,60 @@ def test_changed_token_is_the_rollout_generate_verdict_before_any_statistic(tmp_
     settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
     [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
     assert not out.passed
+    first, *statistics = out.text.splitlines()
     # row-major: sample 2 position 7 comes before sample 3 position 5
-    assert out.text == "rollout_generate @ step_2: sample 2 position 7: token 8 -> 0 (first of 4 changed tokens)"
+    assert first == "rollout_generate @ step_2: sample 2 position 7: token 8 -> 0 (first of 4 changed tokens)"
+    assert "Functional.linear.0.forward" in "\n".join(statistics), out.text  # the statistics follow
     sampled[2][7] = 8
     _generate_stage(tmp_path / "run", 2, sampled, linear_max=30.0)
     [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(2, "rollout_generate")], settings)
-    assert out.text == "rollout_generate @ step_2: sample 3 position 5: token 17 -> 42 (first of 3 changed tokens)"
+    first = out.text.splitlines()[0]
+    assert first == "rollout_generate @ step_2: sample 3 position 5: token 17 -> 42 (first of 3 changed tokens)"
+
+
+def test_changed_token_fails_the_item_even_with_statistics_within_tolerance(tmp_path: Path) -> None:
+    _generate_stage(tmp_path / "golden", 1, [[1, 2], [3, 4]], linear_max=3.0)
+    _generate_stage(tmp_path / "run", 1, [[1, 2], [3, 5]], linear_max=3.0)
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), msprobe=False)
+    golden = Golden.from_run_dir(tmp_path / "golden")
+    [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(1, "rollout_generate")], settings)
+    assert not out.passed
+    assert (
+        out.text.splitlines()[0]
+        == "rollout_generate @ step_1: sample 1 position 1: token 4 -> 5 (first of 1 changed tokens)"
+    )
+
+
+def test_rollout_sampling_change_fails_rollout_generate_with_the_first_changed_token(project: Path) -> None:
+    """A real run: the rollout samples at temperature 0.2 instead of 1.0 (tests/hooks ``rollout_sampling``)
+    against a golden recorded without it; the item's first line names the token, the statistics follow."""
+    path = project / "scenarios" / "consistency.yaml"
+    path.write_text(path.read_text().replace("stages: [actor_compute_log_prob]", "stages: [rollout_generate]"))
+    assert run_pytest(project, "--precision-golden", "update").returncode == 0
+    env = hooks_env(PRECISION_TEST_PLANT="rollout_sampling")
+    proc = run_pytest(project, "--precision-report", "rep", env=env)
+    items = {
+        i["nodeid"].rsplit("::", 1)[-1]: i for i in json.loads((project / "rep" / "report.json").read_text())["items"]
+    }
+    item = items["rollout_generate[step_1]"]
+    assert not item["passed"], proc.stdout
+    first, *statistics = item["text"].splitlines()
+    golden = Golden.from_dir(project / "golden" / "consistency" / "cpu")
+    recorded = json.loads(golden.read("step_1/rollout_generate/step0/rank0/sampled_tokens.json"))["responses"]
+    run = (
+        project / ".precision" / "artifacts" / "consistency" / "run" / "step_1" / "rollout_generate" / "step0" / "rank0"
+    )
+    sampled = json.loads((run / "sampled_tokens.json").read_text())["responses"]
+    changed = [(i, t) for i, row in enumerate(sampled) for t, tok in enumerate(row) if tok != recorded[i][t]]
+    assert changed, "the plant changed no sampled token"
+    i, t = changed[0]
+    expected = f"rollout_generate @ step_1: sample {i} position {t}: token {recorded[i][t]} -> {sampled[i][t]} "
+    assert first == expected + f"(first of {len(changed)} changed tokens)", item["text"]
+    assert statistics and "statistics" in "\n".join(statistics), item["text"]
+    verdict = project / ".precision" / "artifacts" / "consistency" / "step_1" / "rollout_generate" / "verdict.txt"
+    assert verdict.read_text().splitlines()[0] == first
+    # sampling alone changed: the weights and the recomputed log-probs still agree with the actor
+    assert all(items[n]["passed"] for n in items if n.startswith(("weight_sync", "rollout_log_prob_parity")))
 
 
 def test_same_tokens_leave_the_verdict_to_the_statistics(tmp_path: Path) -> None:
@@ -304,3 +355,41 @@ def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(
     for name in golden.contents:
         assert hashlib.sha256((run.run_dir / name).read_bytes()).hexdigest() == golden.content_sha256(name), name
     assert (run.run_dir / "step_2" / "rollout_generate" / "step0" / "rank0" / "dump.json").is_file()
+
+
+# ------------------------------------------------------------------------------ the CLI
+def _cli(project: Path, *args: str, plant: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **hooks_env(PRECISION_TEST_PLANT=plant)} if plant else dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "precision_harness.cli", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_cli_run_and_compare_hold_a_run_to_its_invariants(project: Path) -> None:
+    """``precision-harness run`` and ``compare --scenario`` report the invariant items the gate does (no golden)."""
+    scenario = "scenarios/consistency.yaml"
+    clean = _cli(project, "run", scenario, "--out", "clean")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "PASS weight_sync @ step_2: 27 parameters bit-identical" in clean.stdout, clean.stdout
+    assert "PASS rollout_log_prob_parity @ step_2: rollout_log_probs == old_log_prob bit for bit" in clean.stdout
+
+    planted = _cli(project, "run", scenario, "--out", "planted", plant="weight_sync")
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    fail = "FAIL weight_sync @ step_2: model.layers.1.mlp.up_proj.weight: the rollout holds other values"
+    assert fail in planted.stdout and "PASS weight_sync @ step_1:" in planted.stdout, planted.stdout
+
+    # the planted run against itself: every dump is identical, so only the invariants can fail
+    compare = _cli(project, "compare", "planted", "planted", "--scenario", scenario, "--report", "rep")
+    assert compare.returncode == 1, compare.stdout + compare.stderr
+    assert fail in compare.stdout, compare.stdout
+    records = json.loads((project / "rep" / "report.json").read_text())["items"]
+    failed = sorted(r["nodeid"] for r in records if not r["passed"])
+    # the stale up_proj also moves the rollout's log-probs away from the actor's
+    assert failed == ["planted::rollout_log_prob_parity[step_2]", "planted::weight_sync[step_2]"], failed
+    without = _cli(project, "compare", "planted", "planted")  # no --scenario: no invariants to hold it to
+    assert without.returncode == 0 and "weight_sync" not in without.stdout, without.stdout

@@ -22,13 +22,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_harness.dumps.files import read_metrics
 from precision_harness.errors import ScenarioError
+
+if TYPE_CHECKING:  # scenario.py parses ``invariants:`` with this module
+    from precision_harness.scenarios.scenario import Scenario
 
 WEIGHT_SYNC = "weight_sync"
 LOG_PROB_PARITY = "rollout_log_prob_parity"
@@ -171,6 +174,20 @@ class Verdict:
 
     passed: bool
     text: str
+
+
+def log_prob_mode(config: dict[str, Any]) -> str:
+    """A scenario config's ``actor_rollout_ref.rollout.log_prob_mode`` (``sample`` when unset)."""
+    return config.get("actor_rollout_ref", {}).get("rollout", {}).get("log_prob_mode", "sample")
+
+
+def run_verdicts(scenario: Scenario, run_dir: Path) -> Iterator[tuple[int, str, Verdict]]:
+    """``(step, check, verdict)`` of each of ``scenario``'s invariant items over its run in ``run_dir``
+    (:attr:`~precision_harness.scenarios.scenario.Scenario.invariant_items`; what ``precision-harness run``
+    and ``compare --scenario`` report, item by item as the gate's ``InvariantItem`` does)."""
+    mode = log_prob_mode(scenario.config)
+    for step, name in scenario.invariant_items:
+        yield step, name, check(run_dir, step, name, scenario.invariants, log_prob_mode=mode)
 
 
 def check(run_dir: Path, step: int, name: str, invariants: Invariants, *, log_prob_mode: str = "sample") -> Verdict:

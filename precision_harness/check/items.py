@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -134,11 +134,14 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
     if artifacts is not None:
         shutil.rmtree(artifacts, ignore_errors=True)
     run_stage = DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
+    out = check_stage(run_stage, golden.stage(key.step, key.stage), s)
     if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
         changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
         if changed is not None:
-            return Outcome(False, changed, OutcomeKind.COMPARED)
-    return check_stage(run_stage, golden.stage(key.step, key.stage), s)
+            out = replace(out, passed=False, text=f"{changed}\n{out.text}", kind=OutcomeKind.COMPARED)
+            if artifacts is not None and (artifacts / "verdict.txt").is_file():
+                (artifacts / "verdict.txt").write_text(out.text + "\n", encoding="utf-8")
+    return out
 
 
 def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:

@@ -12,7 +12,9 @@ Two variables choose them; unset, every patched function does exactly what it di
   Rollout sites, between the training and the rollout engine: ``weight_sync`` (the sync skips
   :data:`SKIPPED_SYNC_MODULE`, whose rollout weights stay those of the step before), ``rollout_temperature``
   (the rollout samples and recomputes with a temperature off by :data:`ROLLOUT_TEMPERATURE_SCALE`),
-  ``rollout_lm_head`` (after each sync the rollout's ``lm_head.weight`` is rounded through bfloat16).
+  ``rollout_lm_head`` (after each sync the rollout's ``lm_head.weight`` is rounded through bfloat16),
+  ``rollout_sampling`` (the rollout samples with its temperature times :data:`ROLLOUT_SAMPLING_SCALE`
+  but recomputes with the right one: a sampler change that moves sampled tokens, not log-prob parity).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
   own shard by :data:`PERTURB_SCALE`, so a verdict must name the rank that diverged first.
 
@@ -35,10 +37,13 @@ from typing import Any
 
 PLANT_ENV = "PRECISION_TEST_PLANT"
 PLANT_SCALE = 1.0 + 1e-4
-SITES = ("log_prob", "loss", "advantages", "weight_sync", "rollout_temperature", "rollout_lm_head")
+SITES = ("log_prob", "loss", "advantages", "weight_sync", "rollout_temperature", "rollout_lm_head", "rollout_sampling")
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
 ROLLOUT_TEMPERATURE_SCALE = 1.0 + 1e-6
+#: a rollout sampling at temperature 0.2 for 1.0: a tiny random model's logits are nearly flat, so a
+#: smaller change (1.5x) samples the same tokens; this one changes 3 of grpo n=2's 16 at step 1
+ROLLOUT_SAMPLING_SCALE = 0.2
 PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
 PERTURB_SCALE = 1.0 + 1e-3
 
@@ -149,7 +154,8 @@ def _patch_rollout(rollout: ModuleType) -> None:
         return temperature * ROLLOUT_TEMPERATURE_SCALE if planted("rollout_temperature") else temperature
 
     def generate_planted(model: Any, prompts: Any, *, temperature: float, **kwargs: Any) -> Any:
-        return generate(model, prompts, temperature=scaled(temperature), **kwargs)
+        sampling = scaled(temperature) * (ROLLOUT_SAMPLING_SCALE if planted("rollout_sampling") else 1.0)
+        return generate(model, prompts, temperature=sampling, **kwargs)
 
     def recompute_planted(model: Any, batch: Any, *, micro_batch_size: int, temperature: float) -> Any:
         return recompute(model, batch, micro_batch_size=micro_batch_size, temperature=scaled(temperature))
