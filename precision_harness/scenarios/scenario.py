@@ -789,7 +789,7 @@ class VerlScenario(CommandScenario):
         Raises:
             ScenarioError: as :func:`precision_harness.runs.verl_engine.command_spec`.
         """
-        from precision_harness import verl_engine  # imports verl's config machinery only for verl scenarios
+        from precision_harness.runs import verl_engine  # imports verl's config machinery only for verl scenarios
 
         return verl_engine.command_spec(self, env, run_dir, device)
 
