@@ -105,6 +105,18 @@ def hooks_env(**variables: str) -> dict[str, str]:
     return {"PYTHONPATH": path, **variables}
 
 
+def run_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``precision-harness ARGS`` (``python -m precision_harness.cli``) in a subprocess, ``env`` over this one's."""
+    return subprocess.run(
+        [sys.executable, "-m", "precision_harness.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
 def run_pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest in a subprocess (a fresh interpreter: sys.modules and msprobe state are clean)."""
     return subprocess.run(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import export_golden, replace_payload, write_dump
+from harness_testing import export_golden, replace_payload, run_cli, write_dump
 
 from precision_harness.cli import main
 from precision_harness.dumps.files import sha256_file
@@ -19,14 +19,7 @@ from precision_harness.options import OPTIONS
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "precision_harness.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )
+    return run_cli(cwd, *args, env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
 
 
 @pytest.fixture

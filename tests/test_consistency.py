@@ -9,13 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import base_data, hooks_env, make_project, run_pytest, write_dump
+from harness_testing import base_data, hooks_env, make_project, run_cli, run_pytest, write_dump
 
 from precision_harness.check import consistency
 from precision_harness.check.check_settings import CheckSettings
@@ -359,15 +357,7 @@ def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(
 
 # ------------------------------------------------------------------------------ the CLI
 def _cli(project: Path, *args: str, plant: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **hooks_env(PRECISION_TEST_PLANT=plant)} if plant else dict(os.environ)
-    return subprocess.run(
-        [sys.executable, "-m", "precision_harness.cli", *args],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return run_cli(project, *args, env=hooks_env(PRECISION_TEST_PLANT=plant) if plant else None)
 
 
 def test_cli_run_and_compare_hold_a_run_to_its_invariants(project: Path) -> None:
