@@ -13,7 +13,7 @@
   files, for msprobe's own tools);
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.check.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
-  (:mod:`precision_harness.goldens.portability`); exit 1 if a dump changes;
+  (:mod:`precision_harness.portability`); exit 1 if a dump changes;
 - ``golden history SCENARIO``: the golden now against each of its committed versions, per stage
   (:mod:`precision_harness.history.golden_history`);
 - ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
@@ -390,7 +390,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- portability
 def cmd_portability(args: argparse.Namespace) -> int:
-    from precision_harness.goldens.portability import SETTINGS, PortabilityRun, check_scenario
+    from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
     from precision_harness.scenarios.scenario import Scenario
 
     scenarios = [Scenario.load(path) for path in args.scenarios]  # a bad file stops before any run

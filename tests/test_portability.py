@@ -19,7 +19,7 @@ from harness_testing import base_data, write_dump
 
 from precision_harness import cli
 from precision_harness.errors import RunFailedError
-from precision_harness.goldens.portability import (
+from precision_harness.portability import (
     METRICS,
     SETTINGS,
     DispatchSetting,
@@ -76,7 +76,7 @@ def test_stage_missing_from_a_run_is_a_change(tmp_path: Path) -> None:
 
 
 def test_report_lines_group_settings_by_stage() -> None:
-    from precision_harness.goldens.portability import Change, ScenarioPortability
+    from precision_harness.portability import Change, ScenarioPortability
 
     result = ScenarioPortability(scenario="s", settings=["A=1", "B=2"], files=6)
     assert result.lines() == [

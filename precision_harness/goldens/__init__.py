@@ -1,1 +1,1 @@
-"""Goldens: the store under golden/, its codec, update review (churn) and portability."""
+"""Goldens: the store under golden/, its codec, update review (churn) and unused goldens."""

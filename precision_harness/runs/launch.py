@@ -74,7 +74,7 @@ class RunOptions:
     #: determinism environment matches the server's
     warm: bool = False
     #: variables laid over the determinism environment (the portability check's CPU dispatch
-    #: settings, :mod:`precision_harness.goldens.portability`); such a run is always fresh
+    #: settings, :mod:`precision_harness.portability`); such a run is always fresh
     dispatch_env: dict[str, str] | None = None
 
 
