@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from precision_harness.check.tolerance import EXACT, Tol, TolerancePolicy, relative_change, tolerance_ratio
+from precision_harness.check.tolerance import EXACT, Tol, TolerancePolicy, tolerance_ratio
+from precision_harness.dumps.statistics import relative_change
 
 
 def test_dtype_defaults_are_assert_close_table() -> None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.tolerance import STATISTICS
 from precision_harness.dumps.stage import DirStage
+from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.churn import stage_churn
 from precision_harness.goldens.golden import Golden
 from precision_harness.runs.launch import Run, RunResult

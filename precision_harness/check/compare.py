@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.tolerance import Tol, TolerancePolicy, relative_change, tolerance_ratio
+from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, to_float
 from precision_harness.dumps.stage import StageSource
+from precision_harness.dumps.statistics import relative_change
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-STATISTICS = ("Max", "Min", "Mean", "Norm")
-
 
 @dataclass(frozen=True)
 class Tol:
@@ -204,12 +202,3 @@ def tolerance_ratio(target: float, golden: float, tol: Tol, *, scale: float | No
     allowed = tol.atol + tol.rtol * (abs(golden) if scale is None else abs(scale))
     diff = abs(target - golden)
     return diff / allowed if allowed > 0 else math.inf
-
-
-def relative_change(target: float, golden: float) -> float:
-    """``|target - golden| / |golden|`` (``inf`` when golden is 0 and target is not)."""
-    if target == golden:
-        return 0.0
-    if golden == 0 or not math.isfinite(golden) or not math.isfinite(target):
-        return math.inf
-    return abs(target - golden) / abs(golden)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from precision_harness.check.tolerance import STATISTICS
+from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.errors import ProbeUnavailableError
 
 

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from precision_harness.check.tolerance import STATISTICS, relative_change
 from precision_harness.dumps.rows import rms, tensors
 from precision_harness.dumps.stage import DirStage, StageSource
+from precision_harness.dumps.statistics import STATISTICS, relative_change
 
 if TYPE_CHECKING:
     from precision_harness.goldens.golden import Golden

@@ -34,7 +34,6 @@ from typing import Any
 
 from filelock import FileLock
 
-from precision_harness.check.tolerance import STATISTICS
 from precision_harness.dumps.files import (
     DUMP,
     METRICS,
@@ -48,6 +47,7 @@ from precision_harness.dumps.files import (
 )
 from precision_harness.dumps.rows import count_statistics, tensors
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
+from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.errors import (
     GoldenCorruptError,
     GoldenError,
