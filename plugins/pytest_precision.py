@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from precision_harness import options
-from precision_harness.check.items import METRICS_ITEM, ItemKey
+from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.errors import PrecisionError, VerlMissingError
 from precision_harness.options import PrecisionOptions
 from precision_harness.report.precision_report import ItemRecord

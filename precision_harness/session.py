@@ -43,7 +43,8 @@ from precision_harness import progress
 from precision_harness.check import consistency, level_auto
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import Outcome, OutcomeKind, check_items
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import settings_changed
 from precision_harness.errors import (

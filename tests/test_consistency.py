@@ -17,7 +17,8 @@ from harness_testing import base_data, hooks_env, make_project, run_cli, run_pyt
 
 from precision_harness.check import consistency
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.items import ItemKey, check_items
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import check_items
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps import sampled_tokens
 from precision_harness.errors import ScenarioError

@@ -17,7 +17,7 @@ import pytest
 from bisect_repo import git
 from harness_testing import TINY, base_data, write_dump, write_run_json
 
-from precision_harness.check.items import ItemKey
+from precision_harness.check.item_key import ItemKey
 from precision_harness.check.tolerance import DTYPE_DEFAULTS, METRIC_DEFAULT
 from precision_harness.cli import main
 from precision_harness.options import PrecisionOptions

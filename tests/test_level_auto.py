@@ -18,7 +18,8 @@ import jsonschema
 import pytest
 from harness_testing import TINY, hooks_env, run_pytest
 
-from precision_harness.check.items import ItemKey, Outcome, OutcomeKind
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.check.level_auto import localize, with_localization
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.item_key import ItemKey
 from precision_harness.check.tolerance import TolerancePolicy
-
-if TYPE_CHECKING:
-    from precision_harness.check.items import ItemKey
 
 
 @dataclass(frozen=True)

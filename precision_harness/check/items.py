@@ -22,6 +22,7 @@ from precision_harness.check import verdict_text
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare import MetricsVerdict, StageVerdict, compare_metrics, compare_stage
 from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import METRICS, read_metrics
@@ -63,26 +64,6 @@ class Outcome:
     def error(cls, exc: PrecisionError) -> Outcome:
         """A failed outcome whose text is the error's one line."""
         return cls(False, str(exc), OutcomeKind.ERROR)
-
-
-@dataclass(frozen=True)
-class ItemKey:
-    """One gate item: a ``(step, stage)`` dump, or the run's ``metrics.jsonl`` (both None)."""
-
-    step: int | None = None
-    stage: str | None = None
-
-    @property
-    def is_metrics(self) -> bool:
-        return self.stage is None
-
-    @property
-    def selector(self) -> str:
-        """The ``-k`` expression that selects this item alone."""
-        return "metrics" if self.is_metrics else f"{self.stage} and step_{self.step}"
-
-
-METRICS_ITEM = ItemKey()
 
 
 def items_of(target: Path, golden: Golden) -> list[ItemKey]:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import ItemKey, Outcome, OutcomeKind, check_items
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import Outcome, OutcomeKind, check_items
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.goldens.golden import LOCALIZE_DIR, Golden
 from precision_harness.paths import display_path
