@@ -63,6 +63,7 @@ from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 from precision_harness.runs import device_availability
 from precision_harness.runs.launch import Run, RunOptions, RunResult, run_scenario
+from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
 
 #: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``launch.run_scenario``)
@@ -352,7 +353,7 @@ class PrecisionSession:
                 return Outcome(False, f"{scenario.name}: {plan.reason}", OutcomeKind.ERROR)
             run = self._settle(scenario, plan)
             st = self.state(scenario)
-            if key.stage in consistency.INVARIANTS:
+            if key.stage in INVARIANTS:
                 return self._invariant(scenario, run, key)
             if plan.action is GoldenAction.RECORD:
                 return self._recorded(st, key)

@@ -13,6 +13,7 @@ import pytest
 
 from precision_harness.check import consistency
 from precision_harness.check import invariants as inv
+from precision_harness.scenarios import invariant_declarations
 
 SUITE = inv.load_suite(Path(__file__).resolve().parent.parent / "scenarios")
 WITH_REFERENCE = [s for s in SUITE if inv.applies_same_weights(s)]
@@ -73,18 +74,20 @@ def test_rollout_training_mismatch_is_healthy(scenario, run_dir) -> None:
 
 @pytest.mark.parametrize("scenario", SUITE, ids=ids(SUITE))
 def test_rollout_holds_the_actors_weights_after_every_sync(scenario, run_dir) -> None:
-    run, exact = run_dir(scenario.name), consistency.Invariants(weight_sync=True)
+    run, exact = run_dir(scenario.name), invariant_declarations.Invariants(weight_sync=True)
     for step in range(1, scenario.total_steps + 1):
-        verdict = consistency.check(run, step, consistency.WEIGHT_SYNC, exact)
+        verdict = consistency.check(run, step, invariant_declarations.WEIGHT_SYNC, exact)
         assert verdict.passed, verdict.text
 
 
 def test_recomputed_rollout_log_probs_equal_old_log_prob_bit_for_bit(run_dir) -> None:
     """KV-free sampling is not bitwise (other matmul shapes); recomputing the sequence once is (docs/consistency.md)."""
-    exact = consistency.Invariants(parity="exact")
+    exact = invariant_declarations.Invariants(parity="exact")
     sampled, recomputed = run_dir(PARITY_SCENARIO), run_dir(PARITY_SCENARIO, PARITY_OVERRIDE)
     for step in (1, 2):
-        verdict = consistency.check(recomputed, step, consistency.LOG_PROB_PARITY, exact, log_prob_mode="recompute")
+        verdict = consistency.check(
+            recomputed, step, invariant_declarations.LOG_PROB_PARITY, exact, log_prob_mode="recompute"
+        )
         assert verdict.passed, verdict.text
         # the same check tells apart the sampled log-probs, so it is not vacuous
-        assert not consistency.check(sampled, step, consistency.LOG_PROB_PARITY, exact).passed
+        assert not consistency.check(sampled, step, invariant_declarations.LOG_PROB_PARITY, exact).passed

@@ -23,6 +23,7 @@ from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps import sampled_tokens
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.golden import Golden
+from precision_harness.scenarios import invariant_declarations
 from precision_harness.scenarios.scenario import Scenario
 
 STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
@@ -114,7 +115,7 @@ def _log_probs(run: Path, step: int, rollout: list[list[float]], old: list[list[
 
 def test_bounds_report_the_measured_value_and_fail_past_it(tmp_path: Path) -> None:
     _log_probs(tmp_path, 1, [[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], [[-1.0, -2.1, 0.0], [-0.5, -0.5, -0.25]])
-    loose = consistency.parse(
+    loose = invariant_declarations.parse(
         {"rollout_log_prob_parity": {"max_abs": 0.5, "token_mult_prob_error_median": 1.1}},
         source="s.yaml",
         kind="builtin",
@@ -122,7 +123,7 @@ def test_bounds_report_the_measured_value_and_fail_past_it(tmp_path: Path) -> No
     )
     verdict = consistency.check(tmp_path, 1, "rollout_log_prob_parity", loose)
     assert verdict.passed and "max_abs 0.25 <= 0.5" in verdict.text, verdict.text
-    tight = consistency.parse(
+    tight = invariant_declarations.parse(
         {"rollout_log_prob_parity": {"max_abs": 0.2}}, source="s.yaml", kind="builtin", records_rollout=True
     )
     verdict = consistency.check(tmp_path, 1, "rollout_log_prob_parity", tight)
@@ -146,7 +147,7 @@ def test_token_mult_prob_error_is_nemo_rls_mean_of_exp_abs_diff() -> None:
 def test_command_scenario_bounds_verl_metrics_from_metrics_jsonl(tmp_path: Path) -> None:
     rows = [{"step": 1, "training/rollout_probs_diff_max": 0.004}, {"step": 2, "training/rollout_probs_diff_max": 0.03}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    inv = consistency.parse(
+    inv = invariant_declarations.parse(
         {"rollout_log_prob_parity": {"training/rollout_probs_diff_max": 1.0e-2}},
         source="v.yaml",
         kind="verl",

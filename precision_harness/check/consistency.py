@@ -10,11 +10,14 @@ Two checks, each an item per training step (docs/consistency.md):
   response token of ``step_<n>/log_probs.json`` (built-in only; a mismatch names the first token).
   A mapping of bounds, e.g. ``{max_abs: 1.0e-2, token_mult_prob_error_median: 1.1}``: each measured
   value must be at most its bound (a ``{min: ..., max: ...}`` mapping bounds both sides). Bounds on
-  ``log_probs.json`` are :data:`LOG_PROB_BOUNDS`; any ``mismatch/...`` or
+  ``log_probs.json`` are
+  :data:`~precision_harness.scenarios.invariant_declarations.LOG_PROB_BOUNDS`; any ``mismatch/...`` or
   ``training/rollout_probs_diff_...`` key bounds that metric's value in ``metrics.jsonl``, which is
   what a command or verl scenario has (verl's ``calculate_debug_metrics`` and rollout-IS metrics).
 
-This module imports neither torch nor msprobe: the pytest process runs it.
+What a scenario may declare, and its parsing, is :mod:`precision_harness.scenarios.invariant_declarations`;
+this module gives each declared check its verdict. It imports neither torch nor msprobe: the pytest
+process runs it.
 """
 
 from __future__ import annotations
@@ -25,149 +28,19 @@ import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from precision_harness.dumps.files import read_metrics
-from precision_harness.errors import ScenarioError
-
-if TYPE_CHECKING:  # scenario.py parses ``invariants:`` with this module
-    from precision_harness.scenarios.scenario import Scenario
-
-WEIGHT_SYNC = "weight_sync"
-LOG_PROB_PARITY = "rollout_log_prob_parity"
-#: the checks an ``invariants:`` key may name, in the order their items are collected
-INVARIANTS = (WEIGHT_SYNC, LOG_PROB_PARITY)
-#: bounds measured over ``log_probs.json``'s response tokens, with ``d = |rollout_log_prob - old_log_prob|``
-LOG_PROB_BOUNDS = ("max_abs", "mean_abs", "token_mult_prob_error", "token_mult_prob_error_median")
-#: metrics.jsonl keys a bound may name (verl's ``calculate_debug_metrics``, rollout-IS ``mismatch/*``)
-METRIC_PREFIXES = ("training/rollout_probs_diff_", "mismatch/")
+from precision_harness.scenarios.invariant_declarations import (
+    LOG_PROB_BOUNDS,
+    LOG_PROB_PARITY,
+    WEIGHT_SYNC,
+    Bound,
+    Invariants,
+)
+from precision_harness.scenarios.scenario import Scenario
 
 
-@dataclass(frozen=True)
-class Bound:
-    """``low <= measured <= high`` for one quantity (None: that side is open)."""
-
-    name: str
-    low: float | None
-    high: float | None
-
-    def holds(self, value: float) -> bool:
-        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-
-    def describe(self, value: float) -> str:
-        """``max_abs 3.1e-03 <= 0.01``, or with ``>`` / ``<`` when the bound is broken."""
-        if self.high is not None and not value <= self.high:
-            return f"{self.name} {value:.6g} > {self.high:g}"
-        if self.low is not None and not value >= self.low:
-            return f"{self.name} {value:.6g} < {self.low:g}"
-        sides = [
-            f">= {self.low:g}" if self.low is not None else "",
-            f"<= {self.high:g}" if self.high is not None else "",
-        ]
-        return f"{self.name} {value:.6g} {' and '.join(s for s in sides if s)}"
-
-
-@dataclass(frozen=True)
-class Invariants:
-    """A scenario's ``invariants:`` (:func:`parse`): which checks run, and the parity mode or bounds."""
-
-    weight_sync: bool = False
-    parity: str | None = None  #: "exact", "bounded", or None (not checked)
-    bounds: tuple[Bound, ...] = ()
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The checks that run, in :data:`INVARIANTS` order."""
-        on = {WEIGHT_SYNC: self.weight_sync, LOG_PROB_PARITY: self.parity is not None}
-        return tuple(n for n in INVARIANTS if on[n])
-
-
-def parse(raw: Any, *, source: Path | str, kind: str, records_rollout: bool) -> Invariants:
-    """Validate a scenario's ``invariants:`` value (None: no checks).
-
-    ``records_rollout`` (the scenario kind's :attr:`~precision_harness.scenarios.scenario.Scenario.records_rollout`):
-    its runs write per-token rollout log-probs and per-parameter weight digests, so ``exact``,
-    ``weight_sync`` and the log-prob bounds apply; otherwise only ``metrics.jsonl`` bounds do.
-    ``kind`` names the scenario's kind in messages.
-
-    Raises:
-        ScenarioError: one line naming ``source`` and the key: an unknown check, a mode other than
-            ``exact`` or a mapping of bounds, an unknown bound, a bound that is not a number, or a
-            check a ``kind`` (command, verl) scenario cannot run.
-    """
-    if raw is None:
-        return Invariants()
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: invariants: expected a mapping of checks ({', '.join(INVARIANTS)})")
-    for key in raw:
-        if key not in INVARIANTS:
-            raise ScenarioError(f"{source}: invariants.{key}: unknown check; expected one of {', '.join(INVARIANTS)}")
-    weight_sync = _weight_sync(raw.get(WEIGHT_SYNC), source=source, kind=kind, records_rollout=records_rollout)
-    if LOG_PROB_PARITY not in raw:
-        return Invariants(weight_sync=weight_sync)
-    value = raw[LOG_PROB_PARITY]
-    key = f"invariants.{LOG_PROB_PARITY}"
-    if value == "exact":
-        if not records_rollout:
-            raise ScenarioError(
-                f"{source}: {key}: exact needs the per-token log-probs only the built-in loop writes; a {kind} "
-                "scenario bounds its metrics.jsonl instead, e.g. {training/rollout_probs_diff_max: 1.0e-2}"
-            )
-        return Invariants(weight_sync=weight_sync, parity="exact")
-    if not isinstance(value, dict) or not value:
-        raise ScenarioError(
-            f"{source}: {key}: expected exact or a mapping of bounds, e.g. "
-            "{max_abs: 1.0e-2, token_mult_prob_error_median: 1.1}"
-        )
-    bounds = tuple(
-        _bound(name, v, key=f"{key}.{name}", source=source, records_rollout=records_rollout)
-        for name, v in value.items()
-    )
-    return Invariants(weight_sync=weight_sync, parity="bounded", bounds=bounds)
-
-
-def _weight_sync(value: Any, *, source: Path | str, kind: str, records_rollout: bool) -> bool:
-    if value is None:
-        return False
-    if value != "exact":
-        raise ScenarioError(f"{source}: invariants.{WEIGHT_SYNC}: expected exact, got {value!r}")
-    if not records_rollout:
-        raise ScenarioError(
-            f"{source}: invariants.{WEIGHT_SYNC}: a {kind} scenario's weight sync happens inside verl, which "
-            "records no per-parameter digests; weight_sync runs on built-in scenarios"
-        )
-    return True
-
-
-def _bound(name: Any, value: Any, *, key: str, source: Path | str, records_rollout: bool) -> Bound:
-    is_metric = isinstance(name, str) and name.startswith(METRIC_PREFIXES)
-    if not is_metric and (name not in LOG_PROB_BOUNDS or not records_rollout):
-        allowed = ", ".join((*LOG_PROB_BOUNDS, "mismatch/<metric>", "training/rollout_probs_diff_<max|mean|std>"))
-        if not records_rollout:
-            allowed = "mismatch/<metric>, training/rollout_probs_diff_<max|mean|std> (metrics.jsonl)"
-        raise ScenarioError(f"{source}: {key}: unknown bound; expected one of {allowed}")
-    if isinstance(value, dict):
-        unknown = [k for k in value if k not in ("min", "max")]
-        if unknown or not value:
-            raise ScenarioError(f"{source}: {key}: expected a number or {{min: ..., max: ...}}, got {value!r}")
-        return Bound(
-            name,
-            _number(value.get("min"), key=f"{key}.min", source=source),
-            _number(value.get("max"), key=f"{key}.max", source=source),
-        )
-    return Bound(name, None, _number(value, key=key, source=source, required=True))
-
-
-def _number(value: Any, *, key: str, source: Path | str, required: bool = False) -> float | None:
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        hint = " (YAML reads 1e-2 as text: write 1.0e-2)" if isinstance(value, str) else ""
-        raise ScenarioError(f"{source}: {key}: expected a finite number, got {value!r}{hint}")
-    return float(value)
-
-
-# ------------------------------------------------------------------------------------ verdicts
 @dataclass(frozen=True)
 class Verdict:
     """One invariant item's result: passed or not, and its one-line text."""
@@ -194,7 +67,8 @@ def check(run_dir: Path, step: int, name: str, invariants: Invariants, *, log_pr
     """The verdict of invariant ``name`` at ``step`` of the run in ``run_dir``.
 
     Raises:
-        ValueError: ``name`` is not one of :data:`INVARIANTS`.
+        ValueError: ``name`` is not one of
+            :data:`~precision_harness.scenarios.invariant_declarations.INVARIANTS`.
     """
     where = f"{name} @ step_{step}"
     if name == WEIGHT_SYNC:

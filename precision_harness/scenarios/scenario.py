@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from precision_harness.check import consistency
 from precision_harness.errors import ScenarioError, SchemaError
 from precision_harness.paths import display_path
-from precision_harness.scenarios import command_scenario
+from precision_harness.scenarios import command_scenario, invariant_declarations
 from precision_harness.scenarios.identity import flat_command
 from precision_harness.schemas import validate
 
@@ -440,14 +439,14 @@ class Scenario:
         return Scenario.load(path)
 
     @property
-    def invariants(self) -> consistency.Invariants:
+    def invariants(self) -> invariant_declarations.Invariants:
         """The scenario's ``invariants:`` checks (docs/consistency.md); none when the key is absent.
 
         Raises:
             ScenarioError: an unknown check or bound, or a bound that is not a number (names the key).
         """
         raw = self.config.get("invariants")
-        return consistency.parse(raw, source=self.path, kind=self.kind, records_rollout=self.records_rollout)
+        return invariant_declarations.parse(raw, source=self.path, kind=self.kind, records_rollout=self.records_rollout)
 
     @property
     def invariant_items(self) -> tuple[tuple[int, str], ...]:
