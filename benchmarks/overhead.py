@@ -57,7 +57,8 @@ from precision_harness.check.items import check_items, items_of  # noqa: E402
 from precision_harness.check.tolerance import TolerancePolicy  # noqa: E402
 from precision_harness.dumps.stage import DirStage  # noqa: E402
 from precision_harness.goldens.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
-from precision_harness.runs.launch import RunOptions, run_scenario  # noqa: E402
+from precision_harness.runs.kind_runners import run_scenario  # noqa: E402
+from precision_harness.runs.launch import RunOptions  # noqa: E402
 from precision_harness.scenarios.scenario import LEVEL_KEY, Scenario  # noqa: E402
 
 

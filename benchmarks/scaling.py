@@ -75,7 +75,7 @@ def gate_seconds(scenarios: list[str], *, extra: list[str], repeats: int) -> flo
 
 def ray_overhead(scenario: str, *, repeats: int) -> tuple[float, float, float]:
     """(local subprocess s, Ray run s, Ray start-up s), best of ``repeats`` each."""
-    from precision_harness.runs.launch import run_scenario
+    from precision_harness.runs.kind_runners import run_scenario
     from precision_harness.scenarios.scenario import Scenario
 
     sc = Scenario.load(ROOT / scenario)

@@ -21,6 +21,7 @@ from precision_harness.errors import PrecisionError, VerlMissingError
 from precision_harness.options import PrecisionOptions
 from precision_harness.report.precision_report import ItemRecord
 from precision_harness.runs import device_availability
+from precision_harness.runs.kind_runners import load_scenario
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
@@ -288,7 +289,7 @@ class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         usage = self.config.stash[_SESSION_KEY].usage
         try:
-            scenario = Scenario.load(self.path)
+            scenario = load_scenario(self.path)
         except VerlMissingError as exc:
             pytest.skip(str(exc))
         except PrecisionError as exc:

@@ -56,10 +56,10 @@ def _print(line: str = "") -> None:
 # ------------------------------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
     from precision_harness import progress
-    from precision_harness.runs.launch import RunOptions, run_scenario
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario, run_scenario
+    from precision_harness.runs.launch import RunOptions
 
-    scenario = Scenario.load(args.scenario)
+    scenario = load_scenario(args.scenario)
     opts = PrecisionOptions.from_cli(args)
     device = opts.device_for(scenario)
     options = RunOptions(timeout=opts.timeout, ray_address=opts.ray_address)
@@ -145,11 +145,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from precision_harness.check.items import check_items
     from precision_harness.check.tolerance import TolerancePolicy
     from precision_harness.report.precision_report import ItemRecord, PrecisionReport
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario
 
     opts = PrecisionOptions.from_cli(args)
     target, golden, artifacts, keys = _compare_inputs(args, opts)
-    scenario = Scenario.load(args.scenario) if args.scenario else None
+    scenario = load_scenario(args.scenario) if args.scenario else None
     tolerance = scenario.config["tolerance"] if scenario is not None else None
     device = _target_device(target, opts)
     environment = EnvironmentDiff.between(golden.env, _target_run(target).get("env"))
@@ -266,10 +266,10 @@ def _golden_row(name: str, device: str, g) -> tuple[str, ...]:
 
 def cmd_golden_export(args: argparse.Namespace) -> int:
     from precision_harness.goldens.golden import Golden
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario
 
     store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
-    scenario = Scenario.load(args.scenario)
+    scenario = load_scenario(args.scenario)
     golden = Golden.from_dir(store.path(scenario.name, opts.device_for(scenario)))
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -305,10 +305,10 @@ def cmd_golden_history(args: argparse.Namespace) -> int:
     from precision_harness.check.tolerance import TolerancePolicy
     from precision_harness.goldens.golden import Golden
     from precision_harness.history.golden_history import GoldenHistory, history_html, history_lines, history_rows
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario
 
     store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
-    scenario = Scenario.load(args.scenario)
+    scenario = load_scenario(args.scenario)
     device = opts.device_for(scenario)
     current = Golden.from_dir(store.path(scenario.name, device))
     policy = TolerancePolicy.for_golden(scenario.config["tolerance"], noise=current.noise, cross_device=False)
@@ -331,12 +331,12 @@ def cmd_golden_history(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.check.calibrate import calibrate, noise_table, reruns
     from precision_harness.goldens.golden import GoldenStore
-    from precision_harness.runs.launch import RunOptions, bind
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import bind, load_scenario
+    from precision_harness.runs.launch import RunOptions
 
     if args.runs < 2:
         raise UsageError(f"--runs {args.runs}: calibration needs at least 2 reruns")
-    scenario = Scenario.load(args.scenario)
+    scenario = load_scenario(args.scenario)
     opts = PrecisionOptions.from_cli(args)
     device = opts.device_for(scenario)
     store = GoldenStore(opts.golden_dir)
@@ -360,10 +360,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_bisect(args: argparse.Namespace) -> int:
     from precision_harness.history.bisect import BisectSettings, run_bisect
     from precision_harness.paths import display_path, join_inside
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario
 
     opts = PrecisionOptions.from_cli(args)
-    name = Scenario.load(args.scenario).name if args.scenario.is_file() else args.scenario.stem
+    name = load_scenario(args.scenario).name if args.scenario.is_file() else args.scenario.stem
     settings = BisectSettings(
         scenario=args.scenario,
         good=args.good,
@@ -391,9 +391,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------- portability
 def cmd_portability(args: argparse.Namespace) -> int:
     from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
-    from precision_harness.scenarios.scenario import Scenario
+    from precision_harness.runs.kind_runners import load_scenario
 
-    scenarios = [Scenario.load(path) for path in args.scenarios]  # a bad file stops before any run
+    scenarios = [load_scenario(path) for path in args.scenarios]  # a bad file stops before any run
     opts = PrecisionOptions.from_cli(args)
     settings = SETTINGS
     if args.settings:

@@ -30,7 +30,8 @@ from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import pair
 from precision_harness.dumps.files import read_metrics, sha256_file
 from precision_harness.dumps.stage import DirStage, rank_dirs
-from precision_harness.runs.launch import RunOptions, RunResult, run_scenario
+from precision_harness.runs.kind_runners import run_scenario
+from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.scenario import Scenario
 
 METRICS = "metrics.jsonl"

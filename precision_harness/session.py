@@ -4,7 +4,7 @@ Each scenario's golden action is decided once, as one value (:meth:`PrecisionSes
 :class:`Plan`): the only place the golden mode is read. Its run is started once
 (:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however many of its
 items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The runner that
-starts a run is a constructor argument (:func:`~precision_harness.runs.launch.run_scenario` by default).
+starts a run is a constructor argument (:func:`~precision_harness.runs.kind_runners.run_scenario` by default).
 The comparison itself is :func:`precision_harness.check.items.check_items`, the path ``precision-harness
 compare`` takes too. What the run adds up to (counts, churn, unused goldens, report files) is
 :class:`~precision_harness.report.precision_report.PrecisionReport`.
@@ -62,11 +62,12 @@ from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 from precision_harness.runs import device_availability
-from precision_harness.runs.launch import Run, RunOptions, RunResult, run_scenario
+from precision_harness.runs.kind_runners import Run, load_scenario, preflight, run_scenario
+from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
 
-#: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``launch.run_scenario``)
+#: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``kind_runners.run_scenario``)
 Runner = Callable[..., RunResult]
 
 
@@ -326,13 +327,13 @@ class PrecisionSession:
             for suffix in (".yaml", ".yml"):
                 path = self.rootdir / d / f"{name}{suffix}"
                 if path.is_file():
-                    return Scenario.load(path)
+                    return load_scenario(path)
         where = ", ".join(f"{d}/" for d in dirs)
         raise ScenarioError(f"{name}: no scenario file {name}.yaml under {where} in {self.rootdir}")
 
     def variant(self, scenario: Scenario, overrides: dict[str, Any]) -> Scenario:
         """``scenario`` with verl-key ``overrides``, written under ``<artifacts>/variants/`` (no golden)."""
-        st = self.state(scenario.with_overrides(overrides, directory=self.artifacts / "variants"))
+        st = self.state(preflight(scenario.with_overrides(overrides, directory=self.artifacts / "variants")))
         return st.scenario
 
     def close(self) -> None:

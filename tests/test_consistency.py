@@ -344,12 +344,12 @@ def test_rollout_generate_at_level_auto_keeps_rollout_log_probs_in_its_stage_out
 def test_dumping_rollout_generate_leaves_every_other_file_of_a_golden_identical(tmp_path: Path) -> None:
     """msprobe hooking the rollout consumes no random numbers and changes no later op: grpo_tiny's
     golden (every other stage's dump and metrics.jsonl) is byte-identical with the stage on."""
-    from precision_harness.runs import launch
+    from precision_harness.runs import kind_runners
 
     repo = Path(__file__).resolve().parent.parent
     base = Scenario.load(repo / "scenarios" / "grpo_tiny.yaml")
     on = base.with_overrides({STAGES_KEY: ["rollout_generate", *base.stages]}, directory=tmp_path)
-    run = launch.run_scenario(on, out_dir=tmp_path / "run", device="cpu")
+    run = kind_runners.run_scenario(on, out_dir=tmp_path / "run", device="cpu")
     golden = Golden.from_dir(repo / "golden" / "grpo_tiny" / "cpu")
     assert len(golden.contents) >= 10
     for name in golden.contents:

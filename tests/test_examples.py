@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from precision_harness.options import OPTIONS
+from precision_harness.runs.kind_runners import load_scenario
 from precision_harness.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def _verl_example_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_example_scenarios_load(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if "engine: verl" in path.read_text():
         _verl_example_env(tmp_path, monkeypatch)
-    scenario = Scenario.load(path)
+    scenario = load_scenario(path)
     assert scenario.kind in ("command", "verl") and scenario.steps and scenario.stages
 
 

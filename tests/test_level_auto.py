@@ -24,7 +24,8 @@ from precision_harness.check.level_auto import localize, with_localization
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.goldens.golden import Golden, verify_golden
-from precision_harness.runs.launch import RunOptions, bind
+from precision_harness.runs.kind_runners import bind
+from precision_harness.runs.launch import RunOptions
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
 
@@ -107,11 +108,11 @@ def test_stage_outputs_hold_what_l0_cannot_see(project: Path) -> None:
 def test_unchanged_auto_run_is_identical_and_its_l0_dump_equals_a_plain_l0_run(project: Path, tmp_path: Path) -> None:
     proc = run_pytest(project, "scenarios/plant_auto.yaml")
     assert proc.returncode == 0 and "10 identical to golden, 1 within tolerance" in proc.stdout, proc.stdout
-    from precision_harness.runs import launch
+    from precision_harness.runs import kind_runners
 
     base = Scenario.load(project / "scenarios" / "plant_l1.yaml")
     l0 = base.with_overrides({"global_profiler.global_tool_config.precision_debugger.level": "L0"}, directory=tmp_path)
-    run = launch.run_scenario(l0, out_dir=tmp_path / "run", device="cpu")
+    run = kind_runners.run_scenario(l0, out_dir=tmp_path / "run", device="cpu")
     auto = Golden.from_dir(project / "golden/plant_auto/cpu")
     for dump in sorted(run.run_dir.glob("step_*/*/step0/rank0/dump.json")):
         name = dump.relative_to(run.run_dir).as_posix()

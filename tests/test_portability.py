@@ -27,7 +27,8 @@ from precision_harness.portability import (
     check_scenario,
     diff_runs,
 )
-from precision_harness.runs.launch import RunOptions, run_scenario
+from precision_harness.runs.kind_runners import run_scenario
+from precision_harness.runs.launch import RunOptions
 from precision_harness.scenarios.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent

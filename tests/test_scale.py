@@ -21,7 +21,7 @@ from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.goldens.golden import GoldenStore
-from precision_harness.runs import device_availability, launch, ray_launch
+from precision_harness.runs import device_availability, kind_runners, launch, ray_launch
 from precision_harness.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,9 +162,9 @@ def test_multi_rank_without_ray_is_a_one_line_error(tmp_path: Path, monkeypatch:
         match=r"s\.yaml: trainer\.world_size: 2 runs ranks as Ray actors, but ray is not installed; "
         r"pip install 'ray\[default\]>=2\.40' \(a dependency of pytest-precision",
     ):
-        launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu")
+        kind_runners.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu")
     with pytest.raises(RunFailedError, match=r"--precision-ray-address 127\.0\.0\.1:1, but ray is not installed"):
-        launch.run_scenario(
+        kind_runners.run_scenario(
             Scenario.load(TINY),
             out_dir=tmp_path / "run",
             device="cpu",

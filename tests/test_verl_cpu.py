@@ -19,7 +19,7 @@ import pytest
 from harness_testing import hooks_env
 
 from precision_harness.runs import command_runner as command
-from precision_harness.runs import verl_engine
+from precision_harness.runs import kind_runners, verl_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"
@@ -120,7 +120,7 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     scenario = _example(tmp_path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    spec = command.command_spec(scenario, run_dir, device="cpu")
+    spec = kind_runners.command_spec(scenario, run_dir, device="cpu")
     argv, env, header = spec.argv, spec.env, spec.header
     overrides = dict(arg.split("=", 1) for arg in argv[3:])
     assert overrides.pop("hydra.run.dir") == str(run_dir / "hydra")  # Hydra's outputs/ stays out of the scenario
@@ -152,7 +152,7 @@ def test_the_ppo_example_gets_the_critic_overrides_and_they_compose(tmp_path: Pa
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     scenario = Scenario.load(PPO)
-    header = command.command_spec(scenario, tmp_path, device="cpu").header
+    header = kind_runners.command_spec(scenario, tmp_path, device="cpu").header
     for key in verl_engine.cpu_overrides(critic=True):
         assert any(line.startswith(f"precision gate:   {key}=") for line in header), key
     old = dict(os.environ)
@@ -180,7 +180,7 @@ def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
 
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     with pytest.raises(ScenarioError) as err:
-        command.command_spec(Scenario.load(PPO), tmp_path, device="cuda")
+        kind_runners.command_spec(Scenario.load(PPO), tmp_path, device="cuda")
     text = str(err.value)
     assert text.count("\n") == 0
     assert "does not dump 'compute_values' on cuda" in text and "--precision-device cpu" in text
@@ -195,7 +195,7 @@ def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> Non
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
     scenario = _example(tmp_path)
-    spec = command.command_spec(scenario, tmp_path, device="cuda")
+    spec = kind_runners.command_spec(scenario, tmp_path, device="cuda")
     argv, env, header = spec.argv, spec.env, spec.header
     assert "VERL_PLATFORM" not in env and not any("precision_cpu" in a for a in argv)
     assert header[0] == "precision gate: verl on cuda: gate-owned overrides (docs/scenarios.md):"
@@ -207,7 +207,7 @@ def test_a_scenario_may_not_set_a_cpu_owned_key(tmp_path: Path) -> None:
     scenario = _example(tmp_path)
     scenario.config["verl"]["overrides"]["actor_rollout_ref.rollout.name"] = "vllm"
     with pytest.raises(ScenarioError) as err:
-        command.command_spec(scenario, tmp_path, device="cpu")
+        kind_runners.command_spec(scenario, tmp_path, device="cpu")
     assert str(err.value).count("\n") == 0
     assert "actor_rollout_ref.rollout.name is set by the gate on cpu" in str(err.value)
 
@@ -218,7 +218,7 @@ def test_unsupported_verl_version_is_one_line(tmp_path: Path, monkeypatch: pytes
     scenario = _example(tmp_path)
     monkeypatch.setattr(verl_engine, "installed_version", lambda: "0.8.0")
     with pytest.raises(ScenarioError) as err:
-        command.command_spec(scenario, tmp_path, device="cpu")
+        kind_runners.command_spec(scenario, tmp_path, device="cpu")
     text = str(err.value)
     assert text.count("\n") == 0
     assert "verl 0.8.0 is not supported" in text and "tested with verl 0.9.1" in text

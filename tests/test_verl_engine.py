@@ -21,7 +21,7 @@ from harness_testing import base_data
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.golden import Golden
 from precision_harness.runs import verl_engine
-from precision_harness.scenarios.scenario import Scenario
+from precision_harness.runs.kind_runners import load_scenario
 
 pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
 pytest.importorskip("hydra", reason="verl's config is composed with hydra")
@@ -134,14 +134,14 @@ def _verl_scenario(tmp_path: Path, *, stages: str = "[actor_update]", overrides:
 def test_bad_verl_scenario_is_one_line(tmp_path: Path, stages: str, overrides: str, message: str) -> None:
     path = _verl_scenario(tmp_path, stages=stages, overrides=overrides)
     with pytest.raises(ScenarioError) as err:
-        Scenario.load(path)
+        load_scenario(path)
     assert message in str(err.value) and str(err.value).startswith(str(path)) and "\n" not in str(err.value)
 
 
 def test_missing_verl_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verl_engine, "installed_version", lambda: None)
     with pytest.raises(ScenarioError, match=r"v\.yaml: engine: verl needs verl installed.*pytest-precision\[verl\]"):
-        Scenario.load(_verl_scenario(tmp_path))
+        load_scenario(_verl_scenario(tmp_path))
 
 
 def test_verl_scenario_argv_is_main_ppo_with_user_then_gate_overrides(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from harness_testing import TINY
 
 from precision_harness.errors import RunFailedError
-from precision_harness.runs import launch, warm
+from precision_harness.runs import kind_runners, launch, warm
 from precision_harness.runs.runner.devices import determinism_env
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
@@ -38,10 +38,10 @@ def _variant(tmp_path: Path, overrides: dict) -> Scenario:
 
 def test_warm_and_fresh_runs_write_the_same_bytes(tmp_path: Path) -> None:
     scenario = Scenario.load(TINY)
-    fresh = launch.run_scenario(
+    fresh = kind_runners.run_scenario(
         scenario, out_dir=tmp_path / "fresh", device="cpu", options=launch.RunOptions(warm=False)
     )
-    forked = launch.run_scenario(
+    forked = kind_runners.run_scenario(
         scenario, out_dir=tmp_path / "warm", device="cpu", options=launch.RunOptions(warm=True)
     )
     assert (fresh.run_json["warm"], forked.run_json["warm"]) == (False, True)
@@ -57,7 +57,9 @@ def test_another_determinism_environment_gets_a_fresh_interpreter(tmp_path: Path
     assert warm.context_for(determinism_env("cpu", 1)) is not None
     assert warm.context_for(determinism_env("cpu", 2)) is None
     scenario = _variant(tmp_path, {"trainer.num_threads": 2})
-    result = launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", options=launch.RunOptions(warm=True))
+    result = kind_runners.run_scenario(
+        scenario, out_dir=tmp_path / "run", device="cpu", options=launch.RunOptions(warm=True)
+    )
     assert result.run_json["warm"] is False
     assert result.run_json["env"]["num_threads"] == 2
 
@@ -65,7 +67,9 @@ def test_another_determinism_environment_gets_a_fresh_interpreter(tmp_path: Path
 def test_warm_worker_error_is_the_worker_s_one_line(tmp_path: Path) -> None:
     scenario = _variant(tmp_path, {"data.max_prompt_length": 3})
     with pytest.raises(RunFailedError) as info:
-        launch.run_scenario(scenario, out_dir=tmp_path / "run", device="cpu", options=launch.RunOptions(warm=True))
+        kind_runners.run_scenario(
+            scenario, out_dir=tmp_path / "run", device="cpu", options=launch.RunOptions(warm=True)
+        )
     message = str(info.value)
     assert "scenario run failed: ValueError: data.max_prompt_length: prompt" in message
     assert message.endswith("worker.log)") and "\n" not in message
@@ -75,7 +79,7 @@ def test_warm_worker_error_is_the_worker_s_one_line(tmp_path: Path) -> None:
 def test_warm_worker_past_its_timeout_is_killed_and_one_line(tmp_path: Path) -> None:
     scenario = _variant(tmp_path, {"trainer.total_training_steps": 50})
     with pytest.raises(RunFailedError, match=r"tiny_ppo\.\w+\.yaml: worker timed out after 1 s \(log: .*worker.log\)$"):
-        launch.run_scenario(
+        kind_runners.run_scenario(
             scenario, out_dir=tmp_path / "run", device="cpu", options=launch.RunOptions(warm=True, timeout=1)
         )
     assert not (tmp_path / "run" / "run.json").exists()

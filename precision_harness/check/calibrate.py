@@ -34,7 +34,8 @@ from precision_harness.dumps.stage import DirStage
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.churn import stage_churn
 from precision_harness.goldens.golden import Golden
-from precision_harness.runs.launch import Run, RunResult
+from precision_harness.runs.kind_runners import Run
+from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 
 DEFAULT_K = 3.0
@@ -98,7 +99,7 @@ def reruns(
     """Rerun ``scenario`` ``runs`` times under :func:`variations`, into ``work_dir/run_<i>``.
 
     Args:
-        run: starts one run (:func:`~precision_harness.runs.launch.bind`: the device and timeout bound).
+        run: starts one run (:func:`~precision_harness.runs.kind_runners.bind`: the device and timeout bound).
         on_run: called after each rerun with its index, variation and result.
 
     Raises:

@@ -34,6 +34,7 @@ from precision_harness.check.tolerance import DTYPE_DEFAULTS, Tol
 from precision_harness.dumps.files import load_dump, read_metrics
 from precision_harness.dumps.rows import tensors
 from precision_harness.dumps.statistics import STATISTICS
+from precision_harness.runs.kind_runners import load_scenario
 from precision_harness.scenarios.scenario import Scenario
 
 __all__ = [
@@ -72,7 +73,7 @@ class InvariantViolation(AssertionError):
 # ------------------------------------------------------------------------- which scenarios
 def load_suite(directory: Path) -> list[Scenario]:
     """Every ``*.yaml`` scenario of ``directory``, loaded and validated (YAML + schema, no torch)."""
-    return [Scenario.load(p) for p in sorted(Path(directory).glob("*.yaml"))]
+    return [load_scenario(p) for p in sorted(Path(directory).glob("*.yaml"))]
 
 
 def applies_same_weights(scenario: Scenario) -> bool:

@@ -24,7 +24,8 @@ from precision_harness.check.items import Outcome, OutcomeKind, check_items
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.goldens.golden import LOCALIZE_DIR, Golden
 from precision_harness.paths import display_path
-from precision_harness.runs.launch import Run, RunResult
+from precision_harness.runs.kind_runners import Run
+from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import LEVEL_KEY, LOCALIZE_LEVEL, Scenario
 
 
@@ -58,7 +59,8 @@ def localize(
     Args:
         out_dir: ``<artifacts>/<scenario>/localize``: the variant file, the run (``run/``) and the
             compare's artifacts (``step_<n>/<stage>/``) go there.
-        run: how the rerun is started (:func:`~precision_harness.runs.launch.bind`; the session binds its own runner).
+        run: how the rerun is started (:func:`~precision_harness.runs.kind_runners.bind`; the session binds its
+            own runner).
 
     Raises:
         PrecisionError: the rerun failed (RunFailedError), or the golden's L1 record is missing or corrupt.

@@ -37,11 +37,14 @@ import sys
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
+from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.runs.stage_api import (
     ENV_DUMP_DIR,
     ENV_METRICS,
@@ -51,16 +54,34 @@ from precision_harness.runs.stage_api import (
     check_dump_path,
 )
 
-if TYPE_CHECKING:
-    from precision_harness.runs.launch import RunOptions, RunResult
-    from precision_harness.scenarios.scenario import CommandSpec
-
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
 ENV_SCENARIO_DIR = "PRECISION_SCENARIO_DIR"
 #: marks every process a command run starts, so that none outlives it (:func:`reap`)
 ENV_RUN_ID = "PRECISION_RUN_ID"
 METRICS = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """How a command or verl scenario's process is started.
+
+    Attributes:
+        argv: the command line.
+        env: the ``PRECISION_*`` variables and what the kind adds (verl's file logger, its CPU platform).
+        metrics_exclude: ``metrics.jsonl`` globs never gated (verl's timings).
+        header: lines the run's log starts with: every gate-owned override and variable.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    metrics_exclude: tuple[str, ...] = ()
+    header: list[str] = field(default_factory=list)
+
+
+#: how a command or verl scenario's run starts in a run folder on a device: ``spec_of(scenario, run_dir,
+#: device=...)`` (:func:`precision_harness.runs.kind_runners.command_spec`, by the scenario's kind)
+SpecOf = Callable[..., CommandSpec]
 
 
 def command_env(scenario: Any, run_dir: Path) -> dict[str, str]:
@@ -285,16 +306,6 @@ def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device:
 ROLLOUTS = "rollouts"
 
 
-def command_spec(scenario: Any, run_dir: Path, *, device: str = "cpu") -> CommandSpec:
-    """How a command or verl scenario's run starts in ``run_dir``: the ``PRECISION_*`` environment
-    (:func:`command_env`) laid under what the scenario's kind adds (:meth:`CommandScenario.command_spec`).
-
-    Raises:
-        ScenarioError: a verl scenario on cpu with an unsupported verl or an override of a CPU-owned key.
-    """
-    return scenario.command_spec(command_env(scenario, run_dir), run_dir, device)
-
-
 def _generate_rollouts(
     scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, header: list[str]
 ) -> float:
@@ -320,8 +331,10 @@ def _generate_rollouts(
     return wall
 
 
-def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOptions) -> dict[str, Any]:
-    """Run a command (or verl) scenario into ``run_dir``; return its ``run.json``.
+def launch_command(
+    scenario: Any, *, run_dir: Path, device: str, options: RunOptions, spec_of: SpecOf
+) -> dict[str, Any]:
+    """Run a command (or verl) scenario into ``run_dir``, started as ``spec_of`` says; return its ``run.json``.
 
     Of ``options``: ``dispatch_env`` is laid over the determinism environment and the scenario's own
     ``env``; ``pinned`` is the golden whose recorded rollouts a verl check run loads (None: generate
@@ -342,7 +355,7 @@ def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOpt
     if pinned is not None:
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
-    spec = command_spec(scenario, run_dir, device=device)
+    spec = spec_of(scenario, run_dir, device=device)
     argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
     threads = scenario.config["trainer"]["num_threads"]
     env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {})}
@@ -360,18 +373,18 @@ def launch_command(scenario: Any, *, run_dir: Path, device: str, options: RunOpt
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)
 
 
-def run_command_scenario(scenario: Any, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+def run_command_scenario(
+    scenario: Any, *, out_dir: Path, device: str, options: RunOptions, spec_of: SpecOf
+) -> RunResult:
     """Run a command or verl scenario into a fresh ``out_dir`` (:func:`launch_command`), timed.
 
     Raises:
         RunFailedError: as :func:`launch_command`, or ``options.dump`` is off (built-in scenarios only).
     """
-    from precision_harness.runs.launch import RunResult
-
     if not options.dump:
         raise RunFailedError(f"{display_path(scenario.path)}: runs without msprobe are for built-in scenarios only")
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     t0 = time.perf_counter()
-    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options)
+    run_json = launch_command(scenario, run_dir=out_dir.resolve(), device=device, options=options, spec_of=spec_of)
     return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=time.perf_counter() - t0)

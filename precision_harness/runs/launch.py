@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,17 +77,6 @@ class RunOptions:
     dispatch_env: dict[str, str] | None = None
 
 
-def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions = RunOptions()) -> RunResult:
-    """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``, as its kind launches
-    (:meth:`Scenario.run`): a built-in scenario through :func:`run_worker`, a command or verl scenario
-    through its own command (:func:`precision_harness.runs.command_runner.run_command_scenario`).
-
-    Raises:
-        RunFailedError: the run exited non-zero or timed out, or Ray is needed and not installed.
-    """
-    return scenario.run(Path(out_dir), device, options)
-
-
 def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
     """Run a built-in scenario in ``python -m precision_harness.runs.runner`` (or forked from the warm server).
 
@@ -124,16 +112,6 @@ def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options
         raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
     run_json = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
     return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=wall)
-
-
-#: starts one run of a scenario into a folder, its device and options bound (:func:`bind`)
-Run = Callable[[Scenario, Path], RunResult]
-
-
-def bind(device: str, options: RunOptions | None = None) -> Run:
-    """:func:`~precision_harness.runs.launch.run_scenario` on ``device`` with ``options``, as a :data:`Run`."""
-    how = options or RunOptions()
-    return lambda scenario, out_dir: run_scenario(scenario, out_dir=out_dir, device=device, options=how)
 
 
 def _command(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions, on_ray: bool) -> list[str]:

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import ScenarioError, VerlMissingError
-from precision_harness.runs.command_runner import ROLLOUTS
+from precision_harness.runs.command_runner import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
-from precision_harness.scenarios.scenario import CommandSpec
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
@@ -50,8 +49,6 @@ CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
 #: the platform and rollout replica that module registers
 CPU_PLATFORM = "precision_cpu"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
-#: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
-METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/perf/*", "*/time*", "training/epoch")
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 

@@ -32,6 +32,9 @@ from precision_harness.errors import ScenarioError
 BUILTIN_ONLY = ("seed", "model", "data", "actor_rollout_ref", "critic", "reward_model", "algorithm")
 #: ``trainer`` keys a command scenario may set (how its process is pinned and where Ray runs it)
 COMMAND_TRAINER_KEYS = ("num_threads", "ray")
+#: metrics verl logs that move from run to run whatever the numerics (time, throughput): never gated
+#: (a verl scenario's default ``verl.metrics_exclude``)
+METRICS_EXCLUDE = ("timing_s/*", "timing_per_token_ms/*", "perf/*", "*/perf/*", "*/time*", "training/epoch")
 
 
 def defaults(builtin_defaults: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +53,6 @@ def defaults(builtin_defaults: dict[str, Any]) -> dict[str, Any]:
 
 def verl_defaults() -> dict[str, Any]:
     """What an ``engine: verl`` scenario's defaults add: its metrics are gated, its rollouts pinned."""
-    from precision_harness.runs.verl_engine import METRICS_EXCLUDE
-
     return {
         "metrics": True,
         "engine": "verl",

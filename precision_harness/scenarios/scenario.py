@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import yaml
 
@@ -23,9 +23,6 @@ from precision_harness.paths import display_path
 from precision_harness.scenarios import command_scenario, invariant_declarations
 from precision_harness.scenarios.identity import flat_command
 from precision_harness.schemas import validate
-
-if TYPE_CHECKING:
-    from precision_harness.runs.launch import RunOptions, RunResult
 
 #: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
 STAGES: tuple[str, ...] = (
@@ -207,8 +204,9 @@ class Scenario:
     """A loaded, validated scenario with defaults resolved: one of three kinds, each its own class.
 
     :class:`BuiltinScenario` (our PPO loop), :class:`CommandScenario` (any process that writes
-    verl's dump layout) and :class:`VerlScenario` (verl's own trainer) each own their identity,
-    what they allow and how they launch (:meth:`run`); nothing outside them branches on the kind.
+    verl's dump layout) and :class:`VerlScenario` (verl's own trainer) each own their identity and
+    what they allow. A scenario describes a run; how each kind runs is
+    :mod:`precision_harness.runs.kind_runners`, keyed by :attr:`kind`.
 
     Attributes:
         name: scenario name (``name:`` key, else the file stem); names the golden folder.
@@ -310,14 +308,6 @@ class Scenario:
     def pins_rollouts(self) -> bool:
         """Whether a check run loads the golden's recorded rollouts (verl's ``skip.rollout_tq``)."""
         return False
-
-    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
-        """Run this scenario into a fresh ``out_dir`` (:func:`~precision_harness.runs.launch.run_scenario`).
-
-        Raises:
-            RunFailedError: the run exited non-zero or timed out.
-        """
-        raise NotImplementedError
 
     # ------------------------------------------------------------------------------- properties
     @property
@@ -513,16 +503,6 @@ def _check_level(s: Scenario) -> None:
         )
 
 
-def _check_engine(s: Scenario) -> None:
-    """An ``engine: verl`` scenario needs verl installed, stages verl dumps, and overrides verl's config has."""
-    from precision_harness.runs import verl_engine
-
-    verl_engine.check_engine(s.path, list(s.stages))
-    overrides = s.config["verl"]["overrides"]
-    verl_engine.check_user_overrides(s.path, overrides)
-    verl_engine.compose(overrides, source=f"{s.path}: verl.overrides")
-
-
 def _check_steps(s: Scenario) -> None:
     total = s.config["trainer"]["total_training_steps"]
     bad_steps = [x for x in s.steps if x > total]
@@ -682,12 +662,6 @@ class BuiltinScenario(Scenario):
     def numeric_settings(self) -> dict[str, Any]:
         return numeric_settings(self.config)
 
-    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
-        # imported here: the scenario model loads without the run machinery, which imports it
-        from precision_harness.runs.launch import run_worker
-
-        return run_worker(self, out_dir=out_dir, device=device, options=options)
-
 
 class CommandScenario(Scenario):
     """Any process that writes verl's dump layout under ``$PRECISION_DUMP_DIR``.
@@ -744,23 +718,13 @@ class CommandScenario(Scenario):
     def numeric_settings(self) -> dict[str, Any]:
         return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
 
-    def run(self, out_dir: Path, device: str, options: RunOptions) -> RunResult:
-        # imported here: the scenario model loads without the run machinery, which imports it
-        from precision_harness.runs.command_runner import run_command_scenario
-
-        return run_command_scenario(self, out_dir=out_dir, device=device, options=options)
-
-    def command_spec(self, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
-        """The argv and environment of one run (``env``: the ``PRECISION_*`` variables), as written."""
-        return CommandSpec(list(self.config["command"]), env)
-
 
 class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
     kind = "verl"
     unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
-    consistency_checks = (_check_rollout_generate, _check_stages, _check_level, _check_engine, _check_invariants)
+    consistency_checks = (_check_rollout_generate, _check_stages, _check_level, _check_invariants)
     settings_hint = "put verl settings under verl.overrides"
 
     @classmethod
@@ -781,33 +745,6 @@ class VerlScenario(CommandScenario):
     def pins_rollouts(self) -> bool:
         """``verl.pin_rollouts``."""
         return bool(self.config["verl"]["pin_rollouts"])
-
-    def command_spec(self, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
-        """verl's entrypoint with the user's, the gate's and on cpu the CPU overrides.
-
-        Raises:
-            ScenarioError: as :func:`precision_harness.runs.verl_engine.command_spec`.
-        """
-        from precision_harness.runs import verl_engine  # imports verl's config machinery only for verl scenarios
-
-        return verl_engine.command_spec(self, env, run_dir, device)
-
-
-@dataclass(frozen=True)
-class CommandSpec:
-    """How a command or verl scenario's process is started.
-
-    Attributes:
-        argv: the command line.
-        env: the ``PRECISION_*`` variables and what the kind adds (verl's file logger, its CPU platform).
-        metrics_exclude: ``metrics.jsonl`` globs never gated (verl's timings).
-        header: lines the run's log starts with: every gate-owned override and variable.
-    """
-
-    argv: list[str]
-    env: dict[str, str]
-    metrics_exclude: tuple[str, ...] = ()
-    header: list[str] = field(default_factory=list)
 
 
 #: tried in order: the first whose :meth:`Scenario.claims` accepts a file's keys loads it
