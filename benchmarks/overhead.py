@@ -59,7 +59,8 @@ from precision_harness.dumps.stage import DirStage  # noqa: E402
 from precision_harness.goldens.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
 from precision_harness.runs.kind_runners import run_scenario  # noqa: E402
 from precision_harness.runs.launch import RunOptions  # noqa: E402
-from precision_harness.scenarios.scenario import LEVEL_KEY, Scenario  # noqa: E402
+from precision_harness.scenarios.profiling import LEVEL_KEY  # noqa: E402
+from precision_harness.scenarios.scenario import Scenario  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

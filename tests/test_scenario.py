@@ -9,7 +9,8 @@ import pytest
 from harness_testing import TINY
 
 from precision_harness.errors import ScenarioError
-from precision_harness.scenarios.scenario import STAGES, Scenario
+from precision_harness.scenarios.profiling import STAGES
+from precision_harness.scenarios.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -238,7 +239,7 @@ def test_rollout_is_lower_above_upper_is_an_error(tmp_path: Path) -> None:
 )
 def test_breadth_settings_are_covered_by_a_committed_scenario(key: str, value) -> None:
     """Each verl option the PPO-breadth issue asks for is exercised by at least one gated scenario."""
-    from precision_harness.scenarios.scenario import flatten
+    from precision_harness.scenarios.settings import flatten
 
     assert any(flatten(Scenario.load(p).config).get(key) == value for p in (REPO / "scenarios").glob("*.yaml")), (
         f"no scenario sets {key}: {value}"

@@ -31,7 +31,7 @@ from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden
 from precision_harness.paths import display_path
-from precision_harness.scenarios.scenario import ROLLOUT_GENERATE, STAGES
+from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
 
 
 class OutcomeKind(str, Enum):

@@ -2,7 +2,7 @@
 
 An ``auto`` scenario's gate run dumps every profiled stage at L0 plus the stage's own inputs and
 outputs (``stage_outputs.json``), which is cheap at any depth. Its golden also holds the same
-stages at :data:`~precision_harness.scenarios.scenario.LOCALIZE_LEVEL` (under ``L1/``), recorded by a second
+stages at :data:`~precision_harness.scenarios.profiling.LOCALIZE_LEVEL` (under ``L1/``), recorded by a second
 run on update (:func:`run_recording`). When a stage fails, :func:`localize` reruns the scenario up
 to that step in a new worker, dumping that one stage at L1, and compares it against the golden's L1
 record: the verdict then names the first divergent API, as an L1 gate's would. A rerun that cannot
@@ -26,7 +26,8 @@ from precision_harness.goldens.golden import LOCALIZE_DIR, Golden
 from precision_harness.paths import display_path
 from precision_harness.runs.kind_runners import Run
 from precision_harness.runs.launch import RunResult
-from precision_harness.scenarios.scenario import LEVEL_KEY, LOCALIZE_LEVEL, Scenario
+from precision_harness.scenarios.profiling import LEVEL_KEY, LOCALIZE_LEVEL
+from precision_harness.scenarios.scenario import Scenario
 
 
 def at_localize_level(scenario: Scenario, directory: Path) -> Scenario:

@@ -58,7 +58,8 @@ from precision_harness.errors import (
 from precision_harness.goldens import golden_codec as codec
 from precision_harness.paths import display_path, is_relative_inside, join_inside
 from precision_harness.scenarios import identity
-from precision_harness.scenarios.scenario import AUTO, LOCALIZE_LEVEL, ROLLOUT_GENERATE, Scenario
+from precision_harness.scenarios.profiling import AUTO, LOCALIZE_LEVEL, ROLLOUT_GENERATE
+from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import validate
 
 #: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the

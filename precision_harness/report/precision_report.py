@@ -21,7 +21,7 @@ from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.environment import EnvironmentDiff, grouped
 from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
-from precision_harness.scenarios.scenario import LOCALIZE_LEVEL, STAGES
+from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, STAGES
 
 REPORT_FORMAT = 1
 #: execution-order points kept per failing stage's drift profile (the plot); longer ones are thinned

@@ -66,7 +66,7 @@ def check_dump_path(path: Path) -> None:
 
 def check_stage_name(name: str) -> str:
     """Return ``name`` if it is one of verl's precision-debugger stages, else raise StageError."""
-    from precision_harness.scenarios.scenario import STAGES
+    from precision_harness.scenarios.profiling import STAGES
 
     if name not in STAGES:
         raise StageError(f"stage {name!r}: not a verl precision_debugger stage; expected one of {', '.join(STAGES)}")

@@ -12,7 +12,7 @@ argv (or verl's entrypoint), the declared ``settings`` and ``env``, the verl ove
 config and the sha256 of every file listed under ``inputs``: what defines the experiment (data
 files, model configs, checkpoints), never the training code, whose edit must show as drift at the
 stage it reaches. Numeric settings (the same globs as the built-in loop's,
-:data:`precision_harness.scenarios.scenario.NUMERIC_SETTINGS`, applied to ``settings`` and ``verl.overrides``
+:data:`precision_harness.scenarios.settings.NUMERIC_SETTINGS`, applied to ``settings`` and ``verl.overrides``
 keys) are compared by value instead: the verdict names the one that changed.
 """
 

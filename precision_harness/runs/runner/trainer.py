@@ -29,7 +29,8 @@ from precision_harness.runs.runner import devices, models, rollout, stages, weig
 from precision_harness.runs.runner.distributed import reduce_metrics
 from precision_harness.runs.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
 from precision_harness.runs.runner.stage_outputs import StageOutputs
-from precision_harness.scenarios.scenario import ROLLOUT_GENERATE, Scenario
+from precision_harness.scenarios.profiling import ROLLOUT_GENERATE
+from precision_harness.scenarios.scenario import Scenario
 
 #: what actor_update's stage_outputs.json holds after its inputs: per micro-batch, then per mini-batch
 ACTOR_LOSSES = ("loss", "actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/grad_norm")
