@@ -56,7 +56,9 @@ from precision_harness.check.compare import compare_stage  # noqa: E402
 from precision_harness.check.items import check_items, items_of  # noqa: E402
 from precision_harness.check.tolerance import TolerancePolicy  # noqa: E402
 from precision_harness.dumps.stage import DirStage  # noqa: E402
-from precision_harness.goldens.golden import MANIFEST, Golden, GoldenStore  # noqa: E402
+from precision_harness.goldens.golden import Golden  # noqa: E402
+from precision_harness.goldens.manifest import MANIFEST  # noqa: E402
+from precision_harness.goldens.store import GoldenStore  # noqa: E402
 from precision_harness.runs.kind_runners import run_scenario  # noqa: E402
 from precision_harness.runs.launch import RunOptions  # noqa: E402
 from precision_harness.scenarios.profiling import LEVEL_KEY  # noqa: E402

@@ -95,14 +95,16 @@ def _invariant_outcomes(scenario, run_dir: Path):
 # -------------------------------------------------------------------------------------- compare
 def _compare_golden(path: Path):
     """A recorded golden (validated manifest, sha256 checked on use), else any verl-layout directory."""
-    from precision_harness.goldens.golden import MANIFEST, Golden
+    from precision_harness.goldens.golden import Golden
+    from precision_harness.goldens.manifest import MANIFEST
 
     return Golden.from_dir(path) if (path / MANIFEST).is_file() else Golden.from_run_dir(path)
 
 
 def _compare_target(target: Path, artifacts: Path) -> Path:
     """The target as plain files: a compressed golden (e.g. another device's) is exported under ``artifacts``."""
-    from precision_harness.goldens.golden import MANIFEST, Golden
+    from precision_harness.goldens.golden import Golden
+    from precision_harness.goldens.manifest import MANIFEST
 
     if not (target / MANIFEST).is_file():
         return target
@@ -118,7 +120,7 @@ def _compare_target(target: Path, artifacts: Path) -> Path:
 
 
 def _is_golden(path: Path) -> bool:
-    from precision_harness.goldens.golden import MANIFEST
+    from precision_harness.goldens.manifest import MANIFEST
 
     return (path / MANIFEST).is_file()
 
@@ -208,7 +210,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
 
 # --------------------------------------------------------------------------------------- golden
 def _golden_store(args: argparse.Namespace):
-    from precision_harness.goldens.golden import GoldenStore
+    from precision_harness.goldens.store import GoldenStore
 
     root = PrecisionOptions.from_cli(args).golden_dir
     if not root.is_dir():
@@ -217,7 +219,7 @@ def _golden_store(args: argparse.Namespace):
 
 
 def cmd_golden_verify(args: argparse.Namespace) -> int:
-    from precision_harness.goldens.golden import verify_golden
+    from precision_harness.goldens.verification import verify_golden
 
     store = _golden_store(args)
     goldens = store.list()
@@ -330,7 +332,7 @@ def cmd_golden_history(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.check.calibrate import calibrate, noise_table, reruns
-    from precision_harness.goldens.golden import GoldenStore
+    from precision_harness.goldens.store import GoldenStore
     from precision_harness.runs.kind_runners import bind, load_scenario
     from precision_harness.runs.launch import RunOptions
 

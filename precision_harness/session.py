@@ -55,7 +55,9 @@ from precision_harness.errors import (
     ScenarioError,
 )
 from precision_harness.goldens import churn as churn_mod
-from precision_harness.goldens.golden import LOCALIZE_DIR, Golden, GoldenStore, gates_at_recorded_level, update_command
+from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
+from precision_harness.goldens.manifest import LOCALIZE_DIR
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
 from precision_harness.history import golden_history
 from precision_harness.options import PrecisionOptions

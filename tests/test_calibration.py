@@ -11,7 +11,7 @@ from test_golden import fake_run
 from precision_harness.check.calibrate import DEFAULT_K, variant, variations
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.errors import SchemaError
-from precision_harness.goldens.golden import GoldenStore
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.scenarios.scenario import Scenario
 
 NOISE = {

@@ -27,7 +27,8 @@ from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import OutcomeKind, check_items
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.cli import main
-from precision_harness.goldens.golden import Golden, GoldenStore
+from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 from precision_harness.runs.launch import RunResult

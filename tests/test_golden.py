@@ -14,8 +14,9 @@ from harness_testing import TINY, base_data, write_dump
 from precision_harness.dumps.files import sha256_file
 from precision_harness.errors import GoldenCorruptError, GoldenMissingError, GoldenStaleError, UnsafePathError
 from precision_harness.goldens import golden as golden_mod
-from precision_harness.goldens import golden_codec
-from precision_harness.goldens.golden import GoldenStore
+from precision_harness.goldens import golden_codec, verification
+from precision_harness.goldens import store as store_mod
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.scenarios import identity
 from precision_harness.scenarios.scenario import Scenario
 
@@ -92,7 +93,7 @@ def _interrupt_before_swap(monkeypatch: pytest.MonkeyPatch) -> None:
             raise OSError("simulated interruption before the swap")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(golden_mod.os, "replace", replace)
+    monkeypatch.setattr(store_mod.os, "replace", replace)
 
 
 def test_interrupted_copy_leaves_old_golden(
@@ -122,10 +123,10 @@ def test_failed_swap_rolls_back(tmp_path: Path, scenario: Scenario, monkeypatch:
             raise OSError("disk full")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(golden_mod.os, "replace", flaky_replace)
+    monkeypatch.setattr(store_mod.os, "replace", flaky_replace)
     with pytest.raises(OSError, match="disk full"):
         store.promote(fake_run(tmp_path / "run2", scenario, norm=13.0), scenario, "cpu")
-    monkeypatch.setattr(golden_mod.os, "replace", real_replace)
+    monkeypatch.setattr(store_mod.os, "replace", real_replace)
     assert _snapshot(store.path("tiny_ppo", "cpu")) == before
 
 
@@ -308,7 +309,7 @@ def test_manifest_path_outside_golden_is_corrupt_and_never_read(
     assert f"manifest.json: {field}: {value!r} is not a relative path inside the golden" in str(err.value)
     assert "\n" not in str(err.value) and "re-record with: pytest" in str(err.value)
     assert opened == []
-    problems = golden_mod.verify_golden(store.path("tiny_ppo", "cpu"))
+    problems = verification.verify_golden(store.path("tiny_ppo", "cpu"))
     assert len(problems) == 1 and "is not a relative path inside the golden" in problems[0] and opened == []
 
 
@@ -404,7 +405,7 @@ def test_plain_golden_stays_readable_and_migrates_losslessly(tmp_path: Path, sce
         if p.is_file()
     }
     assert exported == contents  # byte for byte
-    assert golden_mod.verify_golden(path) == []
+    assert verification.verify_golden(path) == []
     assert store.migrate("tiny_ppo", "cpu") is False  # already compressed: nothing written
 
 

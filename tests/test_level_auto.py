@@ -23,7 +23,8 @@ from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.check.level_auto import localize, with_localization
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
-from precision_harness.goldens.golden import Golden, verify_golden
+from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.verification import verify_golden
 from precision_harness.runs.kind_runners import bind
 from precision_harness.runs.launch import RunOptions
 from precision_harness.scenarios.scenario import Scenario

@@ -20,7 +20,7 @@ from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
-from precision_harness.goldens.golden import GoldenStore
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.runs import device_availability, kind_runners, launch, ray_launch
 from precision_harness.scenarios.scenario import Scenario
 

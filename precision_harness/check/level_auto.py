@@ -22,7 +22,8 @@ from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import Outcome, OutcomeKind, check_items
 from precision_harness.errors import GoldenMissingError, PrecisionError
-from precision_harness.goldens.golden import LOCALIZE_DIR, Golden
+from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.manifest import LOCALIZE_DIR
 from precision_harness.paths import display_path
 from precision_harness.runs.kind_runners import Run
 from precision_harness.runs.launch import RunResult

@@ -1,4 +1,4 @@
-"""GoldenStore: recorded runs under ``golden/<scenario>/<device>/``, in verl's dump layout, compressed.
+"""Golden: one recorded run under ``golden/<scenario>/<device>/``, in verl's dump layout, compressed.
 
 A golden holds, per profiled (step, stage, rank), msprobe's ``dump.json`` and ``construct.json``
 (``stack.json`` is dropped: it holds machine paths), the run's ``metrics.jsonl``, and a
@@ -12,115 +12,48 @@ repository that has not run ``precision-harness golden migrate`` keeps passing. 
 gate reads a golden's payloads through :class:`Golden`, verified against the manifest: compare,
 churn and calibration get a stage as a :class:`GoldenStage` (a
 :class:`~precision_harness.dumps.stage.StageSource`) and never open golden files themselves. The
-manifest stays plain, pretty-printed JSON for review.
+manifest stays plain, pretty-printed JSON for review (:mod:`precision_harness.goldens.manifest`).
 
-Writes are atomic: :meth:`GoldenStore.promote` and :meth:`GoldenStore.migrate` build the new golden
-in a sibling temporary folder, then swap it in with two renames under a file lock; a failure at any
-point leaves the previous golden in place (a crash between the renames is rolled back on the next
-access).
+Where goldens live and how one is written atomically: :mod:`precision_harness.goldens.store`; what
+``precision-harness golden verify`` finds wrong with one: :mod:`precision_harness.goldens.verification`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import os
-import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from precision_harness.dumps.files import (
     DUMP,
     METRICS,
     STAGE_OUTPUTS,
-    load_dump,
     merged,
     parse_dump,
     parse_metrics,
     rank_digest,
     sha256_file,
 )
-from precision_harness.dumps.rows import count_statistics, tensors
-from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
-from precision_harness.dumps.statistics import STATISTICS
-from precision_harness.errors import (
-    GoldenCorruptError,
-    GoldenError,
-    GoldenMissingError,
-    GoldenStaleError,
-    SchemaError,
-)
+from precision_harness.errors import GoldenCorruptError, GoldenMissingError
 from precision_harness.goldens import golden_codec as codec
-from precision_harness.paths import display_path, is_relative_inside, join_inside
-from precision_harness.scenarios import identity
-from precision_harness.scenarios.profiling import AUTO, LOCALIZE_LEVEL, ROLLOUT_GENERATE
-from precision_harness.scenarios.scenario import Scenario
-from precision_harness.schemas import validate
-
-#: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
-#: overflow of an attention-mask constant (``finfo.min``), not a bad number.
-_FINITE_MAX = {
-    "float64": 1.7976931348623157e308,
-    "float32": 3.4028234663852886e38,
-    "bfloat16": 3.3895313892515355e38,
-    "float16": 65504.0,
-}
-
-#: where an ``auto`` golden keeps its record at the localisation level (the run writes it there too)
-LOCALIZE_DIR = LOCALIZE_LEVEL
-#: Files of a run directory that a golden keeps (relative glob patterns).
-GOLDEN_FILES = (
-    "step_*/*/step0/rank*/dump.json",
-    "step_*/*/step0/rank*/construct.json",
-    f"step_*/*/step0/rank*/{STAGE_OUTPUTS}",  # level: auto, beside the L0 dump
-    f"step_*/{ROLLOUT_GENERATE}/step0/rank*/{SAMPLED_TOKENS}",  # the tokens rollout_generate sampled
-    METRICS,
-    "rollouts/**/*",  # a verl scenario's pinned rollouts (skip.rollout_tq), loaded by check runs
-    # level: auto: the same stages at the localisation level, for the rerun of a failing stage
-    f"{LOCALIZE_DIR}/step_*/*/step0/rank*/dump.json",
-    f"{LOCALIZE_DIR}/step_*/*/step0/rank*/construct.json",
+from precision_harness.goldens.manifest import (
+    LOCALIZE_DIR,
+    MANIFEST,
+    dump_level,
+    golden_files,
+    read_json,
+    read_manifest,
 )
-MANIFEST = "manifest.json"
-#: the manifest format :meth:`GoldenStore.promote` writes (1: plain payloads, 2: compressed)
-FORMAT = 2
+from precision_harness.paths import display_path
+from precision_harness.scenarios.profiling import AUTO, LOCALIZE_LEVEL
+from precision_harness.scenarios.scenario import Scenario
 
 
 def update_command(scenario: Scenario, mode: str = "update") -> str:
+    """The pytest command that records ``scenario``'s golden (``mode``: ``update``, or ``missing``)."""
     return f"pytest {display_path(scenario.path)} --precision-golden {mode}"
-
-
-def read_manifest(manifest_path: Path) -> dict[str, Any]:
-    """Parse and validate a golden's ``manifest.json``: the one place a manifest is read.
-
-    Every file the manifest names (``files`` keys, ``metrics``) must be a relative path inside the
-    golden, so no later read can leave it.
-
-    Raises:
-        GoldenCorruptError: unreadable JSON, a schema violation, or a path that is absolute or holds
-            ``..`` (the message names the manifest and the field).
-    """
-    shown = display_path(manifest_path)
-    try:
-        manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise GoldenCorruptError(f"{shown}: unreadable manifest ({exc})") from None
-    try:
-        validate(manifest, "golden_manifest", source=shown)
-    except SchemaError as exc:
-        raise GoldenCorruptError(str(exc)) from None
-    named = [("files", rel) for rel in manifest["files"]] + [("metrics", manifest.get("metrics", METRICS))]
-    for field_name, rel in named:
-        if not is_relative_inside(rel):
-            raise GoldenCorruptError(
-                f"{shown}: {field_name}: {rel!r} is not a relative path inside the golden (absolute, or holds '..'); "
-                "the golden is corrupt: restore it from git or re-record it"
-            )
-    return manifest
 
 
 @dataclass(frozen=True)
@@ -157,15 +90,13 @@ class Golden:
         otherwise the scenario is the folder name and the level is read from the first dump.json.
         """
         path = Path(path)
-        run = _read_json(path / "run.json") or {}
-        files = sorted(
-            {p.relative_to(path).as_posix() for pattern in GOLDEN_FILES for p in path.glob(pattern) if p.is_file()}
-        )
+        run = read_json(path / "run.json") or {}
+        files = golden_files(path)
         manifest = {
             "format": 1,
             "scenario": run.get("scenario", path.resolve().name),
             "device": run.get("device"),
-            "level": run.get("level") or _dump_level(path, files),
+            "level": run.get("level") or dump_level(path, files),
             "numeric_settings": run.get("numeric_settings"),
             "env": run.get("env"),
             "metrics": METRICS,
@@ -432,362 +363,6 @@ class GoldenStage:
         return Path(scratch) / f"step_{self.step}" / self.name
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _dump_level(root: Path, files: list[str]) -> str | None:
-    """The ``level`` msprobe wrote into the first dump.json of ``files``."""
-    dump = next((rel for rel in files if rel.endswith("/dump.json")), None)
-    return load_dump(root / dump).get("level") if dump else None
-
-
 def gates_at_recorded_level(recorded: str | None, level: str) -> bool:
     """A ``level: auto`` scenario whose golden predates auto (recorded at the localisation level) gates at it."""
     return level == AUTO and recorded == LOCALIZE_LEVEL
-
-
-def _statistics(contents: dict[str, bytes], prefix: str) -> dict[str, int]:
-    """``{"step_<n>/<stage>": count}`` of the statistics the gate checks, every rank and stage_outputs.json included."""
-    statistics: dict[str, int] = {}
-    for name, content in contents.items():
-        rest = name[len(prefix) :]
-        if not name.startswith(prefix) or rest.count("/") != 4:
-            continue
-        if rest.endswith(f"/{DUMP}") or rest.endswith(f"/{STAGE_OUTPUTS}"):
-            key = "/".join(rest.split("/")[:2])
-            statistics[key] = statistics.get(key, 0) + count_statistics(parse_dump(content, shown=name))
-    return statistics
-
-
-def _payloads(contents: dict[str, bytes]) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]]:
-    """The manifest ``files`` section and the stored bytes of compressed payloads, by stored name."""
-    files, stored = {}, {}
-    for name, content in sorted(contents.items()):
-        data = codec.compress(content)
-        stored[name + codec.SUFFIX] = data
-        files[name + codec.SUFFIX] = {
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "bytes": len(data),
-            "content_sha256": hashlib.sha256(content).hexdigest(),
-            "content_bytes": len(content),
-        }
-    return files, stored
-
-
-def _recorded(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What a golden records, whatever its storage and whether it lists its identity components:
-    equal records mean an unchanged golden."""
-    suffix = codec.SUFFIX if manifest.get("codec") == codec.CODEC else ""
-    files = {k.removesuffix(suffix): v.get("content_sha256", v["sha256"]) for k, v in manifest["files"].items()}
-    rest = {k: v for k, v in manifest.items() if k not in ("files", "format", "codec", "identity")}
-    return {**rest, "files": files}
-
-
-def _what_changed(recorded: dict[str, Any] | None, scenario: Scenario) -> str:
-    """The identity components that differ (``model.hidden_size: 16 -> 24``), or why they cannot be named."""
-    generic = scenario.unnamed_change
-    if recorded is None:
-        # goldens recorded before the manifest kept its identity: only the hash can be compared
-        return f"{generic}; the golden does not record its identity components, so the change cannot be named"
-    lines = identity.changes(recorded, scenario.identity)
-    return identity.summary(lines) if lines else generic
-
-
-class GoldenStore:
-    """Goldens under ``root`` (default ``golden/`` next to the scenarios)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-
-    def path(self, scenario: str, device: str) -> Path:
-        """``root/<scenario>/<device>``.
-
-        Raises:
-            UnsafePathError: either name would leave ``root`` (``.``, ``..``, a separator).
-        """
-        return join_inside(self.root, scenario, device, what="golden <scenario>/<device>")
-
-    def _lock(self, scenario: str, device: str) -> FileLock:
-        lock_path = self.path(scenario, device).parent / f".{device}.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(lock_path))
-
-    def _recover(self, scenario: str, device: str) -> None:
-        """Roll back a swap interrupted between its two renames."""
-        final = self.path(scenario, device)
-        if final.exists():
-            return
-        backups = sorted(final.parent.glob(f".{device}.old-*"))
-        if backups:
-            os.replace(backups[-1], final)
-
-    def exists(self, scenario: str, device: str) -> bool:
-        self._recover(scenario, device)
-        return (self.path(scenario, device) / MANIFEST).is_file()
-
-    # -------------------------------------------------------------------------------- reading
-    def load(self, scenario: Scenario, device: str) -> Golden:
-        """Load and validate the golden of ``scenario`` on ``device``.
-
-        Raises:
-            GoldenMissingError: no golden recorded (the message gives the command that records it).
-            GoldenCorruptError: the manifest is unreadable, fails its schema, or names a path outside the golden.
-            GoldenStaleError: recorded from another scenario structure or msprobe level; the message
-                names each identity component that changed where the golden records them.
-        """
-        self._recover(scenario.name, device)
-        path = self.path(scenario.name, device)
-        if not (path / MANIFEST).is_file():
-            raise GoldenMissingError(
-                f"{display_path(path)}/: no golden for scenario {scenario.name} on {device}; "
-                f"record it with: {update_command(scenario, 'missing')}"
-            )
-        try:
-            golden = Golden.from_dir(path)
-        except GoldenCorruptError as exc:
-            raise GoldenCorruptError(f"{exc}; re-record with: {update_command(scenario)}") from None
-        stale = []
-        if golden.manifest["scenario_hash"] != scenario.hash:
-            stale.append(
-                f"scenario hash {golden.manifest['scenario_hash'][:12]} (now {scenario.hash[:12]}: "
-                f"{_what_changed(golden.manifest.get('identity'), scenario)})"
-            )
-        if golden.level != scenario.level and not gates_at_recorded_level(golden.level, scenario.level):
-            stale.append(f"msprobe level {golden.level} (now {scenario.level})")
-        if stale:
-            raise GoldenStaleError(
-                f"{display_path(path / MANIFEST)}: golden is stale, recorded under {' and '.join(stale)}; "
-                f"re-record with: {update_command(scenario)}"
-            )
-        return golden
-
-    def previous(self, scenario: str, device: str) -> Golden | None:
-        """The golden on disk as it is (for churn against a re-record); None if absent or unreadable."""
-        self._recover(scenario, device)
-        try:
-            return Golden.from_dir(self.path(scenario, device))
-        except GoldenError:
-            return None
-
-    def list(self) -> list[tuple[str, str]]:
-        """Every ``(scenario, device)`` with a manifest under ``root``."""
-        return sorted((p.parent.parent.name, p.parent.name) for p in self.root.glob(f"*/*/{MANIFEST}"))
-
-    def unused(self, scenarios: set[str]) -> list[tuple[str, str]]:
-        """Every ``(scenario, device)`` golden whose scenario is not in ``scenarios``."""
-        return [(name, device) for name, device in self.list() if name not in scenarios]
-
-    # -------------------------------------------------------------------------------- writing
-    def remove(self, scenario: str, device: str) -> Path:
-        """Delete one golden (and its scenario folder once empty); return the removed path."""
-        path = self.path(scenario, device)
-        with self._lock(scenario, device):
-            shutil.rmtree(path)
-        (path.parent / f".{device}.lock").unlink(missing_ok=True)
-        if path.parent.is_dir() and not any(path.parent.iterdir()):
-            path.parent.rmdir()
-        return path
-
-    def set_noise(self, scenario: str, device: str, noise: dict[str, Any]) -> bool:
-        """Record calibrated ``noise`` in a golden's manifest (atomic rewrite); False if unchanged.
-
-        Raises:
-            GoldenCorruptError: the manifest on disk is unreadable or invalid.
-            SchemaError: ``noise`` does not fit the manifest schema (nothing is written).
-        """
-        path = self.path(scenario, device) / MANIFEST
-        with self._lock(scenario, device):
-            manifest = read_manifest(path)
-            if manifest.get("noise") == noise:
-                return False
-            manifest["noise"] = noise
-            _write_manifest(path, manifest)
-        return True
-
-    def build_manifest(self, run_dir: Path, scenario: Scenario, device: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-        """Manifest (format 2) for a finished run directory, and the stored bytes of its payloads.
-
-        Raises:
-            GoldenCorruptError: ``run_dir`` has no readable ``run.json`` (an unfinished run).
-        """
-        run_dir = Path(run_dir)
-        run = _read_json(run_dir / "run.json")
-        if run is None:
-            raise GoldenCorruptError(f"{run_dir / 'run.json'}: cannot promote an unfinished run (no readable run.json)")
-        names = sorted(
-            {
-                p.relative_to(run_dir).as_posix()
-                for pattern in GOLDEN_FILES
-                for p in run_dir.glob(pattern)
-                if p.is_file()
-            }
-        )
-        contents = {name: (run_dir / name).read_bytes() for name in names}
-        files, stored = _payloads(contents)
-        manifest = {
-            "format": FORMAT,
-            "codec": codec.CODEC,
-            "scenario": scenario.name,
-            "scenario_hash": run["scenario_hash"],
-            "device": device,
-            "level": run["level"],
-            "env": run["env"],
-            "steps": run["steps"],
-            "stages": run["stages"],
-            "numeric_settings": run["numeric_settings"],
-            "metrics": METRICS,
-            "statistics": _statistics(contents, ""),
-            "files": files,
-        }
-        if run["scenario_hash"] == scenario.hash:  # the identity describes the hash the run was made under
-            manifest["identity"] = scenario.identity
-        if any(name.startswith(f"{LOCALIZE_DIR}/") for name in names):
-            manifest["localize_statistics"] = _statistics(contents, f"{LOCALIZE_DIR}/")
-        validate(manifest, "golden_manifest", source=run_dir / "run.json")
-        return manifest, stored
-
-    def promote(self, run_dir: Path, scenario: Scenario, device: str) -> bool:
-        """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically.
-
-        Returns False when the existing golden already records the same content and settings: an
-        unchanged re-record writes nothing, except that a golden recorded before manifests kept
-        ``identity`` gains it (its manifest only; payloads and format stay as they are).
-
-        Raises:
-            GoldenCorruptError: ``run_dir`` has no ``run.json`` (unfinished run).
-            UnsafePathError: the scenario name or device would leave the golden root.
-            OSError: the write failed; the previous golden is untouched.
-        """
-        manifest, stored = self.build_manifest(run_dir, scenario, device)
-        final = self.path(scenario.name, device)
-        with self._lock(scenario.name, device):
-            self._recover(scenario.name, device)
-            old = self.previous(scenario.name, device)
-            # calibrated noise stays valid while the scenario structure and level do
-            if (
-                old is not None
-                and old.noise
-                and (old.manifest["scenario_hash"], old.level)
-                == (
-                    manifest["scenario_hash"],
-                    manifest["level"],
-                )
-            ):
-                manifest["noise"] = old.noise
-            if old is not None and _recorded(old.manifest) == _recorded(manifest):
-                if "identity" in manifest and old.manifest.get("identity") != manifest["identity"]:
-                    _write_manifest(final / MANIFEST, {**old.manifest, "identity": manifest["identity"]})
-                return False
-            _swap_in(final, stored, manifest)
-        return True
-
-    def migrate(self, scenario: str, device: str) -> bool:
-        """Rewrite a plain (format 1) golden compressed (format 2), atomically; False if already compressed.
-
-        Nothing is re-recorded: every payload is checked to decompress to the very bytes it had.
-
-        Raises:
-            GoldenCorruptError: the golden is corrupt (its files do not match their sha256).
-            OSError: the write failed; the plain golden is untouched.
-        """
-        with self._lock(scenario, device):
-            self._recover(scenario, device)
-            golden = Golden.from_dir(self.path(scenario, device))
-            if golden.compressed:
-                return False
-            contents = {name: golden.read(name) for name in golden.contents}
-            files, stored = _payloads(contents)
-            for name, content in contents.items():
-                meta = files[name + codec.SUFFIX]
-                back = codec.decompress(stored[name + codec.SUFFIX], content_bytes=meta["content_bytes"], shown=name)
-                if back != content:  # pragma: no cover - a codec bug; never write a lossy golden
-                    raise GoldenCorruptError(f"{display_path(golden.path / name)}: compressed copy does not round-trip")
-            manifest = {**golden.manifest, "format": FORMAT, "codec": codec.CODEC, "files": files}
-            _swap_in(golden.path, stored, manifest)
-        return True
-
-
-def _swap_in(final: Path, stored: dict[str, bytes], manifest: dict[str, Any]) -> None:
-    """Build the golden beside ``final``, then swap it in with two renames (rolled back on failure)."""
-    device = final.name
-    tmp = final.parent / f".{device}.tmp-{os.getpid()}"
-    backup = final.parent / f".{device}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        for rel, data in stored.items():
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        _write_manifest(tmp / MANIFEST, manifest, validate_first=False)
-        if final.exists():
-            os.replace(final, backup)
-        try:
-            os.replace(tmp, final)
-        except BaseException:
-            if backup.exists() and not final.exists():
-                os.replace(backup, final)
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(backup, ignore_errors=True)
-
-
-def _write_manifest(path: Path, manifest: dict[str, Any], *, validate_first: bool = True) -> None:
-    """Write ``manifest.json`` pretty-printed (reviewable in a pull request), through a temporary file."""
-    if validate_first:
-        validate(manifest, "golden_manifest", source=display_path(path))
-    tmp = path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
-    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic.
-
-    NaN anywhere, and +-Inf in Max or Min, are errors (a golden must be made of numbers). An
-    infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
-    dtype's largest finite value), whose sum overflows in msprobe's own statistics.
-    """
-    problems = []
-    for where, tensor in tensors(dump["data"]):
-        dtype = str(tensor["dtype"]).rsplit(".", 1)[-1]
-        extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
-        masked = any(isinstance(tensor.get(k), (int, float)) and abs(tensor[k]) >= extreme for k in ("Max", "Min"))
-        for stat in STATISTICS:
-            v = tensor.get(stat)
-            if not isinstance(v, (int, float)) or math.isfinite(v):
-                continue
-            if math.isnan(v) or stat in ("Max", "Min") or not masked:
-                problems.append(f"{shown}: {where} {stat} is {v}")
-    return problems
-
-
-def verify_golden(path: Path) -> list[str]:
-    """Every problem of the golden at ``path``: manifest schema, both digests of each file, unlisted
-    files, NaN/Inf lint.
-
-    Returns one line per problem (empty: the golden is sound); never raises for a bad golden.
-    """
-    path = Path(path)
-    try:
-        golden = Golden.from_dir(path)
-    except GoldenError as exc:
-        return [str(exc)]
-    problems = []
-    for name, stored in sorted(golden.contents.items()):
-        try:
-            content = golden.read(name)
-            if name.endswith("/dump.json"):
-                shown = display_path(path / stored)
-                problems += lint_dump(parse_dump(content, shown=shown), shown=shown)
-        except GoldenCorruptError as exc:
-            problems.append(str(exc))
-    listed = set(golden.manifest["files"]) | {MANIFEST}
-    for extra in sorted(p for p in path.rglob("*") if p.is_file() and p.relative_to(path).as_posix() not in listed):
-        problems.append(f"{display_path(extra)}: not listed in {MANIFEST}; remove it or re-record the golden")
-    return problems

@@ -1,0 +1,75 @@
+"""``precision-harness golden verify``: every problem of a golden on disk, and the NaN/Inf lint of a dump.
+
+A golden must be made of numbers, listed in its manifest and match both its digests; this reports
+each problem as one line instead of raising at the first.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from precision_harness.dumps.files import parse_dump
+from precision_harness.dumps.rows import tensors
+from precision_harness.dumps.statistics import STATISTICS
+from precision_harness.errors import GoldenCorruptError, GoldenError
+from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.manifest import MANIFEST
+from precision_harness.paths import display_path
+
+#: dtype -> largest finite value; a Mean/Norm of +-inf next to a Max/Min at half of it is the
+#: overflow of an attention-mask constant (``finfo.min``), not a bad number.
+_FINITE_MAX = {
+    "float64": 1.7976931348623157e308,
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+}
+
+
+def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
+    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic.
+
+    NaN anywhere, and +-Inf in Max or Min, are errors (a golden must be made of numbers). An
+    infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
+    dtype's largest finite value), whose sum overflows in msprobe's own statistics.
+    """
+    problems = []
+    for where, tensor in tensors(dump["data"]):
+        dtype = str(tensor["dtype"]).rsplit(".", 1)[-1]
+        extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
+        masked = any(isinstance(tensor.get(k), (int, float)) and abs(tensor[k]) >= extreme for k in ("Max", "Min"))
+        for stat in STATISTICS:
+            v = tensor.get(stat)
+            if not isinstance(v, (int, float)) or math.isfinite(v):
+                continue
+            if math.isnan(v) or stat in ("Max", "Min") or not masked:
+                problems.append(f"{shown}: {where} {stat} is {v}")
+    return problems
+
+
+def verify_golden(path: Path) -> list[str]:
+    """Every problem of the golden at ``path``: manifest schema, both digests of each file, unlisted
+    files, NaN/Inf lint.
+
+    Returns one line per problem (empty: the golden is sound); never raises for a bad golden.
+    """
+    path = Path(path)
+    try:
+        golden = Golden.from_dir(path)
+    except GoldenError as exc:
+        return [str(exc)]
+    problems = []
+    for name, stored in sorted(golden.contents.items()):
+        try:
+            content = golden.read(name)
+            if name.endswith("/dump.json"):
+                shown = display_path(path / stored)
+                problems += lint_dump(parse_dump(content, shown=shown), shown=shown)
+        except GoldenCorruptError as exc:
+            problems.append(str(exc))
+    listed = set(golden.manifest["files"]) | {MANIFEST}
+    for extra in sorted(p for p in path.rglob("*") if p.is_file() and p.relative_to(path).as_posix() not in listed):
+        problems.append(f"{display_path(extra)}: not listed in {MANIFEST}; remove it or re-record the golden")
+    return problems
