@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from precision_harness.runs.runner import algorithms as A
-from precision_harness.runs.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+from precision_harness.runs.runner.rollout_is import (
+    RolloutISConfig,
+    compute_mismatch_metrics,
+    compute_rollout_importance_weights,
+)
 
 
 def t(x, dtype=torch.float32):
@@ -201,7 +205,7 @@ def test_policy_loss_dual_clip_only_for_negative_advantage():
     adv = t([[-1.0, 1.0, -1.0, 1.0]])
     mask = t([[1, 1, 1, 1]])
     loss, clipfrac, ppo_kl, clipfrac_lower = A.compute_policy_loss_vanilla(
-        old, lp, adv, mask, clip_ratio=0.2, clip_ratio_c=3.0
+        old, lp, adv, mask, A.PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=3.0)
     )
     # token0: A<0, ratio 5: max(5, 1.2)=5, dual clip -> min(5, 3) = 3
     # token1: A>0, ratio 5: max(-5, -1.2) = -1.2 (clipped, no dual clip)
@@ -212,14 +216,16 @@ def test_policy_loss_dual_clip_only_for_negative_advantage():
     close(clipfrac_lower, 1 / 4)
     close(ppo_kl, -(2 * math.log(5.0) + math.log(1.1) + math.log(0.5)) / 4)
     # asymmetric clip_ratio_high lets token1 go to 1.5 only
-    loss2, *_ = A.compute_policy_loss_vanilla(old, lp, adv, mask, clip_ratio_high=0.5, clip_ratio_c=10.0)
+    loss2, *_ = A.compute_policy_loss_vanilla(
+        old, lp, adv, mask, A.PolicyLossConfig(clip_ratio_high=0.5, clip_ratio_c=10.0)
+    )
     close(loss2, (5 - 1.5 + 1.1 - 0.5) / 4)
     # rollout IS weights multiply the per-token loss before aggregation
     w = t([[0.0, 1.0, 2.0, 0.5]])
     loss3, *_ = A.compute_policy_loss_vanilla(old, lp, adv, mask, rollout_is_weights=w)
     close(loss3, (0 - 1.2 + 2.2 - 0.25) / 4)
     with pytest.raises(ValueError):
-        A.compute_policy_loss_vanilla(old, lp, adv, mask, clip_ratio_c=1.0)
+        A.compute_policy_loss_vanilla(old, lp, adv, mask, A.PolicyLossConfig(clip_ratio_c=1.0))
 
 
 def test_value_loss_by_hand():
@@ -247,7 +253,9 @@ def _is(level="token", mode="truncate", lr=None, mask=None, **kw):
     rollout = t([[-1.0, -2.0, -0.5]])
     old = rollout + lr
     mask = t([[1, 1, 1]]) if mask is None else t([mask])
-    return compute_rollout_importance_weights(old, rollout, mask, rollout_is_level=level, rollout_is_mode=mode, **kw)
+    return compute_rollout_importance_weights(
+        old, rollout, mask, RolloutISConfig(rollout_is_level=level, rollout_is_mode=mode, **kw)
+    )
 
 
 def test_is_token_truncate_vs_clip():
@@ -289,7 +297,7 @@ def test_is_veto_zeroes_whole_sequence():
     old = rollout + t([[0.0, -12.0, 0.1], [0.1, 0.0, -0.1]])  # exp(-12) ~ 6e-6 < 1e-4
     mask = t([[1, 1, 1], [1, 1, 1]])
     w, m = compute_rollout_importance_weights(
-        old, rollout, mask, rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4
+        old, rollout, mask, RolloutISConfig(rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4)
     )
     assert torch.all(w[0] == 0)
     close(w[1], torch.exp(t([0.1, 0.0, -0.1])))
@@ -297,10 +305,13 @@ def test_is_veto_zeroes_whole_sequence():
     assert m["mismatch/rollout_is_catastrophic_token_fraction"] == pytest.approx(1 / 6)
     # the veto ignores padding positions
     w2, m2 = compute_rollout_importance_weights(
-        old, rollout, t([[1, 0, 1], [1, 1, 1]]), rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4
+        old,
+        rollout,
+        t([[1, 0, 1], [1, 1, 1]]),
+        RolloutISConfig(rollout_is_threshold=2.0, rollout_is_veto_threshold=1e-4),
     )
     assert m2["mismatch/rollout_is_veto_fraction"] == 0.0 and w2[0, 0] > 0
-    w3, m3 = compute_rollout_importance_weights(old, rollout, mask, rollout_is_threshold=2.0)
+    w3, m3 = compute_rollout_importance_weights(old, rollout, mask, RolloutISConfig(rollout_is_threshold=2.0))
     assert m3["mismatch/rollout_is_veto_fraction"] == 0.0 and w3[0, 0] > 0
 
 

@@ -273,7 +273,7 @@ def test_policy_loss_vanilla(shape, mode, clip, with_is):
     lp1 = new.clone().requires_grad_()
     lp2 = new.clone().requires_grad_()
     loss1, clipfrac, ppo_kl, clipfrac_lower = ours.compute_policy_loss_vanilla(
-        old, lp1, adv, mask, loss_agg_mode=mode, rollout_is_weights=is_w, **kw
+        old, lp1, adv, mask, ours.PolicyLossConfig(loss_agg_mode=mode, **kw), rollout_is_weights=is_w
     )
     fn = core_algos.get_policy_loss_fn("vanilla")
     loss2, metrics = fn(old, lp2, adv, mask, loss_agg_mode=mode, config=actor_config(**kw), rollout_is_weights=is_w)
@@ -373,10 +373,9 @@ def test_rollout_is_weights_and_metrics(shape, level, mode, upper, lower, scale)
         old,
         rollout,
         mask,
-        rollout_is_level=level,
-        rollout_is_mode=mode,
-        rollout_is_threshold=upper,
-        rollout_is_threshold_lower=lower,
+        ours_is.RolloutISConfig(
+            rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=upper, rollout_is_threshold_lower=lower
+        ),
     )
     w2, m2 = verl_is(old, rollout, mask, level, mode, upper, eff_lower)
     check(f"rollout_is_weights[{level},{mode}]", w1, w2)
@@ -407,10 +406,9 @@ def test_rollout_is_unbounded_metrics(shape, level, mode):
         old,
         rollout,
         mask,
-        rollout_is_level=level,
-        rollout_is_mode=mode,
-        rollout_is_threshold=upper,
-        rollout_is_threshold_lower=lower,
+        ours_is.RolloutISConfig(
+            rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=upper, rollout_is_threshold_lower=lower
+        ),
     )
     w2, m2 = verl_is(old, rollout, mask, level, mode, upper, lower)
     check("rollout_is_weights_unbounded", w1, w2)
@@ -428,7 +426,10 @@ def test_rollout_is_geometric_via_verl_sequence(shape, mode, scale):
     mask, old, rollout = is_batch(shape, 13, scale)
     upper = 1.3
     w1, m1 = ours_is.compute_rollout_importance_weights(
-        old, rollout, mask, rollout_is_level="geometric", rollout_is_mode=mode, rollout_is_threshold=upper
+        old,
+        rollout,
+        mask,
+        ours_is.RolloutISConfig(rollout_is_level="geometric", rollout_is_mode=mode, rollout_is_threshold=upper),
     )
     length = mask.sum(-1, keepdim=True)
     old_scaled = rollout + (old - rollout) / length
@@ -455,10 +456,9 @@ def test_rollout_is_veto(shape, level, mode):
         old,
         rollout,
         mask,
-        rollout_is_level=level,
-        rollout_is_mode=mode,
-        rollout_is_threshold=2.0,
-        rollout_is_veto_threshold=veto,
+        ours_is.RolloutISConfig(
+            rollout_is_level=level, rollout_is_mode=mode, rollout_is_threshold=2.0, rollout_is_veto_threshold=veto
+        ),
     )
     w2, _ = verl_is(old, rollout, mask, level, mode, 2.0, 0.5)
     catastrophic = ((old - rollout) < math.log(veto)) & mask.bool()

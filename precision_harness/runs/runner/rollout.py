@@ -6,6 +6,7 @@ Layout as verl's rollout output: ``input_ids = [prompt (left-padded) | response 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +39,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
 
 
+@dataclass(frozen=True)
+class ResponseLimits:
+    """Where a sampled response ends: after ``max_length`` tokens (``data.max_response_length``) or at
+    ``eos_token_id``; the rest of its row is ``pad_token_id`` (the tokenizer's)."""
+
+    max_length: int
+    eos_token_id: int
+    pad_token_id: int
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -45,12 +56,10 @@ def generate(
     *,
     n: int,
     temperature: float,
-    max_response_length: int,
-    eos_token_id: int,
-    pad_token_id: int,
+    limits: ResponseLimits,
     generator: torch.Generator,
 ) -> dict[str, Any]:
-    """Sample ``n`` responses per prompt from ``model`` (in whatever dtype it holds).
+    """Sample ``n`` responses per prompt from ``model`` (in whatever dtype it holds), each within ``limits``.
 
     Each prompt row is repeated ``n`` times consecutively (verl's ``repeat(interleave=True)``).
     Tokens are drawn with :func:`torch.multinomial` from ``softmax(logits / temperature)`` in fp32,
@@ -61,6 +70,7 @@ def generate(
     and including eos), and ``rollout_log_probs`` ``(bs*n, R)``: log-probs of the sampled tokens
     under the rollout model with the same temperature (what vLLM/SGLang return), 0 on padding.
     """
+    max_response_length, eos_token_id, pad_token_id = limits.max_length, limits.eos_token_id, limits.pad_token_id
     prompt_ids = prompts["input_ids"].repeat_interleave(n, dim=0)
     prompt_mask = prompts["attention_mask"].repeat_interleave(n, dim=0)
     bsz = prompt_ids.shape[0]

@@ -23,7 +23,9 @@ keeps the PR's semantics and metric names.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,6 +35,7 @@ __all__ = [
     "IS_LEVELS",
     "IS_MODES",
     "SAFETY_BOUND",
+    "RolloutISConfig",
     "compute_mismatch_metrics",
     "compute_rollout_importance_weights",
 ]
@@ -52,15 +55,43 @@ def _to_float(value: Any) -> float:
     return float(value)
 
 
+@dataclass(frozen=True)
+class RolloutISConfig:
+    """Rollout IS settings, by verl's ``algorithm.rollout_is_*`` key names (the PR's keyword arguments).
+
+    Attributes:
+        rollout_is_level: ``"token"``, ``"sequence"`` or ``"geometric"``.
+        rollout_is_mode: ``"truncate"`` or ``"clip"``.
+        rollout_is_threshold: upper bound; ``None`` disables IS entirely.
+        rollout_is_threshold_lower: lower bound (clip mode; also floors the std/ESS metrics); None: ``1 / upper``.
+        rollout_is_veto_threshold: per-token catastrophic-ratio threshold, ``None`` = no veto.
+    """
+
+    rollout_is_level: str = "token"
+    rollout_is_mode: str = "truncate"
+    rollout_is_threshold: float | None = 2.0
+    rollout_is_threshold_lower: float | None = None
+    rollout_is_veto_threshold: float | None = None
+
+    @classmethod
+    def from_algorithm(cls, algorithm: Mapping[str, Any]) -> RolloutISConfig:
+        """The settings of a scenario's ``algorithm`` section."""
+        return cls(**{f.name: algorithm[f.name] for f in fields(cls)})
+
+
+class _Veto(NamedTuple):
+    """The veto's verdict: catastrophic tokens ``(bs, R)``, sequences holding one ``(bs, 1)``, keep mask ``(bs, 1)``."""
+
+    tokens: torch.Tensor
+    sequences: torch.Tensor
+    keep: torch.Tensor
+
+
 def compute_rollout_importance_weights(
     old_log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
-    rollout_is_level: str = "token",
-    rollout_is_mode: str = "truncate",
-    rollout_is_threshold: float | None = 2.0,
-    rollout_is_threshold_lower: float | None = None,
-    rollout_is_veto_threshold: float | None = None,
+    config: RolloutISConfig | None = None,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """IS weights ``pi_train / pi_rollout`` with bounding, veto, and diagnostics.
 
@@ -85,11 +116,8 @@ def compute_rollout_importance_weights(
         old_log_prob: ``(bs, response_length)``, log-probs of the training policy (nats).
         rollout_log_prob: ``(bs, response_length)``, log-probs reported by the rollout engine.
         response_mask: ``(bs, response_length)``, 1 for response tokens.
-        rollout_is_level: ``"token"``, ``"sequence"`` or ``"geometric"``.
-        rollout_is_mode: ``"truncate"`` or ``"clip"``.
-        rollout_is_threshold: upper bound; ``None`` disables IS entirely (returns ``(None, {})``).
-        rollout_is_threshold_lower: lower bound (clip mode; also floors the std/ESS metrics).
-        rollout_is_veto_threshold: per-token catastrophic-ratio threshold, ``None`` = no veto.
+        config: level, mode and thresholds (:class:`RolloutISConfig`; default: its defaults). A
+            ``rollout_is_threshold`` of ``None`` disables IS entirely (returns ``(None, {})``).
 
     Returns:
         ``(weights, metrics)``: ``weights`` is ``(bs, response_length)``, detached, zero on
@@ -111,33 +139,24 @@ def compute_rollout_importance_weights(
     the PR's non-numeric config entries ``rollout_is_level/mode/veto_threshold`` are omitted
     so that every value is a float).
     """
-    if rollout_is_threshold is None:
+    config = config or RolloutISConfig()
+    level, mode = config.rollout_is_level, config.rollout_is_mode
+    if config.rollout_is_threshold is None:
         return None, {}
-    if rollout_is_level not in IS_LEVELS:
-        raise ValueError(f"Invalid rollout_is_level: {rollout_is_level}. Must be 'token', 'sequence', or 'geometric'.")
-    if rollout_is_mode not in IS_MODES:
-        raise ValueError(f"Invalid rollout_is_mode: {rollout_is_mode}. Must be 'truncate' or 'clip'.")
-    upper = float(rollout_is_threshold)
-    lower = float(rollout_is_threshold_lower) if rollout_is_threshold_lower is not None else 1.0 / upper
+    if level not in IS_LEVELS:
+        raise ValueError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.")
+    if mode not in IS_MODES:
+        raise ValueError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate' or 'clip'.")
+    upper = float(config.rollout_is_threshold)
+    lower = float(config.rollout_is_threshold_lower) if config.rollout_is_threshold_lower is not None else 1.0 / upper
 
     log_ratio = old_log_prob - rollout_log_prob
-    weights, log_ratio_for_metrics = _raw_weights(log_ratio, response_mask, rollout_is_level)
-    catastrophic_tokens, has_catastrophic, veto_mask = _veto(log_ratio, response_mask, rollout_is_veto_threshold)
+    weights, log_ratio_for_metrics = _raw_weights(log_ratio, response_mask, level)
+    veto = _veto(log_ratio, response_mask, config.rollout_is_veto_threshold)
     # metrics on the pre-bounding weights, so rollout_is_max shows the true maximum
-    metrics = _compute_is_metrics(
-        rollout_is_weights=weights,
-        log_ratio_for_metrics=log_ratio_for_metrics,
-        response_mask=response_mask,
-        rollout_is_level=rollout_is_level,
-        rollout_is_threshold=upper,
-        rollout_is_threshold_lower=lower,
-        has_catastrophic=has_catastrophic,
-        catastrophic_tokens=catastrophic_tokens,
-    )
-    weights = _bound(
-        weights, response_mask, metrics, mode=rollout_is_mode, level=rollout_is_level, lower=lower, upper=upper
-    )
-    weights = weights * veto_mask  # zero whole sequences with a catastrophic token
+    metrics = _compute_is_metrics(weights, log_ratio_for_metrics, response_mask, level, (lower, upper), veto)
+    weights = _bound(weights, response_mask, metrics, mode=mode, level=level, bounds=(lower, upper))
+    weights = weights * veto.keep  # zero whole sequences with a catastrophic token
     weights = weights * response_mask  # zero padding
     weights = weights.detach()
 
@@ -162,19 +181,17 @@ def _raw_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> tup
     return weights, per_seq
 
 
-def _veto(
-    log_ratio: torch.Tensor, mask: torch.Tensor, veto_threshold: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(catastrophic tokens (bs, R), sequences holding one (bs, 1), veto mask (bs, 1))``, tested in log space."""
+def _veto(log_ratio: torch.Tensor, mask: torch.Tensor, veto_threshold: float | None) -> _Veto:
+    """Catastrophic tokens, the sequences holding one and the keep mask, tested in log space."""
     device = log_ratio.device
     if veto_threshold is None:
         none = torch.zeros((log_ratio.size(0), 1), dtype=torch.bool, device=device)
         keep = torch.ones((log_ratio.size(0), 1), dtype=torch.float32, device=device)
-        return torch.zeros_like(mask, dtype=torch.bool), none, keep
+        return _Veto(torch.zeros_like(mask, dtype=torch.bool), none, keep)
     log_veto_threshold = torch.log(torch.tensor(veto_threshold, device=device))
     catastrophic_tokens = (log_ratio < log_veto_threshold) & mask.bool()
     has_catastrophic = catastrophic_tokens.any(dim=-1, keepdim=True)
-    return catastrophic_tokens, has_catastrophic, (~has_catastrophic).float()
+    return _Veto(catastrophic_tokens, has_catastrophic, (~has_catastrophic).float())
 
 
 def _bound(
@@ -184,10 +201,11 @@ def _bound(
     *,
     mode: str,
     level: str,
-    lower: float,
-    upper: float,
+    bounds: tuple[float, float],
 ) -> torch.Tensor:
-    """truncate (TIS): ``min(w, upper)``; clip (CIS): 0 outside ``[lower, upper]`` (adds the clipped fractions)."""
+    """truncate (TIS): ``min(w, upper)``; clip (CIS): 0 outside ``bounds = (lower, upper)`` (adds the clipped
+    fractions)."""
+    lower, upper = bounds
     if mode == "truncate":
         return weights.clamp(max=upper)
     clip_mask = ((weights >= lower) & (weights <= upper)).float()
@@ -206,21 +224,19 @@ def _compute_is_metrics(
     log_ratio_for_metrics: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_is_level: str,
-    rollout_is_threshold: float,
-    rollout_is_threshold_lower: float,
-    has_catastrophic: torch.Tensor,
-    catastrophic_tokens: torch.Tensor,
+    bounds: tuple[float, float],
+    veto: _Veto,
 ) -> dict[str, Any]:
     """IS statistics (unprefixed keys, tensor or float values); PR's ``compute_is_metrics``.
 
     Sequence/geometric max/min/fractions come from the unclamped log values; mean, std and ESS
-    use the safety-clamped weights, std/ESS additionally clamped to ``[lower, upper]``.
+    use the safety-clamped weights, std/ESS additionally clamped to ``bounds = (lower, upper)``.
     """
     w, mask = rollout_is_weights, response_mask
-    lower, upper = rollout_is_threshold_lower, rollout_is_threshold
+    lower, upper = bounds
     metrics: dict[str, Any] = {
-        "rollout_is_veto_fraction": has_catastrophic.float().mean(),
-        "rollout_is_catastrophic_token_fraction": masked_mean(catastrophic_tokens.float(), mask),
+        "rollout_is_veto_fraction": veto.sequences.float().mean(),
+        "rollout_is_catastrophic_token_fraction": masked_mean(veto.tokens.float(), mask),
     }
     if rollout_is_level in ("sequence", "geometric"):
         metrics.update(_sequence_ratio_metrics(w, log_ratio_for_metrics, mask, rollout_is_level, lower, upper))

@@ -179,13 +179,15 @@ def actor_update(
     batch: Batch,
     cfg: dict[str, Any],
     *,
-    n: int,
-    temperature: float,
+    rollout: dict[str, Any],
     trace: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """PPO policy update with dual-clip loss, entropy bonus and optional KL loss.
 
-    Source: verl ``DataParallelPPOActor.update_policy``.
+    Source: verl ``DataParallelPPOActor.update_policy``. ``cfg`` is the scenario's
+    ``actor_rollout_ref.actor`` section, ``rollout`` its ``actor_rollout_ref.rollout``: the ``n``
+    responses per prompt (mini-batches count prompts, as verl's) and the sampling ``temperature``
+    the log-probs are recomputed at.
 
     Reads ``old_log_probs``, ``advantages``, ``response_mask`` and, when used, ``ref_log_prob`` and
     ``rollout_is_weights``, all ``(B, R)``. Returns metrics ``actor/pg_loss``, ``actor/pg_clipfrac``,
@@ -199,6 +201,7 @@ def actor_update(
     and ``per_call`` (each metric per micro-batch, ``grad_norm`` per mini-batch, before averaging).
     """
     actor.train()
+    n, temperature = rollout["n"], rollout["temperature"]
     mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
     keys = (
         "input_ids",
@@ -212,6 +215,7 @@ def actor_update(
         "rollout_is_weights",
     )
     entropy_coeff, use_kl_loss = cfg["entropy_coeff"], cfg["use_kl_loss"]
+    loss_config = core_algos.PolicyLossConfig.from_actor(cfg)
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
     first: list[torch.Tensor] = []
@@ -229,11 +233,7 @@ def actor_update(
                 log_prob=log_prob,
                 advantages=mb["advantages"],
                 response_mask=mask,
-                loss_agg_mode=cfg["loss_agg_mode"],
-                clip_ratio=cfg["clip_ratio"],
-                clip_ratio_low=cfg["clip_ratio_low"],
-                clip_ratio_high=cfg["clip_ratio_high"],
-                clip_ratio_c=cfg["clip_ratio_c"],
+                config=loss_config,
                 rollout_is_weights=mb.get("rollout_is_weights"),
             )
             policy_loss = pg_loss

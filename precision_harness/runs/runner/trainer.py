@@ -27,7 +27,11 @@ from precision_harness.runs.runner import algorithms as core_algos
 from precision_harness.runs.runner import data as data_mod
 from precision_harness.runs.runner import devices, models, rollout, stages, weight_sync
 from precision_harness.runs.runner.distributed import reduce_metrics
-from precision_harness.runs.runner.rollout_is import compute_mismatch_metrics, compute_rollout_importance_weights
+from precision_harness.runs.runner.rollout_is import (
+    RolloutISConfig,
+    compute_mismatch_metrics,
+    compute_rollout_importance_weights,
+)
 from precision_harness.runs.runner.stage_outputs import StageOutputs
 from precision_harness.scenarios.profiling import ROLLOUT_GENERATE
 from precision_harness.scenarios.scenario import Scenario
@@ -189,9 +193,7 @@ class Trainer:
                 encoded,
                 n=rollout_cfg["n"],
                 temperature=rollout_cfg["temperature"],
-                max_response_length=cfg["data"]["max_response_length"],
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
+                limits=rollout.ResponseLimits(cfg["data"]["max_response_length"], tok.eos_token_id, tok.pad_token_id),
                 generator=self.generator,
             )
             batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -282,11 +284,7 @@ class Trainer:
             old_log_prob=old,
             rollout_log_prob=rollout_lp,
             response_mask=mask,
-            rollout_is_level=algo["rollout_is_level"],
-            rollout_is_mode=algo["rollout_is_mode"],
-            rollout_is_threshold=algo["rollout_is_threshold"],
-            rollout_is_threshold_lower=algo["rollout_is_threshold_lower"],
-            rollout_is_veto_threshold=algo["rollout_is_veto_threshold"],
+            config=RolloutISConfig.from_algorithm(algo),
         )
         st.metrics.update(is_metrics)
         if algo["rollout_is"]:
@@ -339,12 +337,11 @@ class Trainer:
     def _update_actor(self, st: _Step) -> None:
         """``actor_update``; writes ``step_<n>/log_probs.json`` with its first mini-batch's log-probs."""
         ar = self.cfg["actor_rollout_ref"]
-        n, temperature = ar["rollout"]["n"], ar["rollout"]["temperature"]
         trace: dict[str, Any] = {}
         with self.stage(st.step, "actor_update", self.actor):
             st.metrics.update(
                 stages.actor_update(
-                    self.actor, self.actor_optim, st.batch, ar["actor"], n=n, temperature=temperature, trace=trace
+                    self.actor, self.actor_optim, st.batch, ar["actor"], rollout=ar["rollout"], trace=trace
                 )
             )
             self._record_update(trace, ACTOR_LOSSES)

@@ -22,11 +22,11 @@ Conventions used throughout:
 
 Differences from verl, all deliberate:
 
-* No ``DataProto`` and no config objects: plain tensors and keyword arguments.
+* No ``DataProto``: plain tensors, keyword arguments, and for the policy loss a small
+  :class:`~.losses.PolicyLossConfig` holding ``ActorConfig``'s clip settings and aggregation mode.
 * Single-process semantics for loss aggregation: verl's ``dp_size`` is fixed to 1
   (``batch_num_tokens`` / ``global_batch_size`` / ``loss_scale_factor`` are kept).
-* :func:`compute_policy_loss_vanilla` takes the clip settings as arguments (verl reads them
-  from ``ActorConfig``) and returns the metrics as 0-d tensors instead of a dict of floats.
+* :func:`compute_policy_loss_vanilla` returns the metrics as 0-d tensors instead of a dict of floats.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from precision_harness.runs.runner.algorithms.kl import (
 )
 from precision_harness.runs.runner.algorithms.losses import (
     LOSS_AGG_MODES,
+    PolicyLossConfig,
     agg_loss,
     compute_entropy_loss,
     compute_policy_loss_vanilla,
@@ -67,6 +68,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
     "FixedKLController",
+    "PolicyLossConfig",
     "agg_loss",
     "apply_kl_penalty",
     "clip_by_value",

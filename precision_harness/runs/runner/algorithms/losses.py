@@ -4,6 +4,10 @@ clip, the clipped value loss and the entropy bonus (``verl.trainer.ppo.core_algo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
 import torch
 
 from precision_harness.runs.runner.algorithms.torch_functional import (
@@ -85,16 +89,35 @@ def agg_loss(
     return loss
 
 
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The policy loss's settings, by verl's ``actor_rollout_ref.actor`` key names (verl: ``ActorConfig``).
+
+    Attributes:
+        loss_agg_mode: see :func:`agg_loss`.
+        clip_ratio: symmetric PPO clip epsilon; the default of the two bounds below.
+        clip_ratio_low / clip_ratio_high: asymmetric bounds (DAPO "clip-higher"); None: ``clip_ratio``.
+        clip_ratio_c: dual-clip constant, must be > 1.
+    """
+
+    loss_agg_mode: str = "token-mean"
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+
+    @classmethod
+    def from_actor(cls, actor: Mapping[str, Any]) -> PolicyLossConfig:
+        """The settings of a scenario's ``actor_rollout_ref.actor`` section."""
+        return cls(**{f.name: actor[f.name] for f in fields(cls)})
+
+
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Clipped PPO surrogate (Schulman et al. 2017, "Proximal Policy Optimization
@@ -112,10 +135,7 @@ def compute_policy_loss_vanilla(
         log_prob: ``(bs, response_length)``, log-probs under the current policy.
         advantages: ``(bs, response_length)``.
         response_mask: ``(bs, response_length)``.
-        loss_agg_mode: see :func:`agg_loss`.
-        clip_ratio: symmetric PPO clip epsilon; default for the two bounds below.
-        clip_ratio_low / clip_ratio_high: asymmetric bounds (DAPO "clip-higher").
-        clip_ratio_c: dual-clip constant, must be > 1.
+        config: the aggregation mode and clip settings (:class:`PolicyLossConfig`; default: its defaults).
         rollout_is_weights: optional ``(bs, response_length)`` detached IS weights.
 
     Returns:
@@ -124,14 +144,17 @@ def compute_policy_loss_vanilla(
         the masked mean of ``old_log_prob - log_prob`` (k1 estimate, nats), and the masked
         fraction of tokens where the dual clip was active.
 
+    Raises:
+        ValueError: ``clip_ratio_c`` is not above 1.
+
     verl counterpart: ``verl.trainer.ppo.core_algos.compute_policy_loss_vanilla``
-    (``get_policy_loss_fn("vanilla")``); verl reads the clip settings from ``ActorConfig``
-    and returns the three metrics as floats in a dict.
+    (``get_policy_loss_fn("vanilla")``); verl reads the clip settings from ``ActorConfig``, takes
+    ``loss_agg_mode`` beside it and returns the three metrics as floats in a dict.
     """
-    if clip_ratio_low is None:
-        clip_ratio_low = clip_ratio
-    if clip_ratio_high is None:
-        clip_ratio_high = clip_ratio
+    config = config or PolicyLossConfig()
+    clip_ratio_low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    clip_ratio_high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    clip_ratio_c = config.clip_ratio_c
     if not clip_ratio_c > 1.0:
         raise ValueError(
             "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
@@ -156,7 +179,7 @@ def compute_policy_loss_vanilla(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
-    pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
+    pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
