@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check.items import OutcomeKind
 from precision_harness.history.git_history import git_text
 
 PASS, DRIFT, SKIP = 0, 1, 125
@@ -42,7 +43,7 @@ def classify(returncode: int, report: dict[str, Any] | None) -> tuple[int, str]:
     items = (report or {}).get("items", [])
     if not items:
         return SKIP, f"no item ran (pytest exit {returncode})"
-    drift = [i for i in items if not i["passed"] and i["kind"] == "compared"]
+    drift = [i for i in items if not i["passed"] and i["kind"] == OutcomeKind.COMPARED]
     if drift:
         first = min(drift, key=lambda i: (i["step"] is None, i["step"] or 0))
         return DRIFT, f"drift: {len(drift)} of {len(items)} items fail, first {_where(first)}"

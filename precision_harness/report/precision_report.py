@@ -74,7 +74,7 @@ class ItemRecord:
     scenario: str
     step: int | None
     stage: str | None
-    kind: str
+    kind: OutcomeKind
     passed: bool
     text: str
     worst_ratio: float | None = None  #: None: infinite, structural, or not compared
@@ -113,7 +113,7 @@ class ItemRecord:
             scenario=scenario,
             step=step,
             stage=stage,
-            kind=OutcomeKind(outcome.kind).value,
+            kind=outcome.kind,
             passed=bool(outcome.passed),
             text=outcome.text,
             artifacts=str(outcome.artifacts) if outcome.artifacts else None,
@@ -148,15 +148,17 @@ class ItemRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ItemRecord:
-        return cls(**data)
+        """The record :meth:`to_json` wrote."""
+        return cls(**{**data, "kind": OutcomeKind(data["kind"])})
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON (the kind as its value): how a record travels to the xdist controller and into report.json."""
+        return {**asdict(self), "kind": self.kind.value}
 
     def user_properties(self) -> list[tuple[str, str]]:
         """The JUnit XML properties of the item: verdict kind, worst ratio, first divergence, environment diff."""
-        props = [("precision_verdict", self.kind)]
-        if self.stage is not None and self.kind in (OutcomeKind.COMPARED.value, OutcomeKind.IDENTICAL.value):
+        props = [("precision_verdict", self.kind.value)]
+        if self.stage is not None and self.kind in (OutcomeKind.COMPARED, OutcomeKind.IDENTICAL):
             ratio = self.worst_ratio if self.worst_ratio is not None else math.inf
             props.append(("precision_worst_ratio", f"{ratio:.6g}"))
         first = self.first_divergence
@@ -206,7 +208,7 @@ class PrecisionReport:
         return self._count(OutcomeKind.RECORDED)
 
     def _count(self, kind: OutcomeKind) -> int:
-        return sum(r.kind == kind.value for r in self.records)
+        return sum(r.kind is kind for r in self.records)
 
     # ---------------------------------------------------------------------------------- terminal
     @property
@@ -237,7 +239,7 @@ class PrecisionReport:
     def _recorded_lines(self) -> Iterator[str]:
         unavailable = None  # said once for the run, not once per scenario
         for records in self._by_scenario().values():
-            recorded = [r for r in records if r.kind == OutcomeKind.RECORDED.value]
+            recorded = [r for r in records if r.kind is OutcomeKind.RECORDED]
             if recorded:
                 rows = [ChurnRow.from_json(c) for r in recorded for c in r.churn]
                 yield recorded[0].text
@@ -250,7 +252,7 @@ class PrecisionReport:
         """One line per distinct environment difference (usually one for the whole run), never one per item."""
         by_scenario = self._by_scenario()
         rows = [(n, next((r.environment_diff for r in rs if r.environment_diff), [])) for n, rs in by_scenario.items()]
-        checked = [n for n, rs in by_scenario.items() if any(r.kind != OutcomeKind.RECORDED.value for r in rs)]
+        checked = [n for n, rs in by_scenario.items() if any(r.kind is not OutcomeKind.RECORDED for r in rs)]
         for env, names in grouped(rows):
             failed = sum(not r.passed for n in names for r in by_scenario[n])
             yield environment_line(env, scenarios=names if names != checked else None, failed=failed)
@@ -320,7 +322,7 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
             "stage": r.stage,
             "ratio": r.worst_ratio,
             "passed": r.passed,
-            "kind": r.kind,
+            "kind": r.kind.value,
             "structural": bool(r.problems),
         }
         for r in stage_records

@@ -19,7 +19,9 @@ import re
 from typing import Any
 
 from precision_harness.check.environment import grouped
+from precision_harness.check.items import OutcomeKind
 from precision_harness.errors import PrecisionError
+from precision_harness.report.report_md import ratio_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -34,11 +36,11 @@ figure.drift-plot{margin:1em 0;border:1px solid #ddd;padding:.5em}
 """
 
 
-def ratio_colour(ratio: float | None, passed: bool, kind: str) -> str:
+def ratio_colour(ratio: float | None, passed: bool, kind: OutcomeKind) -> str:
     """Background colour of a heatmap cell for a worst tolerance ratio."""
-    if kind in ("error",) or (ratio is None and not passed):
+    if kind is OutcomeKind.ERROR or (ratio is None and not passed):
         return "#7f0000"  # structural, non-finite or an exact-match value that moved
-    if kind == "recorded" or ratio is None:
+    if kind is OutcomeKind.RECORDED or ratio is None:
         return "#eeeeee"
     if ratio == 0:
         return "#ffffff"
@@ -58,13 +60,7 @@ def _slug(*parts: Any) -> str:
 
 
 def _cell_text(c: dict[str, Any]) -> str:
-    if c["kind"] == "error":
-        return "error"
-    if c["kind"] == "recorded":
-        return "recorded"
-    if c["ratio"] is None:
-        return ("structural" if c.get("structural") else "inf") if not c["passed"] else "-"
-    return "0" if c["ratio"] == 0 else f"{c['ratio']:.2g}"
+    return ratio_text(c["ratio"], c["passed"], OutcomeKind(c["kind"]), bool(c.get("structural")))
 
 
 def heatmap(sc: dict[str, Any]) -> str:
@@ -81,7 +77,7 @@ def heatmap(sc: dict[str, Any]) -> str:
             if c is None:
                 out.append("<td></td>")
                 continue
-            colour = ratio_colour(c["ratio"], c["passed"], c["kind"])
+            colour = ratio_colour(c["ratio"], c["passed"], OutcomeKind(c["kind"]))
             fg = "#fff" if colour == "#7f0000" else "#222"
             link = (
                 f'<a href="#plot-{_slug(sc["name"], f"step_{st}", stage)}" style="color:{fg}">'

@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from precision_harness.check.environment import grouped
+from precision_harness.check.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 
 
-def _ratio_text(r: float | None, passed: bool, kind: str, structural: bool = True) -> str:
-    if kind == "error":
+def ratio_text(r: float | None, passed: bool, kind: OutcomeKind, structural: bool = True) -> str:
+    """A heatmap cell's or a failure row's text: the worst tolerance ratio, or why there is none
+    (``error``, ``recorded``, ``structural``, ``inf``; ``-``: passed without a ratio)."""
+    if kind is OutcomeKind.ERROR:
         return "error"
-    if kind == "recorded":
+    if kind is OutcomeKind.RECORDED:
         return "recorded"
     if r is None:
         return ("structural" if structural else "inf") if not passed else "-"
@@ -68,7 +71,7 @@ def _failures(doc: dict[str, Any]) -> list[str]:
             first += f"; {r['localized']['level']}: `{local['tensor']}` {local['statistic']}"
         ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
         step = r["step"] if r["step"] is not None else ""
-        ratio = _ratio_text(r["worst_ratio"], r["passed"], r["kind"], bool(r["problems"]))
+        ratio = ratio_text(r["worst_ratio"], r["passed"], OutcomeKind(r["kind"]), bool(r["problems"]))
         lines.append(
             f"| {r['scenario']} | {step} | {r['stage'] or 'metrics'} | {ratio} | {first.replace('|', '/')} | {ms} |"
         )
@@ -103,7 +106,7 @@ def _cell(c: dict[str, Any] | None) -> str:
     if c is None:
         return ""
     mark = "❌ " if not c["passed"] else ""
-    return mark + _ratio_text(c["ratio"], c["passed"], c["kind"], c["structural"])
+    return mark + ratio_text(c["ratio"], c["passed"], OutcomeKind(c["kind"]), c["structural"])
 
 
 def _churn(doc: dict[str, Any]) -> list[str]:
