@@ -9,13 +9,11 @@
   ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first.
   With ``--scenario``, a run directory as TARGET is also held to the scenario's ``invariants:``;
 - ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
-  ``golden migrate`` (plain goldens rewritten compressed) and ``golden export`` (a golden as plain
-  files, for msprobe's own tools);
+  ``golden migrate`` (plain goldens rewritten compressed), ``golden export`` (a golden as plain
+  files, for msprobe's own tools) and ``golden history``: :mod:`precision_harness.golden_commands`;
 - ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.check.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
   (:mod:`precision_harness.portability`); exit 1 if a dump changes;
-- ``golden history SCENARIO``: the golden now against each of its committed versions, per stage
-  (:mod:`precision_harness.history.golden_history`);
 - ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
   from a fixed golden (:mod:`precision_harness.history.bisect`); exit 0 when found.
 
@@ -35,18 +33,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from precision_harness import golden_commands
 from precision_harness import options as option_table
-from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError
+from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError, UsageError
 from precision_harness.options import PrecisionOptions
 
 #: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_INTERRUPTED = 130
-#: problems listed per golden by ``golden verify`` before "... and N more"
-MAX_LISTED = 20
-
-
-class UsageError(Exception):
-    """A command-line mistake: printed as one line, exit 2."""
 
 
 def _print(line: str = "") -> None:
@@ -208,127 +201,6 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
     return target, golden, artifacts, keys
 
 
-# --------------------------------------------------------------------------------------- golden
-def _golden_store(args: argparse.Namespace):
-    from precision_harness.goldens.store import GoldenStore
-
-    root = PrecisionOptions.from_cli(args).golden_dir
-    if not root.is_dir():
-        raise UsageError(f"{root}: no golden directory here (--golden-dir)")
-    return GoldenStore(root)
-
-
-def cmd_golden_verify(args: argparse.Namespace) -> int:
-    from precision_harness.goldens.verification import verify_golden
-
-    store = _golden_store(args)
-    goldens = store.list()
-    bad = 0
-    for name, device in goldens:
-        problems = verify_golden(store.path(name, device))
-        bad += bool(problems)
-        _print(
-            f"{'FAIL' if problems else 'ok  '} {store.path(name, device)}"
-            + (f": {len(problems)} problem(s)" if problems else "")
-        )
-        for p in problems[:MAX_LISTED]:
-            _print(f"  {p}")
-        if len(problems) > MAX_LISTED:
-            _print(f"  ... and {len(problems) - MAX_LISTED} more")
-    _print(f"{len(goldens)} goldens verified, {bad} with problems")
-    return EXIT_DRIFT if bad else EXIT_PASS
-
-
-def cmd_golden_list(args: argparse.Namespace) -> int:
-    from precision_harness.errors import GoldenError
-    from precision_harness.goldens.golden import Golden
-
-    store = _golden_store(args)
-    rows = [("scenario", "device", "level", "steps", "stages", "files", "stored MB", "plain MB", "calibrated")]
-    for name, device in store.list():
-        try:
-            g = Golden.from_dir(store.path(name, device))
-        except GoldenError:
-            rows.append((name, device, "?", "?", "?", "?", "?", "?", "unreadable manifest"))
-            continue
-        rows.append(_golden_row(name, device, g))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        _print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return EXIT_PASS
-
-
-def _golden_row(name: str, device: str, g) -> tuple[str, ...]:
-    m, noise = g.manifest, g.noise
-    steps, stages = ",".join(map(str, m["steps"])), str(len(m["stages"]))
-    calibrated = f"{noise['runs']} runs, k={noise['k']:g}" if noise else "no"
-    sizes = (f"{g.size_bytes / 1e6:.2f}", f"{g.content_bytes / 1e6:.2f}")
-    return (name, device, g.level or "?", steps, stages, str(len(m["files"])), *sizes, calibrated)
-
-
-def cmd_golden_export(args: argparse.Namespace) -> int:
-    from precision_harness.goldens.golden import Golden
-    from precision_harness.runs.kind_runners import load_scenario
-
-    store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
-    scenario = load_scenario(args.scenario)
-    golden = Golden.from_dir(store.path(scenario.name, opts.device_for(scenario)))
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: not empty; export writes a fresh verl layout (pick an empty or new folder)")
-    golden.export(out)
-    _print(f"exported {golden.path} ({len(golden.contents)} files, {golden.content_bytes / 1e6:.2f} MB) -> {out}")
-    return EXIT_PASS
-
-
-def cmd_golden_migrate(args: argparse.Namespace) -> int:
-    store = _golden_store(args)
-    goldens = store.list()
-    migrated = 0
-    for name, device in goldens:
-        path = store.path(name, device)
-        before = _stored_bytes(path)
-        if store.migrate(name, device):
-            migrated += 1
-            _print(f"migrated {path}: {before / 1e6:.2f} MB -> {_stored_bytes(path) / 1e6:.2f} MB")
-        else:
-            _print(f"ok       {path}: already compressed")
-    _print(f"{migrated} of {len(goldens)} goldens migrated")
-    return EXIT_PASS
-
-
-def _stored_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def cmd_golden_history(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from precision_harness.check.tolerance import TolerancePolicy
-    from precision_harness.goldens.golden import Golden
-    from precision_harness.history.golden_history import GoldenHistory, history_html, history_lines, history_rows
-    from precision_harness.runs.kind_runners import load_scenario
-
-    store, opts = _golden_store(args), PrecisionOptions.from_cli(args)
-    scenario = load_scenario(args.scenario)
-    device = opts.device_for(scenario)
-    current = Golden.from_dir(store.path(scenario.name, device))
-    policy = TolerancePolicy.for_golden(scenario.config["tolerance"], noise=current.noise, cross_device=False)
-    with tempfile.TemporaryDirectory(prefix="precision-history-") as scratch:
-        history = GoldenHistory.of(current.path, Path(scratch))
-        commits = history.commits(since=args.since)
-        rows = history_rows(current, history, commits, policy)
-    title = f"{scenario.name} on {device}: the golden now against its {len(rows)} committed version(s)"
-    _print(f"{title} (worst ratio to tolerance per stage; 0: identical)")
-    for line in history_lines(rows):
-        _print(line)
-    if args.html is not None:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        args.html.write_text(history_html(title, rows), encoding="utf-8")
-        _print(f"plot: {args.html}")
-    return EXIT_PASS
-
-
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from precision_harness.check.calibrate import calibrate, noise_table, reruns
@@ -443,31 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option_table.add_cli_options(p, "compare")
     p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("golden", help="inspect goldens")
-    gsub = p.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
-    for action, func, text in (
-        ("verify", cmd_golden_verify, "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem)"),
-        ("list", cmd_golden_list, "every golden with its level, steps, stored and plain size, calibration"),
-        (
-            "migrate",
-            cmd_golden_migrate,
-            "rewrite plain (format 1) goldens compressed, atomically, re-recording nothing",
-        ),
-        ("export", cmd_golden_export, "write one golden as plain files in verl's layout (for msprobe's own tools)"),
-        ("history", cmd_golden_history, "the golden now against each committed version of it (git), per stage"),
-    ):
-        gp = gsub.add_parser(action, help=text)
-        if action == "export":
-            gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden is exported")
-            gp.add_argument("--out", type=Path, required=True, help="empty or new folder for the plain layout")
-            option_table.add_cli_options(gp, "export")
-        if action == "history":
-            gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden's history is read")
-            gp.add_argument("--since", default=None, metavar="REV", help="only versions committed after REV")
-            gp.add_argument("--html", type=Path, default=None, metavar="PATH", help="write an offline plot here")
-            option_table.add_cli_options(gp, "history")
-        option_table.add_cli_options(gp, "golden")
-        gp.set_defaults(func=func)
+    golden_commands.add_parser(sub)
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")
     p.add_argument("scenario", type=Path, help="scenario YAML file (its golden must exist)")
     p.add_argument("--runs", type=int, default=4, help="reruns (default 4; at least 2)")

@@ -11,6 +11,10 @@ from __future__ import annotations
 EXIT_PASS, EXIT_DRIFT, EXIT_USAGE = 0, 1, 2
 
 
+class UsageError(Exception):
+    """A ``precision-harness`` command-line mistake (an argument that cannot work): one line, exit 2."""
+
+
 class PrecisionError(Exception):
     """Base class: a user-facing error whose ``str()`` is the whole, one-line message."""
 

@@ -1,15 +1,17 @@
 """PrecisionSession: one gate run (a pytest session): scenario runs, goldens, and item outcomes.
 
 Each scenario's golden action is decided once, as one value (:meth:`PrecisionSession.plan`,
-:class:`Plan`): the only place the golden mode is read. Its run is started once
-(:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however many of its
-items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The runner that
-starts a run is a constructor argument (:func:`~precision_harness.runs.kind_runners.run_scenario` by default).
-The comparison itself is :func:`precision_harness.check.items.check_items`, the path ``precision-harness
-compare`` takes too. What the run adds up to (counts, churn, unused goldens, report files) is
+:class:`~precision_harness.session_plan.Plan`): the only place the golden mode is read. Its run is
+started once (:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however
+many of its items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The
+runner that starts a run is a constructor argument
+(:func:`~precision_harness.runs.kind_runners.run_scenario` by default). The comparison itself is
+:func:`precision_harness.check.items.check_items`, the path ``precision-harness compare`` takes too.
+What the run adds up to (counts, churn, unused goldens, report files) is
 :class:`~precision_harness.report.precision_report.PrecisionReport`.
 
-A scenario's states (:class:`ScenarioState`), each reached once and in this order:
+A scenario's states (:class:`~precision_harness.session_plan.ScenarioState`), each reached once and
+in this order:
 
 =========  ======================================================  ==========================================
 state      reached by                                              its items
@@ -29,13 +31,10 @@ settled    the first item after the run: undeclared stages noted;  ``RECORD``: "
 
 from __future__ import annotations
 
-import importlib.util
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,6 @@ from precision_harness.check.verdict_text import settings_changed
 from precision_harness.errors import (
     GoldenDeviceModelError,
     PrecisionError,
-    ProbeUnavailableError,
     RunFailedError,
     ScenarioError,
 )
@@ -68,93 +66,19 @@ from precision_harness.runs.kind_runners import Run, load_scenario, preflight, r
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
+from precision_harness.session_plan import (
+    GoldenAction,
+    Plan,
+    Recording,
+    ScenarioState,
+    missing_dumps,
+    msprobe_available,
+    no_msprobe,
+    size_note,
+)
 
 #: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``kind_runners.run_scenario``)
 Runner = Callable[..., RunResult]
-
-
-class GoldenAction(str, Enum):
-    """What a session does with a scenario's golden."""
-
-    CHECK = "check"  #: run, then compare every item against the golden
-    RECORD = "record"  #: run, then promote the run to the golden (update, or missing with none on disk)
-    SKIP = "skip"  #: the scenario's device is not here: its items skip
-    ERROR = "error"  #: no usable golden (or no msprobe): its items fail with the error, nothing runs
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A scenario's golden action, decided once per session (:meth:`PrecisionSession.plan`)."""
-
-    action: GoldenAction
-    runs: Scenario  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
-    golden: Golden | None = None  #: CHECK: the golden compared against
-    error: PrecisionError | None = None  #: ERROR: what every item reports
-    reason: str = ""  #: SKIP: why
-    pinned: Golden | None = None  #: a verl scenario's golden whose rollouts a check run loads
-
-    @property
-    def needs_run(self) -> bool:
-        return self.action in (GoldenAction.CHECK, GoldenAction.RECORD)
-
-
-@dataclass
-class Recording:
-    """RECORD: what promoting the run to the golden did."""
-
-    status: str  #: "recorded", or "unchanged" (the golden already held the same)
-    size_note: str = ""  #: the golden's stored size and what the update added
-    churn: list[churn_mod.ChurnRow] = field(default_factory=list)  #: against the previous golden
-
-
-@dataclass
-class ScenarioState:
-    """One scenario's run and golden within a session (the module docstring's states)."""
-
-    scenario: Scenario
-    device: str
-    golden_device: str  #: the device whose golden is checked (== device unless --precision-golden-device)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    plan: Plan | None = None  #: planned
-    future: Future | None = None  #: running
-    settled: bool = False  #: settled: the run's result taken in
-    recording: Recording | PrecisionError | None = None  #: settled, RECORD: the promotion or why it failed
-    environment: EnvironmentDiff | None = None  #: settled, CHECK: the run's environment against the golden's
-    localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
-    progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
-
-    @property
-    def cross_device(self) -> bool:
-        """Another device's golden, or another accelerator model's (allowed by --precision-golden-device)."""
-        model = self.environment.device_model if self.environment is not None else None
-        return self.golden_device != self.device or model is not None
-
-
-def missing_dumps(scenario: Scenario, run_dir: Path) -> list[str]:
-    """Declared ``step_<n>/<stage>`` of ``scenario`` with no ``step0/rank*/dump.json`` in ``run_dir``."""
-    return [
-        f"step_{step}/{stage}"
-        for step in scenario.steps
-        for stage in scenario.stages
-        if not any((run_dir / f"step_{step}" / stage).glob("step0/rank*/dump.json"))
-    ]
-
-
-def size_note(stored: int, before: int) -> str:
-    """``"0.41 MB stored, +0.02 MB"``: a golden's stored size and what an update added to it."""
-    return f"{stored / 1e6:.2f} MB stored, {(stored - before) / 1e6:+.2f} MB"
-
-
-def _no_msprobe() -> ProbeUnavailableError:
-    return ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
-
-
-def msprobe_available() -> bool:
-    """True if ``msprobe.core`` can be found (does not import msprobe.pytorch or torch)."""
-    try:
-        return importlib.util.find_spec("msprobe.core") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 class PrecisionSession:
@@ -222,7 +146,7 @@ class PrecisionSession:
             pinned = golden if scenario.pins_rollouts and mode == "check" else None
             plan = Plan(GoldenAction.CHECK, self._runs(scenario, golden), golden=golden, pinned=pinned)
         if not msprobe_available():
-            return Plan(GoldenAction.ERROR, scenario, error=_no_msprobe())
+            return Plan(GoldenAction.ERROR, scenario, error=no_msprobe())
         return plan
 
     def _runs(self, scenario: Scenario, golden: Golden) -> Scenario:
@@ -275,7 +199,7 @@ class PrecisionSession:
 
     def _submit(self, st: ScenarioState, plan: Plan) -> Future:
         if not msprobe_available():
-            raise _no_msprobe()
+            raise no_msprobe()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         scenario, out_dir = plan.runs, self.run_dir(plan.runs)

@@ -1,0 +1,108 @@
+"""A scenario's plan and state within one gate session (:class:`~precision_harness.session.PrecisionSession`).
+
+The golden action decided once per scenario (:class:`Plan`, :class:`GoldenAction`), what recording
+a golden did (:class:`Recording`), and the state a scenario moves through (:class:`ScenarioState`;
+the states table is :mod:`precision_harness.session`'s docstring), with the checks the session
+makes before a run and before a promotion.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.item_key import ItemKey
+from precision_harness.errors import PrecisionError, ProbeUnavailableError
+from precision_harness.goldens.churn import ChurnRow
+from precision_harness.goldens.golden import Golden
+from precision_harness.scenarios.scenario import Scenario
+
+
+class GoldenAction(str, Enum):
+    """What a session does with a scenario's golden."""
+
+    CHECK = "check"  #: run, then compare every item against the golden
+    RECORD = "record"  #: run, then promote the run to the golden (update, or missing with none on disk)
+    SKIP = "skip"  #: the scenario's device is not here: its items skip
+    ERROR = "error"  #: no usable golden (or no msprobe): its items fail with the error, nothing runs
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A scenario's golden action, decided once per session (:meth:`PrecisionSession.plan`)."""
+
+    action: GoldenAction
+    runs: Scenario  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
+    golden: Golden | None = None  #: CHECK: the golden compared against
+    error: PrecisionError | None = None  #: ERROR: what every item reports
+    reason: str = ""  #: SKIP: why
+    pinned: Golden | None = None  #: a verl scenario's golden whose rollouts a check run loads
+
+    @property
+    def needs_run(self) -> bool:
+        return self.action in (GoldenAction.CHECK, GoldenAction.RECORD)
+
+
+@dataclass
+class Recording:
+    """RECORD: what promoting the run to the golden did."""
+
+    status: str  #: "recorded", or "unchanged" (the golden already held the same)
+    size_note: str = ""  #: the golden's stored size and what the update added
+    churn: list[ChurnRow] = field(default_factory=list)  #: against the previous golden
+
+
+@dataclass
+class ScenarioState:
+    """One scenario's run and golden within a session (the module docstring's states)."""
+
+    scenario: Scenario
+    device: str
+    golden_device: str  #: the device whose golden is checked (== device unless --precision-golden-device)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    plan: Plan | None = None  #: planned
+    future: Future | None = None  #: running
+    settled: bool = False  #: settled: the run's result taken in
+    recording: Recording | PrecisionError | None = None  #: settled, RECORD: the promotion or why it failed
+    environment: EnvironmentDiff | None = None  #: settled, CHECK: the run's environment against the golden's
+    localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
+    progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
+
+    @property
+    def cross_device(self) -> bool:
+        """Another device's golden, or another accelerator model's (allowed by --precision-golden-device)."""
+        model = self.environment.device_model if self.environment is not None else None
+        return self.golden_device != self.device or model is not None
+
+
+def missing_dumps(scenario: Scenario, run_dir: Path) -> list[str]:
+    """Declared ``step_<n>/<stage>`` of ``scenario`` with no ``step0/rank*/dump.json`` in ``run_dir``."""
+    return [
+        f"step_{step}/{stage}"
+        for step in scenario.steps
+        for stage in scenario.stages
+        if not any((run_dir / f"step_{step}" / stage).glob("step0/rank*/dump.json"))
+    ]
+
+
+def size_note(stored: int, before: int) -> str:
+    """``"0.41 MB stored, +0.02 MB"``: a golden's stored size and what an update added to it."""
+    return f"{stored / 1e6:.2f} MB stored, {(stored - before) / 1e6:+.2f} MB"
+
+
+def no_msprobe() -> ProbeUnavailableError:
+    """The error of a gate that cannot dump: msprobe is not installed."""
+    return ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
+
+
+def msprobe_available() -> bool:
+    """True if ``msprobe.core`` can be found (does not import msprobe.pytorch or torch)."""
+    try:
+        return importlib.util.find_spec("msprobe.core") is not None
+    except (ImportError, ValueError):
+        return False
