@@ -24,9 +24,10 @@ gate: $(VENV)/.gate          ## the main job: every scenario against golden/, pl
 test: $(VENV)/.test          ## everything: gate, invariants, harness tests, verl parity
 	$(BIN)/pytest -p no:cacheprovider
 
-lint: $(VENV)/.test          ## ruff lint and format check (configured in pyproject.toml)
+lint: $(VENV)/.test          ## ruff lint and format check, import contracts (configured in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(VENV)/.test        ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -1,0 +1,55 @@
+"""The import contracts of pyproject.toml (``[tool.importlinter]``, run by ``make lint``) hold, and they bite.
+
+Each test lints a copy of the package, so a planted import never touches the checkout: as it is, every
+contract is kept; with one import from the scenario model up into check/, the flow's layers contract
+breaks and names that import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: an upward import: the scenario model (scenarios/) reaching into the compare (check/)
+PLANTED = "from precision_harness.check import compare  # planted upward import\n"
+
+
+def _copy(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    package = tree / "precision_harness"
+    shutil.copytree(ROOT / "precision_harness", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    return tree
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports over ``tree``'s package with ``tree``'s contracts (its copy comes first on the path)."""
+    pytest.importorskip("importlinter", reason="the [test] extra installs import-linter")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    command = [str(lint_imports), "--config", str(tree / "pyproject.toml"), "--no-cache"]
+    return subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_every_contract_is_kept(tmp_path: Path) -> None:
+    result = _lint_imports(_copy(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 broken." in result.stdout
+
+
+def test_an_upward_import_breaks_the_flow(tmp_path: Path) -> None:
+    tree = _copy(tmp_path)
+    module = tree / "precision_harness" / "scenarios" / "scenario.py"
+    module.write_text(module.read_text(encoding="utf-8") + PLANTED, encoding="utf-8")
+    result = _lint_imports(tree)
+    out = " ".join(result.stdout.split())  # lint-imports wraps its lines at 80 columns
+    assert result.returncode == 1, out
+    assert "The flow: each room imports only the rooms below it BROKEN" in out
+    assert "precision_harness.scenarios is not allowed to import precision_harness.check" in out
+    assert "precision_harness.scenarios.scenario -> precision_harness.check.compare" in out
