@@ -146,10 +146,13 @@ class ItemRecord:
             every = math.ceil(len(v.profile) / MAX_PROFILE_POINTS)
             self.profile = [[rank, order, name, _finite(ratio)] for rank, order, name, ratio in v.profile[::every]]
 
+    def __post_init__(self) -> None:
+        self.kind = OutcomeKind(self.kind)  # a record made from JSON, or by hand, names its kind by value
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ItemRecord:
         """The record :meth:`to_json` wrote."""
-        return cls(**{**data, "kind": OutcomeKind(data["kind"])})
+        return cls(**data)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (the kind as its value): how a record travels to the xdist controller and into report.json."""
