@@ -41,6 +41,11 @@ DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update
 #: the critic's stages: verl 0.9.1's precision debugger knows them but nothing annotates them; on cpu the
 #: gate's CPU support does (precision_harness/runs/verl_cpu/patches.py, patch 4), so only there are they dumped
 CRITIC_STAGES = ("compute_values", "critic_update")
+#: verl's debugger skips the rollout; on cpu the gate's rollout server records what it sampled
+#: (precision_harness/runs/verl_cpu/policy_server.py)
+ROLLOUT_STAGE = "rollout_generate"
+#: the stages only the gate's CPU support dumps
+CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
 CHECKED_VERSION = "0.9.1"
 #: the verl versions the CPU support (precision_harness.runs.verl_cpu, its patches) was checked against
 SUPPORTED_VERSIONS = ("0.9.1",)
@@ -74,23 +79,27 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
             f"{scenario_path}: engine: verl needs verl installed in this environment; "
             "pip install 'pytest-precision[verl]' (or your own verl build)"
         )
-    missing = [s for s in stages if s not in DUMPED_STAGES + CRITIC_STAGES]
+    missing = [s for s in stages if s not in DUMPED_STAGES + CPU_STAGES]
     if missing:
         raise ScenarioError(
             f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
-            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CRITIC_STAGES)} on cpu "
+            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CPU_STAGES)} on cpu "
             f"(checked against verl {CHECKED_VERSION})"
         )
 
 
 def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> None:
-    """Raise ScenarioError for a critic stage off the CPU: verl dumps it only with the gate's CPU support."""
-    critic = [s for s in stages if s in CRITIC_STAGES]
-    if critic and device != "cpu":
+    """Raise ScenarioError for a critic or rollout stage off the CPU: only the gate's CPU support dumps them."""
+    cpu_only = [s for s in stages if s in CPU_STAGES]
+    if cpu_only and device != "cpu":
+        why = (
+            "verl's debugger skips the rollout; the gate's CPU rollout server records it"
+            if cpu_only[0] == ROLLOUT_STAGE
+            else "nothing in its critic worker is annotated; the gate's CPU support annotates it"
+        )
         raise ScenarioError(
-            f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {critic[0]!r} on {device} "
-            "(nothing in its critic worker is annotated); the gate dumps the critic's stages on cpu only: "
-            "remove it, or run with --precision-device cpu"
+            f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {cpu_only[0]!r} on {device} "
+            f"({why}): remove it, or run with --precision-device cpu"
         )
 
 
@@ -110,11 +119,12 @@ def check_cpu_version(scenario_path: Path) -> None:
         raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
 
 
-def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def cpu_env(environ: Mapping[str, str] | None = None, *, cpu_kernels: str = "portable") -> dict[str, str]:
     """The variables that make verl load the CPU support in every process it starts (its extension hook).
 
     Modules ``environ`` (default: this process's) already names in ``VERL_USE_EXTERNAL_MODULES`` are kept,
-    after the CPU support, which registers the platform they may need.
+    after the CPU support, which registers the platform they may need. ``cpu_kernels`` is the scenario's
+    ``trainer.cpu_kernels`` (``portable`` or ``vendor``), which each process applies.
     """
     own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
     modules = [CPU_MODULE, *(m for m in own.split(",") if m and m != CPU_MODULE)]
@@ -124,19 +134,43 @@ def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         "VERL_ENGINE_DEVICE": "cuda",  # verl's engine registry has FSDP under cuda/nvidia only
         "VERL_ENGINE_VENDOR": "nvidia",
         "TOKENIZERS_PARALLELISM": "false",
+        "PRECISION_CPU_KERNELS": cpu_kernels,  # read by verl_cpu.kernels in every verl process
     }
 
 
-def cpu_overrides(*, critic: bool) -> dict[str, Any]:
-    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``); with a
-    ``critic``, its engine settings and its profiler on (the gate's CPU support dumps its stages)."""
+def cpu_ranks(scenario_path: Path, overrides: dict[str, Any], limit: int | None = None) -> int:
+    """The ranks a verl scenario asks for on the CPU (``trainer.n_gpus_per_node``, default 1).
+
+    Each rank is a worker process computing on one thread, so at most ``limit`` (default: this machine's
+    CPU count) can run.
+
+    Raises:
+        ScenarioError: not a positive integer, or more than ``limit`` (one line naming the key and the limit).
+    """
+    limit = limit if limit is not None else (os.cpu_count() or 1)
+    ranks = overrides.get("trainer.n_gpus_per_node", 1)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ScenarioError(f"{scenario_path}: verl.overrides: trainer.n_gpus_per_node: expected a positive integer")
+    if ranks > limit:
+        raise ScenarioError(
+            f"{scenario_path}: verl.overrides: trainer.n_gpus_per_node: {ranks} ranks on cpu, but this machine runs "
+            f"at most {limit} (one worker process per CPU core); lower it to {limit} or fewer"
+        )
+    return ranks
+
+
+def cpu_overrides(*, critic: bool, ranks: int = 1) -> dict[str, Any]:
+    """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``) for ``ranks``
+    worker processes; with a ``critic``, its engine settings and its profiler on (the gate's CPU support
+    dumps its stages)."""
+    from precision_harness.runs.verl_cpu import CPU_AGENT_LOOP, CPU_AGENT_LOOP_FILE, CPU_SAMPLER
+
     out: dict[str, Any] = {
         # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
         "ray_kwargs.ray_init.num_cpus": 8,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
-        # verl's single controller hard-codes use_gpu=True: one declared Ray GPU, which no process uses
-        "+ray_kwargs.ray_init.num_gpus": 1,
-        "trainer.n_gpus_per_node": 1,
+        # verl's single controller hard-codes use_gpu=True: one declared Ray GPU per rank, which no process uses
+        "+ray_kwargs.ray_init.num_gpus": ranks,
         "trainer.nnodes": 1,
         # no FlashAttention on CPU
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
@@ -146,11 +180,16 @@ def cpu_overrides(*, critic: bool) -> dict[str, Any]:
         "actor_rollout_ref.ref.strategy": "fsdp2",
         "actor_rollout_ref.actor.use_torch_compile": False,
         "actor_rollout_ref.ref.use_torch_compile": False,
-        # the seeded replica; it needs stable request ids (det-<index>)
+        # the replica samples from the policy: one server over every rank (verl's rollout TP = ranks)
         "actor_rollout_ref.rollout.name": CPU_PLATFORM,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": ranks,
         "actor_rollout_ref.rollout.full_determinism": True,
-        # its responses carry no log-probs (they are not sampled from the model)
-        "actor_rollout_ref.rollout.calculate_log_probs": False,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        # a seed per request (prompt index, step, sample) and batches in prompt order, whatever the arrival order
+        "actor_rollout_ref.rollout.agent.default_agent_loop": CPU_AGENT_LOOP,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": CPU_AGENT_LOOP_FILE,
+        "trainer.v1.sampler.custom_sampler.path": CPU_SAMPLER[0],
+        "trainer.v1.sampler.custom_sampler.name": CPU_SAMPLER[1],
     }
     if critic:
         out.update(
@@ -163,6 +202,7 @@ def cpu_overrides(*, critic: bool) -> dict[str, Any]:
                 "critic.fsdp.full_determinism": True,
                 # verl leaves the critic's profiler off; compute_values and critic_update run inside it
                 "critic.profiler.enable": True,
+                "critic.profiler.all_ranks": True,
             }
         )
     return out
@@ -217,6 +257,8 @@ def gate_overrides(
         f"{_PD}.stages": list(stages),
         f"{_PD}.strict": strict,
         "actor_rollout_ref.actor.profiler.enable": True,
+        # every rank dumps (verl's default is none but the ranks listed): the gate checks each
+        "actor_rollout_ref.actor.profiler.all_ranks": True,
         "trainer.total_training_steps": last,
         "trainer.logger": ["console", "file"],
         "trainer.val_before_train": False,
@@ -299,7 +341,7 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     user = dict(verl["overrides"])
     gate = gate_overrides(
         steps=list(scenario.steps),
-        stages=list(scenario.stages),
+        stages=[s for s in scenario.stages if s != ROLLOUT_STAGE],
         strict=bool(scenario.profiler["strict"]),
         save_path=run_dir,
         config_path=Path(env[ENV_MSPROBE_CONFIG]),
@@ -310,11 +352,12 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     check_device_stages(scenario.path, list(scenario.stages), device)
     if device == "cpu":
         check_cpu_version(scenario.path)
-        cpu = cpu_overrides(critic=uses_critic(user))
+        cpu = cpu_overrides(critic=uses_critic(user), ranks=cpu_ranks(scenario.path, user))
         check_cpu_overrides(scenario.path, user, cpu)
         gate = {**cpu, **gate}
-        owned_env.update(cpu_env())
-        env.update(cpu_env())
+        variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
+        owned_env.update(variables)
+        env.update(variables)
     header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]

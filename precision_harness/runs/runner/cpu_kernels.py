@@ -53,6 +53,9 @@ CHUNK_ELEMENTS = 1 << 22
 
 _aten = torch.ops.aten
 _LIBRARY: Any = None
+#: ``install(split_k=...)``: the reduction over k is summed in blocks of this many products, then over the
+#: blocks (None: one ordered sum over k)
+_SPLIT_K: int | None = None
 
 
 #: inputs accumulated in fp32: their products are exact in fp32 (bf16, fp16) or already fp32
@@ -69,9 +72,17 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _products_summed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for ``a [..., m, k]`` and ``b [..., k, n]``: exact-dtype products, ATen's ordered sum over k."""
+    """``a @ b`` for ``a [..., m, k]`` and ``b [..., k, n]``: exact-dtype products, ATen's ordered sum over k
+    (split into blocks of :data:`_SPLIT_K` products first when set)."""
     prod = _aten.mul.Tensor(_aten.unsqueeze.default(a, -1), _aten.unsqueeze.default(b, -3))
-    return _aten.sum.dim_IntList(prod, [-2])
+    k = prod.shape[-2]
+    if _SPLIT_K is None or k <= _SPLIT_K:
+        return _aten.sum.dim_IntList(prod, [-2])
+    pad = -k % _SPLIT_K  # zero products are exact: padding changes no partial sum
+    if pad:
+        prod = _aten.constant_pad_nd.default(prod, [0, 0, 0, pad])
+    blocks = _aten.reshape.default(prod, [*prod.shape[:-2], (k + pad) // _SPLIT_K, _SPLIT_K, prod.shape[-1]])
+    return _aten.sum.dim_IntList(_aten.sum.dim_IntList(blocks, [-2]), [-2])
 
 
 def matmul_acc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -172,15 +183,23 @@ def installed() -> bool:
     return _LIBRARY is not None
 
 
-def install() -> None:
+def install(*, split_k: int | None = None) -> None:
     """Register the portable matrix-product kernels for the CPU and turn oneDNN and flash attention off.
 
-    Idempotent. Raises:
-        RuntimeError: torch is older than 2.1.
+    ``split_k``: sum each output's ``k`` products in blocks of ``split_k``, then sum the blocks, as split-K
+    GEMMs do (the decode kernels of GPU inference engines). Another association of the same fp32 sums:
+    as portable as the default, but rounded differently; the verl CPU rollout server uses it to stand in
+    for a rollout engine's kernels (precision_harness/runs/verl_cpu/policy_server.py).
+
+    Idempotent for one ``split_k``. Raises:
+        RuntimeError: torch is older than 2.1, or installed before with another ``split_k``.
     """
-    global _LIBRARY
+    global _LIBRARY, _SPLIT_K
     if _LIBRARY is not None:
+        if split_k != _SPLIT_K:
+            raise RuntimeError(f"portable CPU kernels already installed with split_k={_SPLIT_K}, not {split_k}")
         return
+    _SPLIT_K = split_k
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 1):
         raise RuntimeError(

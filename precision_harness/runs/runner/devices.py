@@ -95,8 +95,9 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
     return torch.device(device)
 
 
-def _portable_cpu(torch: Any) -> None:
-    """Install the portable kernels; refuse a CPU whose ATen kernels are not the pinned AVX2 ones.
+def _portable_cpu(torch: Any, *, split_k: int | None = None) -> None:
+    """Install the portable kernels (``split_k``: :func:`.cpu_kernels.install`'s); refuse a CPU whose ATen
+    kernels are not the pinned AVX2 ones.
 
     Every element-wise op and reduction (msprobe's own Mean included) runs ATen's kernel for
     ``ATEN_CPU_CAPABILITY``; a CPU without AVX2 silently runs another one, whose transcendental
@@ -111,7 +112,7 @@ def _portable_cpu(torch: Any) -> None:
             f"{capability} ({platform.machine()}): its dumps cannot match them; record goldens for it "
             "in a project of its own"
         )
-    cpu_kernels.install()
+    cpu_kernels.install(split_k=split_k)
 
 
 #: determinism_env variables that cannot change a number (offline switches, progress bars); thread

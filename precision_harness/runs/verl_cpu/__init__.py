@@ -7,12 +7,27 @@ imports :mod:`.extension`, which:
 
 1. refuses a verl other than the versions tested (:data:`precision_harness.runs.verl_engine.SUPPORTED_VERSIONS`),
    in one line;
-2. registers the CPU platform ``precision_cpu`` (:mod:`.platform`) with verl's public
+2. sets the process's numerics (:mod:`.kernels`: threads, the portable matrix kernels, CPU autocast with
+   the GPU's float32 op lists, :mod:`.autocast_policy`);
+3. registers the CPU platform ``precision_cpu`` (:mod:`.platform`) with verl's public
    ``PlatformRegistry.register``;
-3. registers the rollout replica ``precision_cpu`` (:mod:`.rollout`) with verl's public
-   ``RolloutReplicaRegistry.register``;
-4. applies the patches of verl internals (:mod:`.patches`, the only module that patches verl).
+4. registers the rollout replica ``precision_cpu`` (:mod:`.rollout`, sampling with :mod:`.policy_server`)
+   with verl's public ``RolloutReplicaRegistry.register``;
+5. applies the patches of verl internals (:mod:`.patches`, the only module that patches verl).
+
+Two more modules are named in verl's config by the gate rather than imported here: the agent loop
+:mod:`.agent_loop` (a seed per request; ``rollout.agent.agent_loop_config_path``) and the replay buffer
+:mod:`.sampler` (batches in prompt order; ``trainer.v1.sampler.custom_sampler``).
 
 Importing this package itself does nothing; :mod:`.extension`, :mod:`.platform` and :mod:`.patches`
 import torch and verl, and the gate's own process never imports them.
 """
+
+from pathlib import Path
+
+#: the agent loop the gate selects on cpu (``actor_rollout_ref.rollout.agent.default_agent_loop``), and the
+#: registry file naming it (``agent.agent_loop_config_path``): :mod:`.agent_loop`
+CPU_AGENT_LOOP = "precision_cpu_single_turn"
+CPU_AGENT_LOOP_FILE = str(Path(__file__).with_name("agent_loops.yaml"))
+#: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`.sampler`
+CPU_SAMPLER = ("pkg://precision_harness.runs.verl_cpu.sampler", "OrderedReplayBuffer")

@@ -10,8 +10,9 @@ _version = importlib.metadata.version("verl")
 if _version not in SUPPORTED_VERSIONS:
     raise RuntimeError(unsupported_version_message(_version))
 
-from precision_harness.runs.verl_cpu import patches, platform, rollout  # noqa: E402
+from precision_harness.runs.verl_cpu import kernels, patches, platform, rollout  # noqa: E402
 
+kernels.setup_process()
 platform.register()
 rollout.register()
 patches.apply(_version)

@@ -1,4 +1,4 @@
-"""Every patch of verl internals the CPU run needs, in one place, for verl 0.9.1 only.
+"""Every patch of verl (and one of torch) internals the CPU run needs, in one place, for verl 0.9.1 only.
 
 Each entry names the verl function or table it replaces and why. :func:`apply` refuses any other
 verl version (the package's ``__init__`` already did, in one line); a new verl version must be read
@@ -30,6 +30,14 @@ again, each patch re-checked, and added to :data:`precision_harness.runs.verl_en
    without trl reports any failure as "not a value head model". Replaced by its first branch,
    ``AutoModelForTokenClassification.from_pretrained`` with the same arguments and ``"sdpa"``; when
    that fails, verl's own function runs (and reports).
+6. torch's FSDP2 all-gather buffer (``DefaultAllocMixin.allocate`` in
+   ``torch.distributed.fsdp._fully_shard._fsdp_collectives``, torch :data:`CHECKED_TORCH`), on the CPU only:
+   with two or more ranks, ``all_gather_copy_in`` takes ``Tensor.narrow`` of a buffer ``torch.empty`` just
+   allocated, before anything is copied in; msprobe's L1 dump records that call, so every multi-rank
+   dump held statistics of uninitialised memory (189 ``Tensor.narrow`` rows differed between two
+   otherwise identical runs, NaN and 3e38 among them). Allocated with ``torch.zeros`` on the CPU
+   instead, those rows read zeros. What the all-gather computes is unchanged. Another torch version
+   is left unpatched, with one line in the worker log saying so.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from typing import Any
 from precision_harness.runs.verl_engine import SUPPORTED_VERSIONS, unsupported_version_message
 
 CPU_BACKEND = "cpu:gloo"
+#: the torch versions patch 6 was read against
+CHECKED_TORCH = ("2.13.0",)
 
 
 def _process_group(original: Any) -> Any:
@@ -124,6 +134,36 @@ def _valuehead_loader(original: Any) -> Any:
     return load_valuehead_model
 
 
+def _zeroed_allocate(original: Any) -> Any:
+    import torch
+
+    @functools.wraps(original)
+    def allocate(self: Any, size: Any, *, dtype: Any, device: Any) -> Any:
+        if torch.device(device).type == "cpu":
+            return torch.zeros(*size, dtype=dtype, device=device)
+        return original(self, size, dtype=dtype, device=device)
+
+    allocate.__precision_patched__ = True
+    return allocate
+
+
+def _zero_fsdp_buffers() -> None:
+    import torch
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    if torch.__version__.split("+")[0] not in CHECKED_TORCH:
+        print(
+            f"precision gate: torch {torch.__version__}: FSDP2's all-gather buffers are left as torch allocates them "
+            f"(the zero-fill was checked with torch {', '.join(CHECKED_TORCH)}); a multi-rank L1 dump may record "
+            "uninitialised memory at Tensor.narrow",
+            flush=True,
+        )
+        return
+    mixin = _fsdp_collectives.DefaultAllocMixin
+    if not getattr(mixin.allocate, "__precision_patched__", False):
+        mixin.allocate = _zeroed_allocate(mixin.allocate)
+
+
 def apply(version: str) -> None:
     """Apply the patches above (idempotent).
 
@@ -153,3 +193,4 @@ def apply(version: str) -> None:
 
     if not getattr(verl_model.load_valuehead_model, "__precision_patched__", False):
         verl_model.load_valuehead_model = _valuehead_loader(verl_model.load_valuehead_model)
+    _zero_fsdp_buffers()
