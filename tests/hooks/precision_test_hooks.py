@@ -15,8 +15,15 @@ Two variables choose them; unset, every patched function does exactly what it di
   ``rollout_lm_head`` (after each sync the rollout's ``lm_head.weight`` is rounded through bfloat16),
   ``rollout_sampling`` (the rollout samples with its temperature times :data:`ROLLOUT_SAMPLING_SCALE`
   but recomputes with the right one: a sampler change that moves sampled tokens, not log-prob parity).
+  In verl's CPU rollout server (``precision_harness.runs.verl_cpu.policy_server``): ``rollout_logprobs``
+  (the log-probs it returns are rounded through bfloat16, the tokens stay: a rollout kernel that stops
+  computing log-probs in float32), ``rollout_stale_weights`` (it ignores the sync before step 2 and
+  keeps step 1's weights). In the model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
+  variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
-  own shard by :data:`PERTURB_SCALE`, so a verdict must name the rank that diverged first.
+  own shard by :data:`PERTURB_SCALE` (the built-in loop), or its policy loss, and so its gradients
+  before they are reduced across ranks (verl's ``ppo_loss``), so a verdict must name the rank that
+  diverged first.
 
 How a hook reaches a run: a test puts this folder on ``PYTHONPATH`` (:func:`harness_testing.hooks_env`)
 for the processes it starts; this folder's ``sitecustomize.py`` calls :func:`install` at interpreter
@@ -37,7 +44,18 @@ from typing import Any
 
 PLANT_ENV = "PRECISION_TEST_PLANT"
 PLANT_SCALE = 1.0 + 1e-4
-SITES = ("log_prob", "loss", "advantages", "weight_sync", "rollout_temperature", "rollout_lm_head", "rollout_sampling")
+SITES = (
+    "log_prob",
+    "loss",
+    "advantages",
+    "weight_sync",
+    "rollout_temperature",
+    "rollout_lm_head",
+    "rollout_sampling",
+    "rollout_logprobs",
+    "rollout_stale_weights",
+    "norm_precision",
+)
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
 ROLLOUT_TEMPERATURE_SCALE = 1.0 + 1e-6
@@ -163,6 +181,65 @@ def _patch_rollout(rollout: ModuleType) -> None:
     rollout.generate, rollout.recompute_log_probs = generate_planted, recompute_planted
 
 
+def _unhooked_round(t: Any, dtype: Any) -> Any:
+    """``t`` rounded through ``dtype`` with aten ops msprobe does not hook: numbers move, no dump row is added."""
+    import torch
+
+    aten = torch.ops.aten
+    return aten._to_copy.default(aten._to_copy.default(t, dtype=dtype), dtype=t.dtype)
+
+
+def _patch_policy_server(server: ModuleType) -> None:
+    sample, load = server.sample_response, server.PolicyServer.load_weights
+
+    def sample_response(*args: Any, **kwargs: Any) -> Any:
+        tokens, log_probs, stop = sample(*args, **kwargs)
+        if planted("rollout_logprobs"):
+            import torch
+
+            log_probs = torch.tensor(log_probs, dtype=torch.float32).to(torch.bfloat16).float().tolist()
+        return tokens, log_probs, stop
+
+    def load_weights(self: Any, weights: Any, global_steps: Any, actor: Any) -> Any:
+        if planted("rollout_stale_weights") and global_steps == 1:  # the sync after step 1, for step 2
+            weights = []
+        return load(self, weights, global_steps, actor)
+
+    server.sample_response, server.PolicyServer.load_weights = sample_response, load_weights
+
+
+def _patch_engine_workers(engine_workers: ModuleType) -> None:
+    ppo_loss = engine_workers.ppo_loss
+
+    def perturbed_ppo_loss(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        loss, metrics = ppo_loss(*args, **kwargs)
+        if os.environ.get(PERTURB_ENV) is not None and os.environ.get(PERTURB_ENV) == os.environ.get("RANK"):
+            loss = torch.ops.aten.mul.Scalar(loss, PERTURB_SCALE)  # unhooked: the backward's numbers move, no row
+        return loss, metrics
+
+    engine_workers.ppo_loss = perturbed_ppo_loss
+
+
+def _patch_qwen2(qwen2: ModuleType) -> None:
+    norm = qwen2.Qwen2RMSNorm
+    original = norm.forward
+
+    def forward(self: Any, hidden_states: Any) -> Any:
+        import torch
+
+        if not planted("norm_precision"):
+            return original(self, hidden_states)
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = _unhooked_round(hidden_states.pow(2).mean(-1, keepdim=True), input_dtype)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+    norm.forward = forward
+
+
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runs.runner.weight_sync": _patch_weight_sync,
@@ -170,6 +247,9 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runs.runner.stages": _patch_stages,
     "precision_harness.runs.runner.trainer": _patch_trainer,
     "verl.trainer.ppo.core_algos": _patch_core_algos,
+    "verl.workers.engine_workers": _patch_engine_workers,
+    "precision_harness.runs.verl_cpu.policy_server": _patch_policy_server,
+    "transformers.models.qwen2.modeling_qwen2": _patch_qwen2,
 }
 
 
