@@ -169,6 +169,10 @@ def cpu_overrides(*, critic: bool, ranks: int = 1) -> dict[str, Any]:
         # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
         "ray_kwargs.ray_init.num_cpus": 8,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        # one agent-loop and one reward worker (8 each by default, each a process importing torch and verl):
+        # which worker serves a prompt changes no number here (a seed per request, batches in prompt order)
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "reward.num_workers": 1,
         # verl's single controller hard-codes use_gpu=True: one declared Ray GPU per rank, which no process uses
         "+ray_kwargs.ray_init.num_gpus": ranks,
         "trainer.nnodes": 1,
