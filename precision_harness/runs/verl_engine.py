@@ -103,6 +103,15 @@ def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> 
         )
 
 
+def check_device_invariants(scenario: Any, device: str) -> None:
+    """Raise ScenarioError for ``weight_sync`` off the CPU: only the gate's CPU rollout server records digests."""
+    if scenario.invariants.weight_sync and device != "cpu":
+        raise ScenarioError(
+            f"{scenario.path}: invariants.weight_sync: verl's rollout engines record no per-parameter digests on "
+            f"{device}; the gate's CPU rollout server does: remove it, or run with --precision-device cpu"
+        )
+
+
 def unsupported_version_message(version: str | None) -> str:
     """The one line for a verl the CPU support was not checked against."""
     return (
@@ -354,6 +363,7 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
     check_device_stages(scenario.path, list(scenario.stages), device)
+    check_device_invariants(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
         cpu = cpu_overrides(critic=uses_critic(user), ranks=cpu_ranks(scenario.path, user))

@@ -38,9 +38,14 @@ class ScenarioBase:
     allows_auto: ClassVar[bool]
     #: what a stale golden's message says when the golden cannot name the change
     unnamed_change: ClassVar[str]
-    #: whether its runs write per-token rollout log-probs and per-parameter weight digests (the
-    #: built-in loop's own rollout): ``rollout_generate``, ``weight_sync`` and ``exact`` parity need them
+    #: whether its runs write per-token rollout log-probs beside the training log-probs (the built-in
+    #: loop's ``log_probs.json``): ``exact`` parity and the log-prob bounds need them
     records_rollout: ClassVar[bool]
+    #: whether its runs write per-parameter digests of each weight sync (``weight_sync.json``): the
+    #: ``weight_sync`` invariant needs them (verl: on cpu, where the gate's rollout server records them)
+    records_weight_sync: ClassVar[bool]
+    #: whether its runs can dump ``rollout_generate`` (verl: on cpu, the gate's rollout server)
+    dumps_rollout: ClassVar[bool]
     #: cross-field rules the schema cannot express (:mod:`.validation`), run when the file is loaded
     consistency_checks: ClassVar[tuple[Callable[[ScenarioBase], None], ...]]
 
@@ -194,7 +199,13 @@ class ScenarioBase:
             ScenarioError: an unknown check or bound, or a bound that is not a number (names the key).
         """
         raw = self.config.get("invariants")
-        return invariant_declarations.parse(raw, source=self.path, kind=self.kind, records_rollout=self.records_rollout)
+        return invariant_declarations.parse(
+            raw,
+            source=self.path,
+            kind=self.kind,
+            records_rollout=self.records_rollout,
+            records_weight_sync=self.records_weight_sync,
+        )
 
     @property
     def invariant_items(self) -> tuple[tuple[int, str], ...]:

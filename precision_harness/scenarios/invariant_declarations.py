@@ -64,13 +64,16 @@ class Invariants:
         return tuple(n for n in INVARIANTS if on[n])
 
 
-def parse(raw: Any, *, source: Path | str, kind: str, records_rollout: bool) -> Invariants:
+def parse(
+    raw: Any, *, source: Path | str, kind: str, records_rollout: bool, records_weight_sync: bool | None = None
+) -> Invariants:
     """Validate a scenario's ``invariants:`` value (None: no checks).
 
-    ``records_rollout`` (the scenario kind's :attr:`~precision_harness.scenarios.scenario.Scenario.records_rollout`):
-    its runs write per-token rollout log-probs and per-parameter weight digests, so ``exact``,
-    ``weight_sync`` and the log-prob bounds apply; otherwise only ``metrics.jsonl`` bounds do.
-    ``kind`` names the scenario's kind in messages.
+    ``records_rollout`` (the kind's :attr:`~precision_harness.scenarios.base.ScenarioBase.records_rollout`):
+    its runs write per-token rollout log-probs, so ``exact`` and the log-prob bounds apply; otherwise
+    only ``metrics.jsonl`` bounds do. ``records_weight_sync`` (default: ``records_rollout``): its runs
+    write per-parameter digests of each weight sync, so ``weight_sync`` applies. ``kind`` names the
+    scenario's kind in messages.
 
     Raises:
         ScenarioError: one line naming ``source`` and the key: an unknown check, a mode other than
@@ -84,7 +87,8 @@ def parse(raw: Any, *, source: Path | str, kind: str, records_rollout: bool) -> 
     for key in raw:
         if key not in INVARIANTS:
             raise ScenarioError(f"{source}: invariants.{key}: unknown check; expected one of {', '.join(INVARIANTS)}")
-    weight_sync = _weight_sync(raw.get(WEIGHT_SYNC), source=source, kind=kind, records_rollout=records_rollout)
+    digests = records_rollout if records_weight_sync is None else records_weight_sync
+    weight_sync = _weight_sync(raw.get(WEIGHT_SYNC), source=source, kind=kind, records_digests=digests)
     if LOG_PROB_PARITY not in raw:
         return Invariants(weight_sync=weight_sync)
     value = raw[LOG_PROB_PARITY]
@@ -108,15 +112,15 @@ def parse(raw: Any, *, source: Path | str, kind: str, records_rollout: bool) -> 
     return Invariants(weight_sync=weight_sync, parity="bounded", bounds=bounds)
 
 
-def _weight_sync(value: Any, *, source: Path | str, kind: str, records_rollout: bool) -> bool:
+def _weight_sync(value: Any, *, source: Path | str, kind: str, records_digests: bool) -> bool:
     if value is None:
         return False
     if value != "exact":
         raise ScenarioError(f"{source}: invariants.{WEIGHT_SYNC}: expected exact, got {value!r}")
-    if not records_rollout:
+    if not records_digests:
         raise ScenarioError(
-            f"{source}: invariants.{WEIGHT_SYNC}: a {kind} scenario's weight sync happens inside verl, which "
-            "records no per-parameter digests; weight_sync runs on built-in scenarios"
+            f"{source}: invariants.{WEIGHT_SYNC}: a {kind} scenario's weight sync happens in its own code, which "
+            "records no per-parameter digests; weight_sync runs on built-in scenarios and verl scenarios on cpu"
         )
     return True
 

@@ -93,6 +93,8 @@ class BuiltinScenario(Scenario):
     kind = "builtin"
     allows_auto = True
     records_rollout = True
+    records_weight_sync = True
+    dumps_rollout = True
     unnamed_change = "model, data, batch or algorithm settings changed"
     consistency_checks = (
         validation.check_stages,
@@ -175,6 +177,8 @@ class CommandScenario(Scenario):
     kind = "command"
     allows_auto = False
     records_rollout = False
+    records_weight_sync = False
+    dumps_rollout = False
     unnamed_change = "argv, env, settings, msprobe config, num_threads or an input file changed"
     consistency_checks = (
         validation.check_rollout_generate,
@@ -231,6 +235,10 @@ class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
     kind = "verl"
+    #: on cpu the gate's rollout server records both (precision_harness/runs/verl_cpu/policy_server.py); on
+    #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl_engine.py)
+    records_weight_sync = True
+    dumps_rollout = True
     unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
     consistency_checks = (
         validation.check_rollout_generate,

@@ -34,8 +34,9 @@ def check_stages(s: ScenarioBase) -> None:
 
 
 def check_rollout_generate(s: ScenarioBase) -> None:
-    """``rollout_generate`` is dumped by the built-in loop only: verl's debugger skips the rollout."""
-    if ROLLOUT_GENERATE in s.profiler["stages"]:
+    """``rollout_generate`` is dumped by the built-in loop and the gate's verl CPU rollout only: verl's debugger
+    skips the rollout."""
+    if ROLLOUT_GENERATE in s.profiler["stages"] and not s.dumps_rollout:
         raise ScenarioError(
             f"{s.path}: {STAGES_KEY}: {ROLLOUT_GENERATE} is not dumped by verl (its PrecisionDebugger skips the "
             f'rollout: "rollout_generate is ignored"), so a {s.kind} scenario cannot gate it; remove it from stages'
