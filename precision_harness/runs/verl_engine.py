@@ -366,9 +366,11 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     check_device_invariants(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
-        cpu = cpu_overrides(critic=uses_critic(user), ranks=cpu_ranks(scenario.path, user))
+        ranks = cpu_ranks(scenario.path, user)
+        cpu = cpu_overrides(critic=uses_critic(user), ranks=ranks)
         check_cpu_overrides(scenario.path, user, cpu)
-        gate = {**cpu, **gate}
+        # the scenario's own key, or verl's default (8) replaced by one rank
+        gate = {**cpu, "trainer.n_gpus_per_node": ranks, **gate}
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
         owned_env.update(variables)
         env.update(variables)
