@@ -53,6 +53,12 @@ SUPPORTED_VERSIONS = ("0.9.1",)
 CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
 #: the platform and rollout replica that module registers
 CPU_PLATFORM = "precision_cpu"
+#: the agent loop the gate selects on cpu (``actor_rollout_ref.rollout.agent.default_agent_loop``), and the
+#: registry file naming it (``agent.agent_loop_config_path``): :mod:`precision_harness.runs.verl_cpu.agent_loop`
+CPU_AGENT_LOOP = "precision_cpu_single_turn"
+CPU_AGENT_LOOP_FILE = str(Path(__file__).parent / "verl_cpu" / "agent_loops.yaml")
+#: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`precision_harness.runs.verl_cpu.sampler`
+CPU_SAMPLER = ("pkg://precision_harness.runs.verl_cpu.sampler", "OrderedReplayBuffer")
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
@@ -172,8 +178,6 @@ def cpu_overrides(*, critic: bool, ranks: int = 1) -> dict[str, Any]:
     """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``) for ``ranks``
     worker processes; with a ``critic``, its engine settings and its profiler on (the gate's CPU support
     dumps its stages)."""
-    from precision_harness.runs.verl_cpu import CPU_AGENT_LOOP, CPU_AGENT_LOOP_FILE, CPU_SAMPLER
-
     out: dict[str, Any] = {
         # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
         "ray_kwargs.ray_init.num_cpus": 8,

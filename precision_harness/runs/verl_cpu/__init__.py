@@ -22,12 +22,3 @@ Two more modules are named in verl's config by the gate rather than imported her
 Importing this package itself does nothing; :mod:`.extension`, :mod:`.platform` and :mod:`.patches`
 import torch and verl, and the gate's own process never imports them.
 """
-
-from pathlib import Path
-
-#: the agent loop the gate selects on cpu (``actor_rollout_ref.rollout.agent.default_agent_loop``), and the
-#: registry file naming it (``agent.agent_loop_config_path``): :mod:`.agent_loop`
-CPU_AGENT_LOOP = "precision_cpu_single_turn"
-CPU_AGENT_LOOP_FILE = str(Path(__file__).with_name("agent_loops.yaml"))
-#: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`.sampler`
-CPU_SAMPLER = ("pkg://precision_harness.runs.verl_cpu.sampler", "OrderedReplayBuffer")

@@ -8,7 +8,7 @@ sample (``session_id``, 0 .. rollout.n - 1) (:func:`~.policy_server.request_seed
 with those three numbers (``sampling_params["precision_sample"]``) so the server can record it in
 (prompt, sample) order. Neither depends on when or where the request is served. verl selects it by
 name (``actor_rollout_ref.rollout.agent.default_agent_loop``) from ``agent_loops.yaml`` beside this module,
-which its ``agent.agent_loop_config_path`` reads (:data:`precision_harness.runs.verl_cpu.CPU_AGENT_LOOP_FILE`).
+which its ``agent.agent_loop_config_path`` reads (:data:`precision_harness.runs.verl_engine.CPU_AGENT_LOOP_FILE`).
 """
 
 from __future__ import annotations
