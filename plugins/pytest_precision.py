@@ -19,6 +19,7 @@ from precision_harness import options
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.errors import PrecisionError, VerlMissingError
 from precision_harness.options import PrecisionOptions
+from precision_harness.paths import display_path
 from precision_harness.report.precision_report import ItemRecord
 from precision_harness.runs import device_availability
 from precision_harness.runs.kind_runners import load_scenario
@@ -52,6 +53,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _rerun_args(config: pytest.Config) -> tuple[str, ...]:
+    """The options of this invocation a pasted rerun line needs to find the same ini, golden and device:
+    ``-c``, ``--rootdir``, ``-o precision_*=...``, ``--precision-device``, ``--precision-golden-device``."""
+    args: list[str] = []
+    option = config.option
+    if getattr(option, "inifilename", None):
+        args += ["-c", display_path(option.inifilename)]
+    if getattr(option, "rootdir", None):
+        args += ["--rootdir", display_path(option.rootdir)]
+    for item in getattr(option, "override_ini", None) or ():
+        if item.startswith("precision_"):
+            args += ["-o", item]
+    for flag in ("device", "golden_device"):
+        value = config.getoption(f"precision_{flag}")
+        if value not in (None, "auto"):
+            args += [f"--precision-{flag.replace('_', '-')}", value]
+    return tuple(args)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Create the run's PrecisionSession."""
     config.addinivalue_line("markers", "precision_scenario(name): item of a pytest-precision scenario")
@@ -59,7 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_device_options(precision_options, is_worker=_is_xdist_worker(config))
     if getattr(config, "workerinput", {}).get("precision_dist") == "loadgroup":
         config.option.loadgroup = True  # read by xdist's worker when it collects
-    precision = config.stash[_SESSION_KEY] = PrecisionSession(precision_options, rootdir=config.rootpath)
+    precision = config.stash[_SESSION_KEY] = PrecisionSession(
+        precision_options, rootdir=config.rootpath, rerun_args=_rerun_args(config)
+    )
     for flag, why in (
         ("keyword", "-k"),
         ("markexpr", "-m"),

@@ -31,6 +31,7 @@ settled    the first item after the run: undeclared stages noted;  ``RECORD``: "
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -86,11 +87,15 @@ class PrecisionSession:
 
     Args:
         runner: starts one scenario run (:data:`Runner`); tests give a fake that returns a prepared run.
+        rerun_args: the invocation's options a pasted rerun line needs (``-c``, ``-o precision_*=...``).
     """
 
-    def __init__(self, options: PrecisionOptions, *, rootdir: Path, runner: Runner = run_scenario) -> None:
+    def __init__(
+        self, options: PrecisionOptions, *, rootdir: Path, runner: Runner = run_scenario, rerun_args: tuple = ()
+    ) -> None:
         self.options = options
         self.rootdir = Path(rootdir)
+        self.rerun_args = tuple(rerun_args)
         self.runner = runner
         self.artifacts = self._abs(options.artifacts)
         self.store = GoldenStore(self._abs(options.golden_dir))
@@ -444,11 +449,8 @@ class PrecisionSession:
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:
-        try:
-            path = scenario.path.resolve().relative_to(self.rootdir.resolve())
-        except ValueError:
-            path = scenario.path
-        return f'pytest {path} -k "{selector}"'
+        """``pytest [options] SCENARIO -k "SELECTOR"``, to paste where pytest was started (its working directory)."""
+        return shlex.join(["pytest", *self.rerun_args, display_path(scenario.path)]) + f' -k "{selector}"'
 
     # -------------------------------------------------------------------------------- records
     def record(self, outcome: Outcome, *, nodeid: str, scenario: Scenario, key: ItemKey) -> ItemRecord:
