@@ -110,11 +110,9 @@ class PrecisionSession:
         return p if p.is_absolute() else self.rootdir / p
 
     def shown(self, p: Path) -> Path:
-        """``p`` relative to rootdir where it lies below it (how verdicts and summaries name paths)."""
-        try:
-            return p.relative_to(self.rootdir)
-        except ValueError:
-            return p
+        """``p`` as verdicts and summaries name it: from the working directory where it lies below it, so
+        the artifacts and ``tensorboard --logdir`` lines work where pytest was started."""
+        return Path(display_path(p))
 
     # ------------------------------------------------------------------------------ planning
     def state(self, scenario: Scenario) -> ScenarioState:

@@ -65,9 +65,12 @@ def test_pasted_inside_the_project(outer: Path) -> None:
 
 
 def test_pasted_in_the_folder_above_it(outer: Path) -> None:
-    """From the repository above: the path starts from there, and pytest finds the project's ini from it."""
+    """From the repository above: the path starts from there, and pytest finds the project's ini from it; the
+    artifacts line names the folder from there too."""
     out = _pytest(outer, "example/scenarios/tiny_ppo.yaml", "-k", SELECTED)
     assert _rerun_line(out)[0] == "example/scenarios/tiny_ppo.yaml"
+    artifacts = re.search(r"^\s*artifacts\s+(\S+)$", out, re.M)
+    assert artifacts and (outer / artifacts.group(1)).is_dir(), out[-3000:]
     _pasted(outer, out)
 
 
