@@ -200,7 +200,7 @@ invariants:
 @pytest.mark.parametrize(
     ("invariants", "message"),
     [
-        ("  weight_sync: exact\n", "invariants.weight_sync: a command scenario's weight sync happens inside verl"),
+        ("  weight_sync: exact\n", "invariants.weight_sync: a command scenario's weight sync happens in its own code"),
         ("  rollout_log_prob_parity: exact\n", "invariants.rollout_log_prob_parity: exact needs the per-token"),
         ("  rollout_log_prob_parity: {max_abs: 0.1}\n", "max_abs: unknown bound; expected one of mismatch/<metric>"),
     ],
