@@ -7,6 +7,8 @@ gloo): they are marked slow and take minutes on a 2-core CPU.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import subprocess
@@ -405,6 +407,15 @@ def test_e2e_the_examples_pass_where_they_stand_and_leave_no_process() -> None:
     assert "28 passed" in proc.stdout, proc.stdout[-2000:]
     assert "28 precision items: 20 identical to golden" in proc.stdout, proc.stdout[-2000:]
     assert not _marked_anywhere()
+    # the rollout of steps 2 and 3 sampled from the updated weights: each sync handed over other weights
+    # than the one before (every matrix moved; a norm's weight near 1 can round to the same bf16 after one
+    # step at lr 1e-3), and the server held exactly them
+    run = EXAMPLE / ".precision" / "artifacts" / "grpo_dp2_bf16_cpu" / "run"
+    syncs = [json.loads((run / f"step_{s}" / "weight_sync.json").read_text())["parameters"] for s in (1, 2, 3)]
+    for before, after in itertools.pairwise(syncs):
+        matrices = [(a, b) for a, b in zip(after, before, strict=True) if len(a["shape"]) == 2]
+        assert matrices and all(a["actor"] != b["actor"] for a, b in matrices)
+    assert all(p["actor"] == p["rollout"] for sync in syncs for p in sync)
 
 
 @pytest.mark.slow
