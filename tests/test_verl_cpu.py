@@ -147,7 +147,9 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.actor_rollout_ref.actor.fsdp_config.get("mixed_precision") is None  # verl's default: bf16 / fp32
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "precision_harness.runs.verl_cpu.extension"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == (
+        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack"
+    )
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_CPU_KERNELS"] == "portable"
     assert env["PRECISION_SCENARIO_DIR"] == str(SCENARIO.parent)
@@ -201,10 +203,14 @@ def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
 
 
 def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> None:
-    """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's CPU module, and never doubled."""
-    assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == verl_engine.CPU_MODULE
-    mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{verl_engine.CPU_MODULE},other"}
-    assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{verl_engine.CPU_MODULE},my_plugin,other"
+    """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's modules (the CPU support on cpu,
+    the rank stack hook on every device), and never doubled."""
+    cpu, ranks = verl_engine.CPU_MODULE, verl_engine.RANK_STACK_MODULE
+    assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks}"
+    mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{cpu},other"}
+    assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks},my_plugin,other"
+    on_npu = verl_engine.external_modules("npu", mine)["VERL_USE_EXTERNAL_MODULES"]
+    assert on_npu == f"{ranks},my_plugin,{cpu},other"  # the CPU support only where the run is on cpu
 
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ The gate gives the command (run with the scenario file's folder as its working d
 ``PRECISION_STAGES``        comma list of ``precision_debugger.stages``
 ``PRECISION_METRICS``       where the run may write a ``metrics.jsonl``
 ``PRECISION_SCENARIO_DIR``  the scenario file's folder (verl overrides read it as ``${oc.env:...}``)
+``PRECISION_DEVICE``        the device the run is for (each rank records its stack for it, :mod:`.rank_env`)
 ==========================  ===============================================================
 
 plus the scenario's ``env`` and the same thread pinning as a built-in scenario. After the command
@@ -44,7 +45,9 @@ from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
+from precision_harness.runs import rank_env
 from precision_harness.runs.launch import RunOptions, RunResult
+from precision_harness.runs.rank_env import ENV_DEVICE
 from precision_harness.runs.stage_api import (
     ENV_DUMP_DIR,
     ENV_METRICS,
@@ -259,21 +262,32 @@ def shown_command(argv: list[str], run_dir: Path) -> str:
 def command_fingerprint(
     argv: list[str], *, run_dir: Path, device: str, num_threads: int, environ: dict[str, str]
 ) -> dict[str, Any]:
-    """A command run's ``env``: what the gate knows without importing torch (the command's own process
-    loaded it): python, the command (:func:`shown_command`), the machine's CPU, threads and the
-    determinism variables ``environ`` gave the command for ``device``. Package versions are the
-    command's business and are not recorded."""
-    from precision_harness.runs import machine
+    """A command run's ``env``, as the gate reads it without importing torch: python, the command
+    (:func:`shown_command`), the machine's CPU, threads, the determinism variables ``environ`` gave the
+    command for ``device``, the host's accelerator stack (CANN, drivers, chips:
+    :func:`precision_harness.runs.stack.accelerator_stack`), and the package versions when the command
+    runs this interpreter (verl's trainer does). Each rank's own record is laid over it afterwards
+    (:func:`precision_harness.runs.rank_env.merged`)."""
+    from precision_harness.runs import machine, stack
     from precision_harness.runs.runner.devices import determinism_settings
 
-    return {
+    env: dict[str, Any] = {
         "python": platform.python_version(),
         "command": shown_command(argv, run_dir),
         "machine": platform.machine(),
         **machine.cpu_fingerprint(),
         "num_threads": num_threads,
         "determinism_env": determinism_settings(device, num_threads, environ),
+        **stack.accelerator_stack(device, environ),
     }
+    if _runs_this_interpreter(argv):
+        env.update(stack.package_versions())
+    return env
+
+
+def _runs_this_interpreter(argv: list[str]) -> bool:
+    first = shutil.which(argv[0]) if argv else None
+    return first is not None and Path(first).resolve() == Path(sys.executable).resolve()
 
 
 def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device: str, wall_s: float) -> dict[str, Any]:
@@ -358,7 +372,7 @@ def launch_command(
     spec = spec_of(scenario, run_dir, device=device)
     argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
     threads = scenario.config["trainer"]["num_threads"]
-    env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {})}
+    env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {}), ENV_DEVICE: device}
     if options.ray_address:
         env["RAY_ADDRESS"] = options.ray_address
     wall = 0.0
@@ -370,6 +384,7 @@ def launch_command(
     fingerprint = command_fingerprint(
         argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
     )
+    fingerprint = rank_env.merged(fingerprint, rank_env.read(run_dir))
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)
 
 

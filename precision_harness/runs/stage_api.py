@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import PrecisionError
+from precision_harness.runs import rank_env
 
 #: the environment a command scenario's process gets from the gate
 ENV_DUMP_DIR = "PRECISION_DUMP_DIR"
@@ -152,7 +153,10 @@ class _EnvProbe:
         if self._probe is None:
             if not self.config_path:
                 raise StageError(f"{ENV_DUMP_DIR} is set but {ENV_MSPROBE_CONFIG} is not: no msprobe config to use")
-            self._probe = StageProbe(root=self.root, rank=current_rank(), config_path=Path(self.config_path))
+            rank = current_rank()
+            self._probe = StageProbe(root=self.root, rank=rank, config_path=Path(self.config_path))
+            # this process's stack, for the golden's env (the gate cannot import the loop's packages)
+            rank_env.write(self.root, rank, os.environ.get(rank_env.ENV_DEVICE, "cpu"))
         return self._probe
 
 

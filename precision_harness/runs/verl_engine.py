@@ -49,6 +49,9 @@ CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
 CHECKED_VERSION = "0.9.1"
 #: the verl versions the CPU support (precision_harness.runs.verl_cpu, its patches) was checked against
 SUPPORTED_VERSIONS = ("0.9.1",)
+#: the module verl imports in each of its processes on every device: a rank records its stack
+#: (precision_harness/runs/rank_env.py)
+RANK_STACK_MODULE = "precision_harness.runs.verl_rank_stack"
 #: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
 CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
 #: the platform and rollout replica that module registers
@@ -134,6 +137,15 @@ def check_cpu_version(scenario_path: Path) -> None:
         raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
 
 
+def external_modules(device: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``VERL_USE_EXTERNAL_MODULES`` for a run on ``device``: the CPU support first on cpu, then the rank stack
+    hook (every device), then the modules ``environ`` (default: this process's) already names, each once."""
+    own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
+    gate = [CPU_MODULE, RANK_STACK_MODULE] if device == "cpu" else [RANK_STACK_MODULE]
+    modules = [*gate, *(m for m in own.split(",") if m and m not in gate)]
+    return {"VERL_USE_EXTERNAL_MODULES": ",".join(modules)}  # verl/__init__.py imports each, in every process
+
+
 def cpu_env(environ: Mapping[str, str] | None = None, *, cpu_kernels: str = "portable") -> dict[str, str]:
     """The variables that make verl load the CPU support in every process it starts (its extension hook).
 
@@ -141,10 +153,8 @@ def cpu_env(environ: Mapping[str, str] | None = None, *, cpu_kernels: str = "por
     after the CPU support, which registers the platform they may need. ``cpu_kernels`` is the scenario's
     ``trainer.cpu_kernels`` (``portable`` or ``vendor``), which each process applies.
     """
-    own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
-    modules = [CPU_MODULE, *(m for m in own.split(",") if m and m != CPU_MODULE)]
     return {
-        "VERL_USE_EXTERNAL_MODULES": ",".join(modules),  # verl/__init__.py imports each, in every process
+        **external_modules("cpu", environ),
         "VERL_PLATFORM": CPU_PLATFORM,  # the platform it registers (verl would fall back to nvidia/NCCL)
         "VERL_ENGINE_DEVICE": "cuda",  # verl's engine registry has FSDP under cuda/nvidia only
         "VERL_ENGINE_VENDOR": "nvidia",
@@ -376,8 +386,10 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
         # the scenario's own key, or verl's default (8) replaced by one rank
         gate = {**cpu, "trainer.n_gpus_per_node": ranks, **gate}
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
-        owned_env.update(variables)
-        env.update(variables)
+    else:
+        variables = external_modules(device)
+    owned_env.update(variables)
+    env.update(variables)
     header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]

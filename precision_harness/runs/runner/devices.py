@@ -172,6 +172,9 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
       matrix products; ``vendor``: torch's own);
     - determinism: ``num_threads`` (torch's, in force), ``deterministic_algorithms`` (on / warn only /
       off), ``determinism_env`` (:func:`determinism_settings`);
+    - the rest of the device stack where readable (:func:`precision_harness.runs.stack.accelerator_stack`):
+      cuda ``nccl``, ``nvidia_driver``, ``gpu_count``; npu ``npu_count`` (and ``cann``, ``npu_driver``,
+      ``npu_chip`` from files and ``npu-smi`` where torch_npu does not answer);
     - cuda: ``gpu`` (device name), ``gpu_capability`` (``"9.0"``), ``cuda`` (runtime), ``cudnn``,
       ``cuda_driver``; npu: ``npu_chip`` (``torch_npu.npu.get_device_name``), ``torch_npu``,
       ``cann`` and ``npu_driver`` (``torch_npu.utils.get_cann_version``, CANN >= 8.1; ``cann``
@@ -182,7 +185,7 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
     """
     import torch
 
-    from precision_harness.runs import machine
+    from precision_harness.runs import machine, stack
 
     config = _guarded(torch.__config__.show) or ""
     env: dict[str, Any] = {
@@ -213,7 +216,10 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
         env.update(_cuda_fingerprint(torch))
     elif device == "npu":
         env.update(_npu_fingerprint())
-    return env
+    # the rest of the device stack (NCCL, drivers, chip counts); torch's own answer wins where it has one
+    merged: dict[str, Any] = stack.accelerator_stack(device, os.environ)
+    merged.update({k: v for k, v in env.items() if v is not None or k not in merged})
+    return merged
 
 
 def _deterministic_algorithms(torch: Any) -> str:
