@@ -254,9 +254,12 @@ def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
 
 
 def shown_command(argv: list[str], run_dir: Path) -> str:
-    """``argv`` as a golden records it: this interpreter as ``python`` and the run folder as ``$RUN_DIR``,
-    so a committed manifest names no path of the machine that recorded it."""
-    return " ".join(argv).replace(sys.executable, "python").replace(str(run_dir), "$RUN_DIR")
+    """``argv`` as a golden records it: this interpreter as ``python``, the run folder as ``$RUN_DIR`` and
+    the harness's own files (verl's agent-loop registry on cpu) under ``$PRECISION_HARNESS``, so a
+    committed manifest names no path of the machine that recorded it."""
+    package = str(Path(__file__).resolve().parents[1])
+    text = " ".join(argv).replace(sys.executable, "python").replace(str(run_dir), "$RUN_DIR")
+    return text.replace(package, "$PRECISION_HARNESS")
 
 
 def command_fingerprint(
