@@ -203,7 +203,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
 
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from precision_harness.check.calibrate import calibrate, noise_table, reruns
+    from precision_harness.check.calibrate import calibrate, noise_table, proposed_tolerance, reruns
     from precision_harness.goldens.store import GoldenStore
     from precision_harness.runs.kind_runners import bind, load_scenario
     from precision_harness.runs.launch import RunOptions
@@ -221,13 +221,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({variation}) {run.wall_s:.1f} s")
 
     run = bind(device, RunOptions(timeout=opts.timeout))
-    results = reruns(scenario, runs=args.runs, work_dir=work, run=run, on_run=on_run)
-    noise = calibrate(scenario, golden, results, k=args.k)
+    results = reruns(scenario, runs=args.runs, work_dir=work, run=run, on_run=on_run, device=device)
+    noise = calibrate(scenario, golden, results, k=args.k, device=device)
     changed = store.set_noise(scenario.name, device, noise)
     for line in noise_table(scenario, noise):
         _print(line)
     _print(f"golden {'updated' if changed else 'unchanged'}: {store.path(scenario.name, device) / 'manifest.json'}")
+    _print_proposal(proposed_tolerance(noise), work / "tolerance.proposed.yaml")
     return EXIT_PASS
+
+
+def _print_proposal(proposal: dict, path: Path) -> None:
+    import yaml
+
+    if not proposal["stages"]:
+        _print("every rerun reproduced the golden exactly: no tolerance to propose")
+        return
+    path.write_text(yaml.safe_dump({"tolerance": proposal}, sort_keys=False), encoding="utf-8")
+    _print(f"proposed tolerance (k x observed) for the scenario file, written to {path}:")
+    for line in yaml.safe_dump({"tolerance": proposal}, sort_keys=False).splitlines():
+        _print(f"  {line}")
 
 
 # --------------------------------------------------------------------------------------- bisect

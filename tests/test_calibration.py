@@ -8,7 +8,7 @@ import pytest
 from harness_testing import TINY
 from test_golden import fake_run
 
-from precision_harness.check.calibrate import DEFAULT_K, variant, variations
+from precision_harness.check.calibrate import DEFAULT_K, proposed_tolerance, variant, variations
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.errors import SchemaError
 from precision_harness.goldens.store import GoldenStore
@@ -64,6 +64,27 @@ def test_variations_cycle_thread_counts(tmp_path: Path) -> None:
     assert rerun.name == "tiny_ppo" and rerun.config["trainer"]["num_threads"] == 2
     assert rerun.path == tmp_path / "tiny_ppo.2threads.yaml"
     assert DEFAULT_K == 3.0
+
+
+def test_on_a_device_the_reruns_keep_the_scenarios_settings() -> None:
+    """On a GPU or NPU the spread to measure is the device's own (collectives, kernels): plain reruns."""
+    scenario = Scenario.load(TINY)
+    assert [v.num_threads for v in variations(scenario, 4, "npu")] == [1, 1, 1, 1]
+    assert [v.num_threads for v in variations(scenario, 4, "cuda")] == [1, 1, 1, 1]
+
+
+def test_the_proposed_tolerance_is_k_times_the_largest_spread_of_each_stage_that_moved() -> None:
+    noise = {
+        "runs": 3,
+        "k": 1.5,
+        "stages": {
+            "actor_update": {"Max": 2.0e-4, "Min": 1.0e-4, "Mean": 3.0e-4, "Norm": 0.0},
+            "actor_compute_log_prob": {"Max": 0.0, "Min": 0.0, "Mean": 0.0, "Norm": 0.0},
+        },
+    }
+    assert proposed_tolerance(noise) == {"stages": {"actor_update": {"rtol": 4.5e-4}}}
+    still = {**noise, "stages": {"actor_update": {"Max": 0.0, "Min": 0.0, "Mean": 0.0, "Norm": 0.0}}}
+    assert proposed_tolerance(still) == {"stages": {}}
 
 
 def test_noise_never_loosens_integer_tensors() -> None:

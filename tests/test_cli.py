@@ -156,6 +156,8 @@ def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
     proc = cli("calibrate", "scenarios/tiny_ppo.yaml", "--runs", "2", cwd=p)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rerun 2/2 (num_threads=2)" in proc.stdout and "golden updated: " in proc.stdout
+    # the CPU reruns reproduce the golden bit for bit: nothing to propose
+    assert "every rerun reproduced the golden exactly: no tolerance to propose" in proc.stdout
     noise = json.loads((p / "golden/tiny_ppo/cpu/manifest.json").read_text())["noise"]
     assert (
         noise["runs"] == 2

@@ -1,10 +1,13 @@
 """Calibration: how much a scenario's statistics move under variations that should not matter.
 
 ``precision-harness calibrate SCENARIO --runs N`` reruns the scenario N times, each in a fresh
-process (a process restart) and with a different thread count (1, 2, 4, ... over OMP/MKL and
-``torch.set_num_threads``), compares every stage dump with the golden, and records in the golden's
-manifest, per stage and statistic, the largest relative change observed (``noise``). The gate then
-uses ``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`).
+process (a process restart), compares every stage dump with the golden, and records in the golden's
+manifest, per stage and statistic, the largest relative change observed (``noise``). On the CPU each
+rerun also takes another thread count (1, 2, 4, ... over OMP/MKL and ``torch.set_num_threads``); on a
+GPU or NPU the reruns keep the scenario's settings, so what they measure is the device and stack's
+own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses
+``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`),
+and :func:`proposed_tolerance` writes the same figures as a ``tolerance:`` block for the scenario file.
 
 Choice of k and floor (Megatron: k = 1.5 x max observed, floor 1e-3):
 
@@ -53,10 +56,11 @@ class Variation:
         return f"num_threads={self.num_threads}"
 
 
-def variations(scenario: Scenario, runs: int) -> list[Variation]:
-    """``runs`` variations: the scenario's thread count, then the others of :data:`THREAD_COUNTS` in turn."""
+def variations(scenario: Scenario, runs: int, device: str = "cpu") -> list[Variation]:
+    """``runs`` variations: on cpu the scenario's thread count, then the others of :data:`THREAD_COUNTS` in
+    turn; on a GPU or NPU the scenario's own settings each time (plain reruns)."""
     own = scenario.config["trainer"]["num_threads"]
-    cycle = [own] + [t for t in THREAD_COUNTS if t != own]
+    cycle = [own] + ([t for t in THREAD_COUNTS if t != own] if device == "cpu" else [])
     return [Variation(cycle[i % len(cycle)]) for i in range(runs)]
 
 
@@ -95,8 +99,9 @@ def reruns(
     work_dir: Path,
     run: Run,
     on_run: Callable[[int, Variation, RunResult], None] | None = None,
+    device: str = "cpu",
 ) -> list[RunResult]:
-    """Rerun ``scenario`` ``runs`` times under :func:`variations`, into ``work_dir/run_<i>``.
+    """Rerun ``scenario`` ``runs`` times under :func:`variations` for ``device``, into ``work_dir/run_<i>``.
 
     Args:
         run: starts one run (:func:`~precision_harness.runs.kind_runners.bind`: the device and timeout bound).
@@ -106,7 +111,7 @@ def reruns(
         RunFailedError: a rerun failed.
     """
     results = []
-    for i, variation in enumerate(variations(scenario, runs)):
+    for i, variation in enumerate(variations(scenario, runs, device)):
         result = run(variant(scenario, variation, work_dir / "scenarios"), work_dir / f"run_{i}")
         results.append(result)
         if on_run is not None:
@@ -114,15 +119,32 @@ def reruns(
     return results
 
 
-def calibrate(scenario: Scenario, golden: Golden, results: list[RunResult], *, k: float = DEFAULT_K) -> dict[str, Any]:
+def calibrate(
+    scenario: Scenario, golden: Golden, results: list[RunResult], *, k: float = DEFAULT_K, device: str = "cpu"
+) -> dict[str, Any]:
     """The manifest's ``noise`` section from :func:`reruns`' ``results``: per stage and statistic, the
     largest relative change of any rerun against ``golden``."""
     return {
         "runs": len(results),
         "k": k,
-        "variations": [f"{v}, process restart" for v in variations(scenario, len(results))],
+        "variations": [f"{v}, process restart" for v in variations(scenario, len(results), device)],
         "stages": observed_noise(results, golden, scenario),
     }
+
+
+def proposed_tolerance(noise: dict[str, Any]) -> dict[str, Any]:
+    """A scenario ``tolerance:`` block from ``noise``: per stage whose reruns moved, ``rtol`` = k x the largest
+    relative change of any statistic (``{"stages": {}}`` when every rerun reproduced the golden exactly).
+
+    The gate already applies the manifest's noise; the block is for a scenario that should carry its
+    tolerance itself (a golden re-recorded on another stack keeps it), reviewed like any tolerance.
+    """
+    stages = {}
+    for stage, stats in noise["stages"].items():
+        worst = max(stats.values(), default=0.0)
+        if worst > 0:
+            stages[stage] = {"rtol": _round(noise["k"] * worst)}
+    return {"stages": stages}
 
 
 def noise_table(scenario: Scenario, noise: dict[str, Any]) -> list[str]:
