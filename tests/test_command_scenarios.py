@@ -285,9 +285,8 @@ def test_loop_with_verls_own_profiler_from_another_project(pytester: pytest.Pyte
 
 
 def test_recorded_command_names_no_machine_path(tmp_path: Path) -> None:
-    from precision_harness.runs.command_runner import shown_command
-
     from precision_harness.runs import verl_engine
+    from precision_harness.runs.command_runner import shown_command
 
     run = tmp_path / "artifacts" / "run"
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", f"global_profiler.save_path={run}", f"x={run}/rollouts"]
