@@ -144,3 +144,21 @@ def test_ci_job_gates_publishes_and_keeps_golden_updates_manual(path: Path) -> N
     flags = set(re.findall(r"--precision-[a-z-]+", text))
     known = {f"--precision-{o.name}" for o in OPTIONS if o.pytest == "option"}
     assert flags and flags <= known, flags - known
+
+
+@pytest.mark.parametrize("path", [p for p, _ in CI_FILES], ids=["github", "gitlab"])
+def test_ci_job_suits_a_device_host(path: Path) -> None:
+    """One scenario at a time with a timeout, the full history, the gate installed without extras into the
+    runner's stack, and only the reports and the failing stages' folders uploaded."""
+    text = path.read_text()
+    jobs = yaml.safe_load(text)
+    jobs = jobs.get("jobs", jobs)
+    for job in (j for name, j in jobs.items() if "gate" in name or "golden" in name):
+        job_text = yaml.safe_dump(job)
+        assert "--precision-jobs 1" in job_text and "precision_timeout=" in job_text
+    assert "fetch-depth: 0" in text or 'GIT_DEPTH: "0"' in text
+    assert "[verl]" not in "".join(line for line in text.splitlines() if "pip install" in line)
+    paths = re.findall(r"^\s+(?:- )?(\S*\.precision/artifacts\S*)\s*$", text, re.M)
+    assert paths and all("step_" in p for p in paths), paths
+    if "github" in path.name:
+        assert "token: ${{ secrets." in text  # a pull request the default token opens starts no workflow
