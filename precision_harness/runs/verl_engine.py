@@ -122,11 +122,24 @@ def check_device_invariants(scenario: Any, device: str) -> None:
 
 
 def unsupported_version_message(version: str | None) -> str:
-    """The one line for a verl the CPU support was not checked against."""
+    """The one line for a verl the CPU support was not checked against, naming what needs which version."""
     return (
-        f"engine: verl on cpu: verl {version} is not supported; the CPU platform, rollout replica and patches "
-        f"(precision_harness/verl_cpu) were tested with verl {', '.join(SUPPORTED_VERSIONS)}: "
-        f"pip install 'pytest-precision[verl]'"
+        f"engine: verl on cpu: verl {version} is not supported; the CPU platform, rollout replica and the patches "
+        "of verl internals in precision_harness/runs/verl_cpu/patches.py (process-group backend, reference "
+        "offload, rollout registry, critic stages, value-head loader) were tested with verl "
+        f"{', '.join(SUPPORTED_VERSIONS)}: pip install 'pytest-precision[verl]'"
+    )
+
+
+def version_line(device: str) -> str:
+    """The run log's line naming the installed verl against the versions the gate's overrides were checked with."""
+    version = installed_version()
+    checked = ", ".join(SUPPORTED_VERSIONS)
+    if version in SUPPORTED_VERSIONS:
+        return f"precision gate: verl {version} on {device} (the gate's overrides were checked with verl {checked})"
+    return (
+        f"precision gate: verl {version} on {device}: the gate's overrides (profiler, pinning, logger keys) were "
+        f"checked with verl {checked}; Hydra names any key this verl lacks before the trainer starts"
     )
 
 
@@ -390,7 +403,7 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
         variables = external_modules(device)
     owned_env.update(variables)
     env.update(variables)
-    header = [f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
+    header = [version_line(device), f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
     # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
