@@ -221,7 +221,7 @@ def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
     spec = kind_runners.command_spec(scenario, tmp_path, device="cuda")
     argv, env, header = spec.argv, spec.env, spec.header
     assert "VERL_PLATFORM" not in env and not any("precision_cpu" in a for a in argv)
-    assert header[0].startswith("precision gate: verl 0.9.1 on cuda (the gate's overrides were checked with verl 0.9.1)")
+    assert header[0] == "precision gate: verl 0.9.1 on cuda (the gate's overrides were checked with verl 0.9.1)"
     assert header[1] == "precision gate: verl on cuda: gate-owned overrides (docs/scenarios.md):"
 
 
