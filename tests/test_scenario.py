@@ -271,3 +271,23 @@ def test_with_overrides_writes_a_validated_variant(tmp_path: Path) -> None:
         ScenarioError, match=r"tiny_ppo\.bad\.yaml: actor_rollout_ref\.actor: .*'optimm' was unexpected"
     ):
         scenario.with_overrides({"actor_rollout_ref.actor.optimm.lr": 1.0}, directory=tmp_path, tag="bad")
+
+
+def test_msprobe_rank_filter_reaches_the_config_and_the_identity(tmp_path: Path) -> None:
+    """``rank: [0]`` (msprobe's rank filter: only rank 0 dumps) goes into the msprobe config and the scenario's
+    identity; the default (every rank) keeps the hashes recorded before the filter existed."""
+    plain = Scenario.load(write(tmp_path, "seed: 1\n"))
+    assert plain.msprobe_config()["rank"] == []
+    filtered = Scenario.load(
+        write(
+            tmp_path,
+            "seed: 1\nglobal_profiler:\n  global_tool_config:\n    precision_debugger: {rank: [0]}\n",
+            "r.yaml",
+        )
+    )
+    assert filtered.msprobe_config()["rank"] == [0]
+    assert filtered.hash != plain.hash
+    with pytest.raises(ScenarioError, match=r"rank"):
+        Scenario.load(
+            write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger: {rank: [-1]}\n", "b.yaml")
+        )

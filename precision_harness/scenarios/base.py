@@ -179,7 +179,7 @@ class ScenarioBase:
         pd = self.profiler
         return {
             "task": pd["task"],
-            "rank": [],
+            "rank": list(pd["rank"]),
             "step": [],
             "level": self.dump_level,
             "async_dump": False,

@@ -170,6 +170,8 @@ def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...], *, k
         "settings": {k: v for k, v in _declared(config).items() if k not in numeric},
         "env": {str(k): str(v) for k, v in config["env"].items()},
         "inputs": input_digests(path, config["inputs"]),
-        "msprobe": {k: pd[k] for k in ("task", "scope", "list", "data_mode", "summary_mode")},
+        # msprobe's rank filter only when set: every rank (the default) keeps the identities recorded before it
+        "msprobe": {k: pd[k] for k in ("task", "scope", "list", "data_mode", "summary_mode")}
+        | ({"rank": pd["rank"]} if pd.get("rank") else {}),
         "num_threads": config["trainer"]["num_threads"],
     }

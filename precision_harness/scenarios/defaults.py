@@ -93,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
                 "level": "L1",
                 "scope": [],
                 "list": [],
+                "rank": [],
                 "data_mode": ["all"],
                 "summary_mode": "statistics",
             }

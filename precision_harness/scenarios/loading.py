@@ -101,6 +101,8 @@ def load_msprobe_config(scenario_path: Path, config_path: str, raw: dict[str, An
     task = data.get("task", "statistics")
     section = data.get(task, {}) if isinstance(data.get(task), dict) else {}
     merged = {"task": task, "level": data.get("level", "L1")}
+    if "rank" in data:
+        merged["rank"] = data["rank"]
     for key in ("scope", "list", "data_mode", "summary_mode"):
         if key in section:
             merged[key] = section[key]

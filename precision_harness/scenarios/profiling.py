@@ -33,4 +33,4 @@ LEVEL_KEY = "global_profiler.global_tool_config.precision_debugger.level"
 STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
 
 #: Keys of the msprobe config.json that a scenario may set inline or through ``config_path``.
-MSPROBE_KEYS = ("task", "level", "scope", "list", "data_mode", "summary_mode")
+MSPROBE_KEYS = ("task", "level", "scope", "list", "rank", "data_mode", "summary_mode")

@@ -67,6 +67,10 @@ _NOT_NUMERICS = (
 )
 
 
+#: msprobe's rank filter (``rank``): which ranks dump
+RANK_FILTER = "global_profiler.global_tool_config.precision_debugger.rank"
+
+
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
     out: dict[str, Any] = {}
@@ -112,4 +116,6 @@ def scenario_hash(structural: dict[str, Any]) -> str:
     hashed = dict(structural)
     if hashed.get("trainer.world_size") == 1:
         del hashed["trainer.world_size"]  # the single-rank default keeps the hashes recorded before world_size existed
+    if hashed.get(RANK_FILTER) == []:
+        del hashed[RANK_FILTER]  # every rank (the default) keeps the hashes recorded before the filter existed
     return hashlib.sha256(canonical_json(hashed).encode()).hexdigest()
