@@ -48,7 +48,9 @@ def test_example_scenarios_load(path: Path, tmp_path: Path, monkeypatch: pytest.
     if "engine: verl" in path.read_text():
         _verl_example_env(tmp_path, monkeypatch)
     scenario = load_scenario(path)
-    assert scenario.kind in ("command", "verl") and scenario.steps and scenario.stages
+    # the examples show the gate over runs of one's own; the device template is a built-in one with real shapes
+    kinds = ("builtin",) if path.parent.parent.name == "device_shapes" else ("command", "verl")
+    assert scenario.kind in kinds and scenario.steps and scenario.stages
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.parent.parent.name for p in SCENARIOS])
@@ -162,3 +164,18 @@ def test_ci_job_suits_a_device_host(path: Path) -> None:
     assert paths and all("step_" in p for p in paths), paths
     if "github" in path.name:
         assert "token: ${{ secrets." in text  # a pull request the default token opens starts no workflow
+
+
+def test_the_device_shapes_template_loads_with_qwen_7b_layer_shapes_and_stays_out_of_the_cpu_gate() -> None:
+    import tomllib
+
+    path = ROOT / "examples" / "device_shapes" / "scenarios" / "qwen25_7b_shapes.yaml"
+    scenario = load_scenario(path)
+    model = scenario.config["model"]
+    assert (model["hidden_size"], model["intermediate_size"]) == (3584, 18944)
+    assert (model["num_attention_heads"], model["num_key_value_heads"], model["num_hidden_layers"]) == (28, 4, 2)
+    data = scenario.config["data"]
+    assert data["max_prompt_length"] + data["max_response_length"] == 512
+    assert scenario.config["device"] == "npu" and scenario.level == "auto"
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert not any(path.is_relative_to(ROOT / p) for p in testpaths)  # never collected by the CPU gate
