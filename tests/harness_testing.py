@@ -167,3 +167,27 @@ def replace_payload(golden_dir: Path, name: str, content: bytes) -> Path:
     }
     manifest_path.write_text(json.dumps(manifest))
     return golden_dir / stored
+
+
+def left_behind(under: Path, grace: float = 10.0) -> list[int]:
+    """Processes of a gate run whose dumps went below ``under`` (their ``PRECISION_DUMP_DIR``) that still carry
+    the run's ``PRECISION_RUN_ID`` mark after ``grace`` seconds: what a run left behind. Another run on the
+    machine (another session's, another folder) is not this one's."""
+    import time
+
+    mark, prefix = b"PRECISION_RUN_ID=", b"PRECISION_DUMP_DIR=" + str(under).encode()
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(mark) for v in env) and any(v.startswith(prefix) for v in env):
+                found.append(int(entry.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)

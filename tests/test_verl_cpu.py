@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from harness_testing import left_behind
 
 from precision_harness.runs import command_runner as command
 from precision_harness.runs import kind_runners, verl_engine
@@ -380,19 +381,6 @@ def test_the_ppo_golden_run_trained_actor_and_critic() -> None:
 # --- end to end: the examples behind the gate (minutes each; part of `make test`, deselect with -m "not slow") ---
 
 
-def _marked_anywhere() -> list[int]:
-    """Live processes carrying any PRECISION_RUN_ID mark (a gate run's Ray or verl process left behind)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"\0" + command.ENV_RUN_ID.encode() + b"=" in b"\0" + (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 def _gate(
     *args: str, env: dict[str, str] | None = None, timeout: float = 1800, cwd: Path = EXAMPLE
 ) -> subprocess.CompletedProcess:
@@ -408,12 +396,11 @@ def test_e2e_the_examples_pass_where_they_stand_and_leave_no_process() -> None:
     """``cd examples/verl_cpu && pytest``: both scenarios against their committed goldens (19 + 9 items), verl's
     real trainer each, every dump byte-identical to the golden's; nothing left running."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    assert not _marked_anywhere()
     proc = _gate()
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "28 passed" in proc.stdout, proc.stdout[-2000:]
     assert "28 precision items: 20 identical to golden" in proc.stdout, proc.stdout[-2000:]
-    assert not _marked_anywhere()
+    assert not left_behind(EXAMPLE / ".precision")
     # the rollout of steps 2 and 3 sampled from the updated weights: each sync handed over other weights
     # than the one before (every matrix moved; a norm's weight near 1 can round to the same bf16 after one
     # step at lr 1e-3), and the server held exactly them
@@ -434,7 +421,7 @@ def test_e2e_a_timed_out_two_rank_run_is_one_line_and_leaves_no_process() -> Non
         r"grpo_dp2_bf16_cpu\.yaml: command timed out after 40 s; (last stage reached: \S+|no stage was reached)",
         proc.stdout,
     ), proc.stdout[-3000:]
-    assert not _marked_anywhere()
+    assert not left_behind(EXAMPLE / ".precision")
 
 
 def test_without_verl_a_verl_scenario_is_skipped_in_one_line(

@@ -20,14 +20,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from harness_testing import hooks_env
+from harness_testing import hooks_env, left_behind
 
 from precision_harness.errors import ScenarioError
-from precision_harness.runs import command_runner as command
 from precision_harness.runs import kind_runners, verl_engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,28 +237,6 @@ def test_rollout_correction_measured_a_real_mismatch_and_the_rollouts_follow_the
 # --- end to end: planted regressions (verl's real trainer, about a minute each on 2 cores) -------------------
 
 
-def _left_behind(under: Path, grace: float = 10.0) -> list[int]:
-    """Processes of a gate run whose dumps went below ``under`` (their ``PRECISION_DUMP_DIR``) still alive after
-    ``grace`` seconds: what a run left behind (another run on the machine has another folder)."""
-    mark = command.ENV_RUN_ID.encode() + b"="
-    prefix = b"PRECISION_DUMP_DIR=" + str(under).encode()
-    deadline = time.monotonic() + grace
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                env = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(v.startswith(mark) for v in env) and any(v.startswith(prefix) for v in env):
-                found.append(int(entry.name))
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.5)
-
-
 def _check(**plants: str) -> tuple[dict[str, str], str]:
     """Check the scenario from the example's folder with ``plants`` in every process: ``{item: outcome}``, stdout."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
@@ -275,7 +251,7 @@ def _check(**plants: str) -> tuple[dict[str, str], str]:
     )
     outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", proc.stdout))
     assert len(outcomes) == 19, proc.stdout[-4000:]
-    assert not _left_behind(EXAMPLE / ".precision")
+    assert not left_behind(EXAMPLE / ".precision")
     return outcomes, proc.stdout
 
 
