@@ -42,8 +42,6 @@ from typing import Any
 from precision_harness import progress
 from precision_harness.check import consistency, level_auto, replay
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import StageVerdict
-from precision_harness.check.drift_origin import OriginKind
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import Outcome, OutcomeKind, check_items, identical_stages
@@ -342,17 +340,10 @@ class PrecisionSession:
         return out
 
     def _judge(self, st: ScenarioState, golden: Golden, run: RunResult, key: ItemKey, out: Outcome) -> Outcome:
-        """The replay's judgement of a failing stage whose change entered at an API (check.replay): the first such
-        stage of the run is replayed, later ones point to it."""
-        judged = replay.judged_outcome(out)
-        if judged.origin is None or judged.origin.kind is not OriginKind.API or judged.verdict is None:
-            return out
-        with st.lock:
-            first, st.judged = st.judged, st.judged or key
-        if first is not None and first != key:
-            return replay.not_replayed(out, first)
+        """The judgement of a failing stage whose change entered at an API (check.replay); one capture rerun per
+        scenario: later stages that need one point to the stage that had it."""
+        local = replay.judged_outcome(out) is not out
         assert key.step is not None and key.stage is not None
-        local = judged is not out
         target = (self._localize_dir(st) / "run") if local else run.run_dir
         record = golden.localization() if local else golden
         pair = replay.StagePair(
@@ -361,10 +352,13 @@ class PrecisionSession:
         )
         where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
         settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout)
-        assert isinstance(judged.verdict, StageVerdict)
-        return replay.with_judgement(
-            out, replay.judge_stage(st.scenario, key, pair, judged.verdict, judged.origin, settings)
-        )
+
+        def claim() -> ItemKey | None:
+            with st.lock:
+                first, st.judged = st.judged, st.judged or key
+            return first if first != key else None
+
+        return replay.judge_outcome(out, replay.JudgeRequest(st.scenario, key, pair, settings), claim=claim)
 
     def _environment(self, st: ScenarioState, golden: Golden, run: RunResult) -> EnvironmentDiff:
         """The run's environment against the golden's, worked out once per scenario.

@@ -174,8 +174,9 @@ def _improvement(b: _Bound, dtype: str) -> str:
 
 def _equivalent(api: str, standard: Mapping[str, Any], dtype: str) -> str:
     return (
-        f"both sides as exact as {dtype} allows (the new error is {standard['k']:.3g}x what this op costs in {dtype}, "
-        f"and the golden's statistics show no more): the tolerance for {api} may be too tight ({INPUTS_BY_STATISTICS})"
+        f"both sides as exact as {dtype} allows: the new output's error is {standard['k']:.3g}x what this op costs "
+        f"in {dtype}, and the golden's statistics show no error beyond that; the tolerance for {api} may be too "
+        f"tight ({INPUTS_BY_STATISTICS})"
     )
 
 

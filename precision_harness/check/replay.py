@@ -1,7 +1,7 @@
 """The replay of a failing stage whose change entered at an API: capture its tensors, confirm, replay, judge.
 
 Only for a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose
-inputs match the golden's gives other outputs. :func:`judge_stage`
+inputs match the golden's gives other outputs. :func:`judge_outcome`
 
 1. picks the calls to judge (:func:`calls_to_judge`): that API, then the next few divergent APIs
    whose inputs all match (where the first cannot be replayed: a collective, an RNG op), replayable
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -102,39 +103,45 @@ def _in_order(table: dict[str, dict[str, Any]], *, after: str) -> list[str]:
     return apis[apis.index(after) + 1 :] if after in apis else []
 
 
-def judge_stage(
-    scenario: Scenario,
-    key: ItemKey,
-    pair: StagePair,
-    verdict: StageVerdict,
-    origin: DriftOrigin,
-    settings: ReplaySettings,
-) -> Judgement | None:
-    """The judgement of a failing stage (module docstring); None where its change did not enter at an API.
+@dataclass(frozen=True)
+class JudgeRequest:
+    """What the session knows of one failing stage to judge: its scenario, item, both sides, how to rerun."""
 
-    Never raises for what a run or the replay can fail with: that is an ``undecided`` judgement.
+    scenario: Scenario
+    key: ItemKey
+    pair: StagePair
+    settings: ReplaySettings
+
+
+def judge_outcome(out: Outcome, request: JudgeRequest, *, claim: Callable[[], ItemKey | None]) -> Outcome:
+    """``out`` with its judgement (module docstring), or as it is where its change did not enter at an API.
+
+    ``claim()`` is asked before a capture rerun: it marks this stage as the run's replayed one, or returns the
+    stage that was (then this one is not rerun, and says so). A stage whose APIs cannot be replayed needs no
+    rerun and is judged at once. Never raises for what a run or the replay can fail with (``undecided``).
     """
-    if origin.kind is not OriginKind.API:
-        return None
-    assert key.step is not None and key.stage is not None
-    calls = calls_to_judge(verdict, origin, pair.target)
-    replayable = [c for c in calls if names.why_not_replayable(c.api) is None]
-    if not replayable:
-        return Judgement.undecided(origin.api, names.why_not_replayable(origin.api) or "no replay")
+    judged = judged_outcome(out)
+    origin, verdict = judged.origin, judged.verdict
+    if origin is None or origin.kind is not OriginKind.API or not isinstance(verdict, StageVerdict):
+        return out
+    calls = [c for c in calls_to_judge(verdict, origin, request.pair.target) if names.why_not_replayable(c.api) is None]
+    if not calls:
+        return with_judgement(out, Judgement.undecided(origin.api, names.why_not_replayable(origin.api) or "no replay"))
+    first = claim()
+    if first is not None:
+        return not_replayed(out, first)
     t0 = time.perf_counter()
     try:
-        judgement = _capture_and_judge(scenario, key, pair, (origin, replayable), settings)
+        judgement = _capture_and_judge(request, origin, calls)
     except PrecisionError as exc:
         judgement = Judgement.undecided(origin.api, f"the capture rerun failed: {exc}")
-    _write(settings.out_dir, judgement, seconds=time.perf_counter() - t0)
-    return judgement
+    _write(request.settings.out_dir, judgement, seconds=time.perf_counter() - t0)
+    return with_judgement(out, judgement)
 
 
-def _capture_and_judge(
-    scenario: Scenario, key: ItemKey, pair: StagePair, what: tuple[DriftOrigin, list[Call]], settings: ReplaySettings
-) -> Judgement:
+def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[Call]) -> Judgement:
     """Rerun with the calls' tensors captured, confirm each, replay the confirmed, judge the first replayed."""
-    origin, calls = what
+    scenario, key, pair, settings = request.scenario, request.key, request.pair, request.settings
     assert key.step is not None and key.stage is not None
     overrides = scenario.capture_overrides(key.step, key.stage, [c.api for c in calls])
     tag = f"capture-step_{key.step}-{key.stage}"
