@@ -351,7 +351,8 @@ class PrecisionSession:
             record.stage(key.step, key.stage),
         )
         where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
-        settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout)
+        warm = self.options.worker == "warm"
+        settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout, warm)
 
         def claim() -> ItemKey | None:
             with st.lock:

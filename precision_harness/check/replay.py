@@ -72,6 +72,7 @@ class ReplaySettings:
     out_dir: Path
     run: Run
     timeout: float | None = None
+    warm: bool = False  #: fork the replay worker from the session's warm server where it is up
 
 
 def calls_to_judge(verdict: StageVerdict, origin: DriftOrigin, target: StageSource) -> list[Call]:
@@ -164,6 +165,7 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
             [{"api": c.api, "output": c.output} for c in confirmed],
             out_dir=settings.out_dir,
             timeout=settings.timeout,
+            warm=settings.warm,
         )
         if confirmed
         else []
