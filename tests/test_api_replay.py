@@ -63,7 +63,7 @@ CAPTURE = r"""
 import json, os, sys, torch
 from msprobe.pytorch import PrecisionDebugger
 out = sys.argv[1]
-calls = ["Functional.linear.0.forward", "Functional.dropout.0.forward"]
+calls = ["Functional.linear.1.forward", "Functional.dropout.0.forward"]
 cfg = {"task": "tensor", "dump_path": out, "rank": [], "step": [], "level": "L1", "async_dump": False,
        "tensor": {"scope": [], "list": calls, "data_mode": ["all"], "summary_mode": "statistics"}}
 os.makedirs(out, exist_ok=True)
@@ -73,6 +73,7 @@ debugger = PrecisionDebugger(config_path=os.path.join(out, "config.json"))
 torch.manual_seed(0)
 x, w, b = torch.randn(8, 18, 32), torch.randn(16, 32) * 0.2, torch.randn(16)
 debugger.start(None, rank_id=0)
+x = torch.nn.functional.linear(x, torch.eye(32))  # Functional.linear.0: counted, not listed, not collected
 y = torch.nn.functional.linear(x, w, b)
 z = torch.nn.functional.dropout(y, 0.1, training=True)
 debugger.stop()
@@ -102,7 +103,7 @@ data = {api: {"input_args": [entry(x, api + ".input.0.pt"), entry(gamma, api + "
 
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A rank folder msprobe wrote with ``task: tensor`` for a linear and a dropout."""
+    """A rank folder msprobe wrote with ``task: tensor`` for the second linear and a dropout."""
     out = tmp_path_factory.mktemp("capture")
     proc = subprocess.run([sys.executable, "-c", CAPTURE, str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -110,9 +111,17 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_worker_replays_a_captured_linear_and_says_why_not_a_dropout(capture: Path, tmp_path: Path) -> None:
-    assert sorted(p.name for p in (capture / "dump_tensor_data").iterdir())[0].startswith("Functional.dropout.0.")
+    # only the listed calls, numbered as a full dump numbers them (the unlisted first linear counts)
+    assert list(json.loads((capture / "dump.json").read_text())["data"]) == [
+        "Functional.linear.1.forward",
+        "Functional.dropout.0.forward",
+    ]
+    assert {p.name.rsplit(".", 4)[0] for p in (capture / "dump_tensor_data").iterdir()} == {
+        "Functional.linear.1",
+        "Functional.dropout.0",
+    }
     calls = [
-        {"api": "Functional.linear.0.forward", "output": "Functional.linear.0.forward.output.0"},
+        {"api": "Functional.linear.1.forward", "output": "Functional.linear.1.forward.output.0"},
         {"api": "Functional.dropout.0.forward", "output": "Functional.dropout.0.forward.output.0"},
         {"api": "Functional.softmax.0.forward", "output": "Functional.softmax.0.forward.output.0"},
     ]
@@ -210,3 +219,51 @@ def test_a_call_whose_inputs_are_not_the_goldens_has_no_common_reference() -> No
     assert json.dumps(replay._unconfirmed("Functional.gelu.0.forward", same, same, _rows())).startswith(
         '"the capture rerun did not call'
     )
+
+
+def test_a_second_stage_of_the_run_is_not_rerun_and_says_which_stage_was(dumps, tmp_path: Path) -> None:
+    """One capture rerun per scenario and run: a later stage whose API could be replayed points to the first."""
+    from precision_harness.check.item_key import ItemKey
+    from precision_harness.check.items import check_stage
+
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
+    out = check_stage(DirStage(target), DirStage(golden), SETTINGS)
+
+    def never_run(*args, **kwargs):
+        raise AssertionError("no capture rerun for a stage that is not the run's first")
+
+    settings = replay.ReplaySettings(tmp_path / "judge", never_run)
+    request = replay.JudgeRequest(
+        None, ItemKey(2, "actor_update"), replay.StagePair(DirStage(target), DirStage(golden)), settings
+    )  # type: ignore[arg-type]
+    judged = replay.judge_outcome(out, request, claim=lambda: ItemKey(1, "actor_compute_log_prob"))
+    assert judged.judgement is not None and judged.judgement.verdict.value == "undecided"
+    assert judged.judgement.reason == (
+        "not replayed: actor_compute_log_prob @ step_1 was this run's replayed stage "
+        "(rerun this item alone to judge it)"
+    )
+    assert judged.text.splitlines()[2].startswith("  judgement         undecided at API Functional.linear.0.forward")
+
+
+def test_a_tensor_task_must_name_its_apis_in_one_line(tmp_path: Path) -> None:
+    from harness_testing import TINY
+
+    from precision_harness.errors import ScenarioError
+    from precision_harness.scenarios.scenario import Scenario
+
+    scenario = Scenario.load(TINY)
+    task = "global_profiler.global_tool_config.precision_debugger.task"
+    with pytest.raises(ScenarioError) as err:
+        scenario.with_overrides({task: "tensor"}, directory=tmp_path)
+    assert "\n" not in str(err.value) and str(err.value).endswith(
+        f"{task}: tensor saves every tensor it collects; name the APIs in "
+        "global_profiler.global_tool_config.precision_debugger.list (e.g. [Functional.linear.0.forward]) "
+        "or use task: statistics"
+    )
+    capture = scenario.with_overrides(
+        scenario.capture_overrides(2, "actor_update", ["Functional.linear.3.forward"]), directory=tmp_path, tag="c"
+    )
+    config = capture.msprobe_config()
+    assert config["task"] == "tensor" and config["tensor"]["list"] == ["Functional.linear.3.forward"]
+    assert capture.steps == (2,) and capture.stages == ("actor_update",) and capture.total_steps == 2
+    assert capture.folder == TINY.parent  # a variant reads its relative paths where its original lies

@@ -24,6 +24,7 @@ from precision_harness.check.compare import MetricsVerdict, StageVerdict, compar
 from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
+from precision_harness.check.judgement import Judgement
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import METRICS, read_metrics
@@ -62,8 +63,8 @@ class Outcome:
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
     #: a failing stage: where its change entered (check.drift_origin)
     origin: DriftOrigin | None = None
-    #: a failing stage whose change entered at an API: the replay's judgement (check.judgement.Judgement)
-    judgement: Any = None
+    #: a failing stage whose change entered at an API: the replay's judgement (check.replay)
+    judgement: Judgement | None = None
 
     @classmethod
     def error(cls, exc: PrecisionError) -> Outcome:
