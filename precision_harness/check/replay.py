@@ -177,8 +177,8 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
             return _after_first(judgement, origin.api, reasons)
         reasons[call.api] = result.get("reason", "not replayed")
     _keep_tensors(rank_dir, None)
-    first = calls[0].api
-    return Judgement.undecided(first, reasons.get(first) or next(iter(reasons.values()), "not replayed"))
+    why = reasons.get(origin.api) or names.why_not_replayable(origin.api) or next(iter(reasons.values()), None)
+    return Judgement.undecided(origin.api, why or "not replayed")
 
 
 def _unconfirmed(api: str, captured: dict, checked: dict, golden: dict) -> str | None:
@@ -199,11 +199,12 @@ def _unconfirmed(api: str, captured: dict, checked: dict, golden: dict) -> str |
 
 
 def _after_first(judgement: Judgement, first: str, reasons: dict[str, str]) -> Judgement:
-    """A judgement of a later call says why the first was not judged."""
-    if judgement.api == first or first not in reasons:
+    """A judgement of a later call says why the first (where the change entered) was not judged."""
+    why = reasons.get(first) or names.why_not_replayable(first)
+    if judgement.api == first or why is None:
         return judgement
     return Judgement(
-        judgement.verdict, judgement.api, f"{judgement.reason}; {first} not judged: {reasons[first]}", judgement.figures
+        judgement.verdict, judgement.api, f"{judgement.reason}; {first} not judged: {why}", judgement.figures
     )
 
 
