@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 WORKER_MODES = ("warm", "fresh")
+JUDGEMENT_MODES = ("replay", "off")
 
 
 def _path_or_none(value: Any) -> Path | None:
@@ -168,6 +169,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=WORKER_MODES,
     ),
     Option(
+        "judgement",
+        "replay (default): a failing stage whose change entered at an API is rerun to that step with the API's "
+        "tensors captured (msprobe task: tensor), and the API replayed on the CPU in float64 to judge which "
+        "side is right (docs/triage.md); off: the verdict classifies where the change entered, without a rerun",
+        default="replay",
+        choices=JUDGEMENT_MODES,
+    ),
+    Option(
         "timeout",
         "seconds a scenario run may take (0: no limit)",
         default="0",
@@ -203,6 +212,7 @@ class PrecisionOptions:
     history_window: int = field(default=_default("history-window"))  #: versions the creep alarm looks back
     timeout: float | None = field(default=_default("timeout"))
     worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm)
+    judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None

@@ -40,25 +40,18 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check import consistency, level_auto
+from precision_harness.check import consistency, level_auto, replay
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import Outcome, OutcomeKind, check_items
+from precision_harness.check.items import Outcome, OutcomeKind, check_items, identical_stages
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import settings_changed
-from precision_harness.errors import (
-    GoldenDeviceModelError,
-    PrecisionError,
-    RunFailedError,
-    ScenarioError,
-)
-from precision_harness.goldens import churn as churn_mod
+from precision_harness.dumps.stage import DirStage
+from precision_harness.errors import GoldenDeviceModelError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
-from precision_harness.goldens.manifest import LOCALIZE_DIR
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
-from precision_harness.history import golden_history
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
@@ -72,10 +65,9 @@ from precision_harness.session_plan import (
     Plan,
     Recording,
     ScenarioState,
-    missing_dumps,
     msprobe_available,
     no_msprobe,
-    size_note,
+    record_run,
 )
 
 #: starts one scenario run: ``runner(scenario, *, out_dir, device, options)`` (as ``kind_runners.run_scenario``)
@@ -309,7 +301,7 @@ class PrecisionSession:
                 self._note_undeclared(scenario, run)
                 if plan.action is GoldenAction.RECORD:
                     try:
-                        st.recording = self._record(st, run)
+                        st.recording = record_run(self.store, st, run, history_window=self.options.history_window)
                     except PrecisionError as exc:
                         st.recording = exc
         if isinstance(st.recording, PrecisionError):
@@ -337,13 +329,37 @@ class PrecisionSession:
         assert golden is not None
         self._environment(st, golden, run)
         localizes = golden.localizes and not key.is_metrics
-        settings = self._settings(st, golden)
+        settings = self._settings(st, golden, run)
         # a failure here is rerun at L1, whose verdict asks msprobe
         skip_msprobe = localizes and st.localized is None
         out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
         if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
             out = self._localize(st, golden, key, out, settings)
+        if not out.passed and out.kind is OutcomeKind.COMPARED and self.options.judgement == "replay":
+            out = self._judge(st, golden, run, key, out)
         return out
+
+    def _judge(self, st: ScenarioState, golden: Golden, run: RunResult, key: ItemKey, out: Outcome) -> Outcome:
+        """The judgement of a failing stage whose change entered at an API (check.replay); one capture rerun per
+        scenario: later stages that need one point to the stage that had it."""
+        local = replay.judged_outcome(out) is not out
+        assert key.step is not None and key.stage is not None
+        target = (self._localize_dir(st) / "run") if local else run.run_dir
+        record = golden.localization() if local else golden
+        pair = replay.StagePair(
+            DirStage(target / f"step_{key.step}" / key.stage, step=key.step, name=key.stage),
+            record.stage(key.step, key.stage),
+        )
+        where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
+        warm = self.options.worker == "warm"
+        settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout, warm)
+
+        def claim() -> ItemKey | None:
+            with st.lock:
+                first, st.judged = st.judged, st.judged or key
+            return first if first != key else None
+
+        return replay.judge_outcome(out, replay.JudgeRequest(st.scenario, key, pair, settings), claim=claim)
 
     def _environment(self, st: ScenarioState, golden: Golden, run: RunResult) -> EnvironmentDiff:
         """The run's environment against the golden's, worked out once per scenario.
@@ -372,7 +388,7 @@ class PrecisionSession:
             first, st.localized = st.localized, st.localized or key
         if first is not None and first != key:
             return level_auto.not_rerun(l0, first)
-        out_dir = join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
+        out_dir = self._localize_dir(st)
         return level_auto.with_localization(
             l0,
             key,
@@ -386,42 +402,6 @@ class PrecisionSession:
             ),
         )
 
-    def _record(self, st: ScenarioState, run: RunResult) -> Recording:
-        """Promote the run to the golden (never from a partial run); its churn and size.
-
-        Raises:
-            RunFailedError: a declared (step, stage) has no dump.
-            GoldenError: the golden cannot be written, or read back.
-        """
-        scenario = st.scenario
-        missing = missing_dumps(scenario, run.run_dir)
-        if scenario.localizes:
-            missing += [f"{LOCALIZE_DIR}/{m}" for m in missing_dumps(scenario, run.run_dir / LOCALIZE_DIR)]
-        if missing:
-            raise RunFailedError(
-                f"{display_path(scenario.path)}: no golden written: the run dumped no {missing[0]} "
-                f"({len(missing)} declared (step, stage) missing); a verl run dumps nothing when "
-                "precision_debugger.config_path is unset or msprobe is missing with strict: false"
-            )
-        previous = self.store.previous(scenario.name, st.device)
-        churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
-        golden_history.with_creep(churn, self._creep(st, run, previous))
-        status = "recorded" if self.store.promote(run.run_dir, scenario, st.device) else "unchanged"
-        golden = self.store.load(scenario, st.golden_device)
-        before = previous.size_bytes if previous is not None else 0
-        return Recording(status, size_note(golden.size_bytes, before), churn)
-
-    def _creep(self, st: ScenarioState, run: RunResult, previous: Golden | None):
-        """The creep alarm of a re-record (:func:`golden_history.creep_review`); never raises."""
-        scenario = st.scenario
-        policy = TolerancePolicy.for_golden(
-            scenario.config["tolerance"], noise=previous.noise if previous else None, cross_device=False
-        )
-        path = self.store.path(scenario.name, st.device)
-        settings = golden_history.CreepSettings(path, self.options.history_window, policy, scenario.hash)
-        keys = [(step, stage) for step in scenario.steps for stage in scenario.stages]
-        return golden_history.creep_review(run.run_dir, previous, keys, settings)
-
     def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
         """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
         undeclared = run.run_json.get("undeclared") or []
@@ -431,7 +411,20 @@ class PrecisionSession:
                 f"{', '.join(undeclared)}"
             )
 
-    def _settings(self, st: ScenarioState, golden: Golden) -> CheckSettings:
+    def _localize_dir(self, st: ScenarioState) -> Path:
+        return join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
+
+    def _identical(self, st: ScenarioState, golden: Golden, run: RunResult) -> int:
+        """Stage dumps of the run identical to the golden's, counted once per scenario and only where the
+        environment differs (then they show it alone does not explain a drift)."""
+        if st.environment is None or not st.environment.differs:
+            return 0
+        with st.lock:
+            if st.identical is None:
+                st.identical = identical_stages(run.run_dir, golden)
+            return st.identical
+
+    def _settings(self, st: ScenarioState, golden: Golden, run: RunResult) -> CheckSettings:
         scenario = st.scenario
         return CheckSettings(
             scenario=scenario.name,
@@ -444,6 +437,7 @@ class PrecisionSession:
             rerecord=update_command(scenario),
             changed=tuple(settings_changed(golden.numeric_settings, scenario.numeric_settings)),
             environment=st.environment or EnvironmentDiff(),
+            identical_elsewhere=self._identical(st, golden, run),
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

@@ -1,9 +1,9 @@
 """A scenario's plan and state within one gate session (:class:`~precision_harness.session.PrecisionSession`).
 
 The golden action decided once per scenario (:class:`Plan`, :class:`GoldenAction`), what recording
-a golden did (:class:`Recording`), and the state a scenario moves through (:class:`ScenarioState`;
-the states table is :mod:`precision_harness.session`'s docstring), with the checks the session
-makes before a run and before a promotion.
+a golden did (:class:`Recording`, :func:`record_run`), and the state a scenario moves through
+(:class:`ScenarioState`; the states table is :mod:`precision_harness.session`'s docstring), with the
+checks the session makes before a run and before a promotion.
 """
 
 from __future__ import annotations
@@ -17,9 +17,16 @@ from pathlib import Path
 
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.errors import PrecisionError, ProbeUnavailableError
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.errors import PrecisionError, ProbeUnavailableError, RunFailedError
+from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.manifest import LOCALIZE_DIR
+from precision_harness.goldens.store import GoldenStore
+from precision_harness.history import golden_history
+from precision_harness.paths import display_path
+from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 
 
@@ -71,6 +78,8 @@ class ScenarioState:
     recording: Recording | PrecisionError | None = None  #: settled, RECORD: the promotion or why it failed
     environment: EnvironmentDiff | None = None  #: settled, CHECK: the run's environment against the golden's
     localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
+    judged: ItemKey | None = None  #: the failing stage whose API this session replayed (check.replay)
+    identical: int | None = None  #: CHECK, environment differs: stage dumps of the run identical to the golden's
     progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
 
     @property
@@ -106,3 +115,35 @@ def msprobe_available() -> bool:
         return importlib.util.find_spec("msprobe.core") is not None
     except (ImportError, ValueError):
         return False
+
+
+def record_run(store: GoldenStore, st: ScenarioState, run: RunResult, *, history_window: int) -> Recording:
+    """Promote the run to the golden (never from a partial run); its churn against the previous golden,
+    with the creep alarm (:func:`golden_history.creep_review`), and its size.
+
+    Raises:
+        RunFailedError: a declared (step, stage) has no dump.
+        GoldenError: the golden cannot be written, or read back.
+    """
+    scenario = st.scenario
+    missing = missing_dumps(scenario, run.run_dir)
+    if scenario.localizes:
+        missing += [f"{LOCALIZE_DIR}/{m}" for m in missing_dumps(scenario, run.run_dir / LOCALIZE_DIR)]
+    if missing:
+        raise RunFailedError(
+            f"{display_path(scenario.path)}: no golden written: the run dumped no {missing[0]} "
+            f"({len(missing)} declared (step, stage) missing); a verl run dumps nothing when "
+            "precision_debugger.config_path is unset or msprobe is missing with strict: false"
+        )
+    previous = store.previous(scenario.name, st.device)
+    churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
+    policy = TolerancePolicy.for_golden(
+        scenario.config["tolerance"], noise=previous.noise if previous else None, cross_device=False
+    )
+    creep = golden_history.CreepSettings(store.path(scenario.name, st.device), history_window, policy, scenario.hash)
+    keys = [(step, stage) for step in scenario.steps for stage in scenario.stages]
+    golden_history.with_creep(churn, golden_history.creep_review(run.run_dir, previous, keys, creep))
+    status = "recorded" if store.promote(run.run_dir, scenario, st.device) else "unchanged"
+    golden = store.load(scenario, st.golden_device)
+    before = previous.size_bytes if previous is not None else 0
+    return Recording(status, size_note(golden.size_bytes, before), churn)

@@ -51,9 +51,12 @@ def test_compare_drift_exit_1_with_report(dumps, tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL actor_update @ step_1, rank0: 2 of " in proc.stdout
     assert "  first divergence  Functional.linear.0.forward.output.0  Max 3 -> 9" in proc.stdout
-    assert "  msprobe 1st diff  Functional.linear.0.forward (DiffAnalyzer)" in proc.stdout
+    # the linear's inputs match, its output does not: msprobe's DiffAnalyzer names the same API, so it is not repeated
+    assert "  change entered    this API computes differently now: Functional.linear.0.forward gives" in proc.stdout
+    assert "msprobe 1st diff" not in proc.stdout
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert doc["mode"] == "compare" and doc["summary"]["failed"] == 1
+    assert doc["items"][0]["origin"]["kind"] == "api" and doc["items"][0]["judgement"] is None
     assert doc["items"][0]["first_divergence"]["tensor"] == "Functional.linear.0.forward.output.0"
     # the plugin's layout: <artifacts>/<scenario>/step_<n>/<stage>/ (a plain directory's scenario is its name)
     assert (tmp_path / "art" / "golden" / "step_1" / "actor_update" / "verdict.txt").is_file()

@@ -73,14 +73,30 @@ def _check(tmp_path: Path, env: EnvironmentDiff, mutate=None) -> list:
     ]
 
 
+def _suspect(lines: list[str]) -> str:
+    """The first line after the headline, where the change entered and its judgement: the first suspect."""
+    return next(line for line in lines[1:] if not line.startswith(("  change entered ", "  judgement ")))
+
+
+def _environment(lines: list[str]) -> str:
+    return next(line for line in lines if line.startswith("  environment "))
+
+
+#: what a verdict adds where other stages of the same run held on this machine
+HELD = "; alone it does not explain this drift: 9 other stage dump(s) of this run are identical to their goldens"
+
+
 def test_failing_verdict_names_the_environment_first(tmp_path: Path) -> None:
+    """A stage's verdict says where the change entered, then (an API computing differently, nothing else held on
+    this machine) the environment as the first suspect; the metrics' verdict names it after the headline."""
     stage, metrics = _check(tmp_path, EnvironmentDiff.between(ENV, TORCH_UP), _drift)
     assert not stage.passed and not metrics.passed
-    for out in (stage, metrics):
+    for out, at in ((stage, 2), (metrics, 1)):
         lines = out.text.splitlines()
-        assert "beyond tolerance" in lines[0]  # the headline, then the environment
-        assert lines[1] == ENV_LINE, out.text
+        assert "beyond tolerance" in lines[0]  # the headline, then what explains the drift
+        assert lines[at] == ENV_LINE, out.text
         assert out.environment.differs
+    assert stage.text.splitlines()[1].startswith("  change entered    this API computes differently now")
 
 
 def test_passing_verdict_and_same_environment_say_nothing(tmp_path: Path) -> None:
@@ -147,7 +163,9 @@ def test_golden_device_gates_another_model_with_cross_device_rules(gate) -> None
 def test_same_model_keeps_same_device_rules_and_names_the_upgrade(gate) -> None:
     out = gate(H100, {**H100, "torch": "2.14.0+cpu"})
     assert not out.passed and out.kind is OutcomeKind.COMPARED
-    assert out.text.splitlines()[1] == ENV_LINE
+    # the run's nine other stage dumps are identical to the golden's on this machine: named, not the suspect
+    assert _environment(out.text.splitlines()).startswith(ENV_LINE + HELD)
+    assert _suspect(out.text.splitlines()).startswith("  first divergence ")
 
 
 def test_cpu_models_are_not_device_models(gate) -> None:
@@ -156,7 +174,10 @@ def test_cpu_models_are_not_device_models(gate) -> None:
     out = gate(H100, xeon)
     assert out.kind is OutcomeKind.COMPARED
     assert (
-        out.text.splitlines()[1] == "  environment differs from the golden's: CPU AMD EPYC 7B13 -> Intel Xeon (avx512f)"
+        _environment(out.text.splitlines())
+        == "  environment differs from the golden's: CPU AMD EPYC 7B13 -> Intel Xeon (avx512f)"
+        + HELD
+        + " on this machine"
     )
 
 
@@ -164,7 +185,9 @@ def test_golden_without_its_model_still_gates(gate) -> None:
     old = {k: v for k, v in H100.items() if k not in ("gpu", "gpu_capability")}
     out = gate(old, A100)
     assert out.kind is OutcomeKind.COMPARED
-    assert out.text.splitlines()[1].startswith("  environment not fully recorded: GPU not recorded -> NVIDIA A100")
+    assert _environment(out.text.splitlines()).startswith(
+        "  environment not fully recorded: GPU not recorded -> NVIDIA A100"
+    )
 
 
 def test_compare_applies_cross_device_rules_to_another_model(tmp_path: Path, capsys) -> None:
@@ -179,7 +202,7 @@ def test_compare_applies_cross_device_rules_to_another_model(tmp_path: Path, cap
     assert main(["compare", str(upgraded), str(golden), *artifacts]) == 1
     out = capsys.readouterr().out.splitlines()
     failing = next(i for i, line in enumerate(out) if line.startswith("FAIL actor_update @ step_1"))
-    assert out[failing + 1] == ENV_LINE
+    assert _suspect(out[failing:]) == ENV_LINE  # one stage compared alone: nothing else held
 
 
 # ----------------------------------------------------------------------- report and summary
@@ -218,7 +241,7 @@ def test_failing_run_and_different_diffs_name_their_scenarios() -> None:
     ]
     assert _summary(report) == [
         "environment differs from the golden's for grpo_tiny (torch 2.13.0+cpu -> 2.14.0+cpu): "
-        "1 failed item(s) name it first",
+        "1 failed item(s) name it",
         "environment differs from the golden's for ppo_gae_tiny (threads 1 -> 2): checked, the goldens held",
     ]
 
@@ -324,8 +347,11 @@ def test_gate_names_the_environment_in_verdict_summary_report_and_junit(
     failing.assert_outcomes(passed=1, failed=1)
     out = failing.outlines
     head = next(i for i, line in enumerate(out) if line.startswith("actor_update @ step_2, rank0: 1 of "))
-    assert fnmatch.fnmatch(out[head + 1], f"  {env_line}"), out[head : head + 3]  # first after the headline
-    failing.stdout.fnmatch_lines(["environment differs from the golden's (python 3.10.0 -> *): 1 failed item(s)*"])
+    # step 1 is identical on this machine: the environment is named, after the evidence
+    assert fnmatch.fnmatch(_environment(out[head:]), f"  {env_line}; alone it does not explain this drift: 1 *")
+    failing.stdout.fnmatch_lines(
+        ["environment differs from the golden's (python 3.10.0 -> *): 1 failed item(s) name it"]
+    )
     doc = json.loads((command_project.path / "rep/report.json").read_text())
     jsonschema.validate(doc, load_schema("report"))
     assert {r["what"] for r in doc["scenarios"][0]["environment_diff"]} == {"python", "CPU"}

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from harness_testing import base_data, write_dump
 
-from precision_harness.check.msprobe_tools import analyze_failure
+from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure
+from precision_harness.check.verdict_text import Reading, msprobe_rows
+
+
+def _origin(api: str) -> DriftOrigin:
+    return DriftOrigin(OriginKind.API, f"{api}.output.0", api, "rank0", "actor_update", f"{api}.output.0")
 
 
 def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> None:
@@ -38,7 +44,20 @@ def test_no_diff_above_msprobe_threshold(dumps, tmp_path: Path) -> None:
     target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=12.5001))
     answer = analyze_failure(target, golden, tmp_path / "art", graph=False)
     assert answer.first_diff == {} and answer.errors == []
-    assert answer.lines() == [("msprobe 1st diff", "none: no output moved more than DiffAnalyzer's 50 % threshold")]
+    assert msprobe_rows(Reading(msprobe=answer)) == []  # msprobe found nothing: it adds nothing
+
+
+def test_msprobe_first_diff_shows_only_where_it_adds_something() -> None:
+    """The same API as where the change entered: left out; another: said with what it means."""
+    answer = MsprobeAnswer(first_diff={"rank0": "Functional.linear.14.backward"})
+    assert msprobe_rows(Reading(origin=_origin("Functional.linear.14.backward"), msprobe=answer)) == []
+    (label, text), *_ = msprobe_rows(Reading(origin=_origin("Tensor.__mul__.23.forward"), msprobe=answer))
+    assert label == "msprobe 1st diff"
+    assert text.startswith("Functional.linear.14.backward: the first output past DiffAnalyzer's 50 % threshold")
+    assert "after the change entered" in text
+    two = MsprobeAnswer(first_diff={"rank0": "Functional.linear.1.forward", "rank1": "Functional.linear.2.forward"})
+    (_, text), *_ = msprobe_rows(Reading(origin=_origin("Functional.linear.1.forward"), msprobe=two))
+    assert text.startswith("rank0 Functional.linear.1.forward, rank1 Functional.linear.2.forward:")
 
 
 def test_graph_database_for_module_level_dump(tmp_path: Path) -> None:
@@ -61,8 +80,8 @@ def test_graph_database_for_module_level_dump(tmp_path: Path) -> None:
     assert answer.graphs == [tmp_path / "art" / "graph" / "rank0.vis.db"] and answer.graphs[0].stat().st_size > 0, (
         answer.errors
     )
-    assert ("graph", f"tensorboard --logdir {tmp_path / 'art' / 'graph'}") in answer.lines(
-        graph_dir=tmp_path / "art" / "graph"
+    assert ("graph", f"tensorboard --logdir {tmp_path / 'art' / 'graph'}") in msprobe_rows(
+        Reading(msprobe=answer, graph_dir=tmp_path / "art" / "graph")
     )
 
 

@@ -331,6 +331,7 @@ def test_a_timed_out_command_leaves_no_process_behind(tmp_path: Path) -> None:
 
     class _Scenario:
         path = tmp_path / "s.yaml"
+        folder = tmp_path
 
     with pytest.raises(RunFailedError) as err:
         command.run_command(_Scenario(), [sys.executable, "-c", script], run_dir=tmp_path, env={}, timeout=3)

@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -306,3 +307,52 @@ def test_e2e_a_two_rank_run_that_fails_midway_leaves_no_process_behind() -> None
     outcomes, out = _check(PRECISION_TEST_PLANT="no_such_site")
     assert set(outcomes.values()) == {"FAILED"}
     assert re.search(r"grpo_dp2_bf16_cpu\.yaml: command exited with \d+; last lines:", out), out[-3000:]
+
+
+@pytest.mark.slow
+def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_cpu(tmp_path: Path) -> None:
+    """verl's GRPO advantages x (1 + 1e-4) in every verl process (tests/hooks ``advantages``), checked against a
+    copy of the golden whose manifest says it was recorded on another CPU. actor_update[step_1]'s verdict leads
+    with where the change entered, upstream of actor_update (its input, the advantages, is the first value that
+    differs), and names the environment only after the evidence, as not explaining the drift alone: the run's
+    other stage dumps are bit-identical to their goldens on this machine. No replay: nothing to judge at an API.
+    """
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    example = tmp_path / "verl_cpu"
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns(".precision", "__pycache__"))
+    manifest_path = example / "golden" / "grpo_dp2_bf16_cpu" / "cpu" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["env"].update(
+        cpu_vendor="GenuineIntel", cpu_model="Intel Xeon Platinum 8480+", cpu_flags="avx2 fma amx_bf16"
+    )
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    select = ["-k", "actor_update and step_1", "--junitxml", "junit.xml", "--precision-report", "rep"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "scenarios/grpo_dp2_bf16_cpu.yaml", *select],
+        cwd=example,
+        env={**os.environ, **hooks_env(PRECISION_TEST_PLANT="advantages")},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    out = proc.stdout
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("actor_update @ step_1, rank0 ("))
+    assert lines[head + 1].startswith(
+        "  change entered    the change is upstream of actor_update: its input Tensor.__mul__.23.forward.input.0 is "
+        "the first value that differs"
+    ), out[-4000:]
+    verdict = lines[head : next(i for i in range(head, len(lines)) if lines[i].startswith("  rerun "))]
+    environment = next(i for i, line in enumerate(verdict) if line.startswith("  environment differs"))
+    assert environment > next(i for i, line in enumerate(verdict) if line.startswith("  first divergence "))
+    assert "CPU Intel Xeon Platinum 8480+ (amx_bf16) -> AMD EPYC" in verdict[environment]
+    assert re.search(
+        r"alone it does not explain this drift: \d+ other stage dump\(s\) of this run are identical",
+        verdict[environment],
+    )
+    assert not any(line.startswith("  judgement ") for line in verdict)
+    record = json.loads((example / "rep" / "report.json").read_text())["items"][0]
+    assert record["origin"]["kind"] == "upstream" and record["judgement"] is None
+    assert not (example / ".precision" / "artifacts" / "grpo_dp2_bf16_cpu" / "judge").exists()
+    assert not left_behind(example / ".precision")

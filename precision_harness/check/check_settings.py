@@ -25,8 +25,11 @@ class CheckSettings:
     #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
     #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
     msprobe: bool = True
-    #: the target's environment against the golden's: a failing verdict names it first after its headline
+    #: the target's environment against the golden's: a failing verdict names it, first where it is a suspect
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
+    #: stage dumps of the same run identical to their goldens (sha256): the environment alone does not explain
+    #: a drift on this machine
+    identical_elsewhere: int = 0
 
     def rerun_of(self, key: ItemKey) -> str | None:
         """The command that reruns ``key`` alone, or None."""

@@ -21,8 +21,10 @@ from typing import Any
 from precision_harness.check import verdict_text
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare import MetricsVerdict, StageVerdict, compare_metrics, compare_stage
+from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
+from precision_harness.check.judgement import Judgement
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import METRICS, read_metrics
@@ -59,6 +61,10 @@ class Outcome:
     localized: Outcome | None = None
     #: the run's environment against the golden's (every item of a scenario carries the same)
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
+    #: a failing stage: where its change entered (check.drift_origin)
+    origin: DriftOrigin | None = None
+    #: a failing stage whose change entered at an API: the replay's judgement (check.replay)
+    judgement: Judgement | None = None
 
     @classmethod
     def error(cls, exc: PrecisionError) -> Outcome:
@@ -77,6 +83,21 @@ def items_of(target: Path, golden: Golden) -> list[ItemKey]:
     keys = [ItemKey(step, stage) for step, stage in sorted(found, key=lambda p: (p[0], order.get(p[1], 99), p[1]))]
     has_metrics = (Path(target) / "metrics.jsonl").is_file() and golden.has_metrics()
     return keys + ([METRICS_ITEM] if has_metrics else [])
+
+
+def identical_stages(target: Path, golden: Golden) -> int:
+    """How many of the golden's stage dumps ``target`` (a run directory) reproduces byte for byte (every rank's
+    digest equal): on one machine, the stages the environment did not move."""
+    count = 0
+    for step, stage in golden.stages():
+        run_stage, golden_stage = DirStage(Path(target) / f"step_{step}" / stage), golden.stage(step, stage)
+        ranks = golden_stage.ranks()
+        count += (
+            bool(ranks)
+            and run_stage.ranks() == ranks
+            and all(run_stage.digest(r) == golden_stage.digest(r) for r in ranks)
+        )
+    return count
 
 
 def check_items(
@@ -156,19 +177,30 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
             plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
             answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
     shown = settings.shown(artifacts) if artifacts is not None else None
+    origin = classify(verdict, target) if target.ranks() else None
+    reading = verdict_text.Reading(
+        origin=origin,
+        changed=tuple(settings.changed),
+        environment=settings.environment,
+        identical_elsewhere=settings.identical_elsewhere,
+        msprobe=answer,
+        graph_dir=(shown / "graph") if shown is not None else None,
+    )
     text = verdict_text.stage_text(
-        verdict,
-        artifacts=shown,
-        rerun=settings.rerun_of(ItemKey(golden.step, golden.name)),
-        changed=settings.changed,
-        environment=settings.environment.headline(),
-        msprobe=answer.lines(graph_dir=(shown / "graph") if shown is not None else None) if answer else None,
+        verdict, reading, artifacts=shown, rerun=settings.rerun_of(ItemKey(golden.step, golden.name))
     )
     if artifacts is not None:
         artifacts.mkdir(parents=True, exist_ok=True)
         (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")
     return Outcome(
-        False, text, OutcomeKind.COMPARED, verdict, answer, seconds=time.perf_counter() - t0, artifacts=shown
+        False,
+        text,
+        OutcomeKind.COMPARED,
+        verdict,
+        answer,
+        seconds=time.perf_counter() - t0,
+        artifacts=shown,
+        origin=origin,
     )
 
 

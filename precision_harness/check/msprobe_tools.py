@@ -39,27 +39,6 @@ class MsprobeAnswer:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def lines(self, *, graph_dir: Path | None = None) -> list[tuple[str, str]]:
-        """``(label, text)`` rows for the verdict text, beside the gate's own first divergence."""
-        rows = []
-        if self.first_diff:
-            rows.append(
-                (
-                    "msprobe 1st diff",
-                    ", ".join(
-                        f"{r} {op}" if len(self.first_diff) > 1 else op for r, op in sorted(self.first_diff.items())
-                    )
-                    + " (DiffAnalyzer)",
-                )
-            )
-        elif not self.errors:
-            rows.append(("msprobe 1st diff", "none: no output moved more than DiffAnalyzer's 50 % threshold"))
-        if self.graphs and graph_dir is not None:
-            rows.append(("graph", f"tensorboard --logdir {graph_dir}"))
-        for err in self.errors[:2]:
-            rows.append(("msprobe", err))
-        return rows
-
 
 def _import_msprobe_compare():
     try:

@@ -1,21 +1,30 @@
 """Verdict text: what a failing (or passing) stage or metrics item prints.
 
 :func:`stage_text` follows the layout users read in CI logs (see README, "A failing stage reads
-like this"): the headline with counts and tolerance, the first divergence in execution order, the
-largest drift, msprobe's own answer, always-failures, the setting that changed, artifacts, rerun.
+like this"): the headline with counts and tolerance, then the lines by what explains the drift (a
+setting that changed, where the change entered and its judgement, the environment when it is a
+first suspect), the evidence (first divergence, largest drift, always-failures), msprobe's answer
+where it adds something, artifacts, rerun.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
+from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
+from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.msprobe_tools import MsprobeAnswer
 
 #: problems listed before "... and N more"
 MAX_PROBLEMS = 5
+#: the label of the judgement's line (right after the ``change entered`` line)
+JUDGEMENT_LABEL = "judgement"
 
 
 #: significant digits a verdict value starts at; more are added only where a pair needs them
@@ -50,7 +59,7 @@ def _how_far(ratio: float, rel: float, *, exact: bool) -> str:
 def _drift_line(label: str, d: Drift, multi_rank: bool) -> str:
     rank = f"{d.rank} " if multi_rank else ""
     how = _how_far(d.ratio, d.rel, exact=d.tol.rtol == 0 and d.tol.atol == 0)
-    return f"  {label:<18}{rank}{d.tensor}  {d.statistic} {pair(d.golden, d.target)} ({how})"
+    return _label(label, f"{rank}{d.tensor}  {d.statistic} {pair(d.golden, d.target)} ({how})")
 
 
 def settings_changed(golden: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
@@ -61,21 +70,71 @@ def settings_changed(golden: dict[str, Any] | None, current: dict[str, Any] | No
     return [f"{k}: {golden.get(k)} -> {current.get(k)}" for k in keys if golden.get(k) != current.get(k)]
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What explains one failing stage, for :func:`stage_text` to order (the first line steers the user).
+
+    Attributes:
+        origin: where the change entered (:func:`~precision_harness.check.drift_origin.classify`).
+        judgement: the judgement's line (:mod:`precision_harness.check.judgement`), said right after the origin.
+        changed: numeric settings that differ from the golden's, one line each.
+        environment: the run's environment against the golden's.
+        identical_elsewhere: other stage dumps of the same run identical to their goldens (sha256): on
+            the same machine, so the environment alone does not explain a drift.
+        msprobe: msprobe's own answer (first diff, graph, its errors), shown where it adds something.
+        graph_dir: where msprobe's graph is, as the verdict names it.
+    """
+
+    origin: DriftOrigin | None = None
+    judgement: str | None = None
+    changed: tuple[str, ...] = ()
+    environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
+    identical_elsewhere: int = 0
+    msprobe: MsprobeAnswer | None = None
+    graph_dir: Path | None = None
+
+    @property
+    def exonerates_environment(self) -> bool:
+        """The environment differs, and other stages of the run held on this machine."""
+        return self.environment.differs and self.identical_elsewhere > 0
+
+    def environment_line(self) -> str | None:
+        """The environment's line: the difference, and when other stages held, that it alone does not explain."""
+        line = self.environment.headline()
+        if line is not None and self.exonerates_environment:
+            line += (
+                f"; alone it does not explain this drift: {self.identical_elsewhere} other stage dump(s) of this run "
+                "are identical to their goldens on this machine"
+            )
+        return line
+
+    @property
+    def environment_explains(self) -> bool:
+        """Whether the environment is a first suspect: it differs, nothing exonerates it, and the change entered
+        in the stage itself (an API computing differently), not in what the stage was given."""
+        inside = self.origin is None or self.origin.kind in (OriginKind.API, OriginKind.UNRECORDED)
+        return self.environment.differs and not self.exonerates_environment and inside
+
+
+def _label(label: str, text: str) -> str:
+    return f"  {label:<18}{text}"
+
+
 def stage_text(
     v: StageVerdict,
+    reading: Reading | None = None,
     *,
     artifacts: Path | None = None,
     rerun: str | None = None,
-    changed: Sequence[str] | None = None,
-    msprobe: list[tuple[str, str]] | None = None,
-    environment: str | None = None,
 ) -> str:
     """The verdict of one stage, as in the README's "A failing stage reads like this".
 
-    ``environment`` (the run's environment against the golden's, when it differs) is the first line
-    after the headline: after an upgrade it is the first suspect. ``msprobe`` rows (label, text),
-    msprobe's own first diff and graph command, follow ours.
+    After the headline, the lines go by what explains the drift: a changed setting, where the change
+    entered (``change entered``) and its judgement, the environment when it is a first suspect, then
+    the evidence (first divergence, largest drift, always-failures), msprobe's answer where it adds
+    something, the environment when it does not explain the drift alone, artifacts and the rerun line.
     """
+    reading = reading or Reading()
     ranks = ", ".join(v.ranks) or "rank0"
     where = f"{v.stage} @ step_{v.step}, {ranks}"
     if v.passed:
@@ -87,32 +146,91 @@ def stage_text(
         where = (
             f"{v.stage} @ step_{v.step}, {first_rank} (differs on {', '.join(v.failing_ranks)} of {len(v.ranks)} ranks)"
         )
-    lines = []
     n = len({(d.rank, d.tensor, d.statistic) for d in v.drifts})
     if v.drifts:
-        lines.append(f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})")
+        lines = [f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
     else:
-        lines.append(f"{where}: {len(v.problems)} structural difference(s) from the golden")
-    if environment:
+        lines = [f"{where}: {len(v.problems)} structural difference(s) from the golden"]
+    lines += _explanations(reading)
+    lines += _evidence(v)
+    lines += [_label(label, text) for label, text in msprobe_rows(reading)]
+    environment = reading.environment_line()
+    if environment and not reading.environment_explains:
         lines.append(f"  {environment}")
+    if artifacts is not None:
+        lines.append(_label("artifacts", f"{artifacts}/"))
+    if rerun:
+        lines.append(_label("rerun", rerun))
+    return "\n".join(lines)
+
+
+def _explanations(reading: Reading) -> list[str]:
+    """A changed setting, where the change entered and its judgement, the environment when it is a first suspect."""
+    lines = [_label("setting changed", line) for line in reading.changed]
+    if reading.origin is not None:
+        lines.append(_label(ORIGIN_LABEL, reading.origin.summary))
+    if reading.judgement:
+        lines.append(_label(JUDGEMENT_LABEL, reading.judgement))
+    environment = reading.environment_line()
+    if environment and reading.environment_explains:
+        lines.append(f"  {environment}")
+    return lines
+
+
+def _evidence(v: StageVerdict) -> list[str]:
+    """The first divergence, the largest drift and the always-failures."""
     multi = len(v.ranks) > 1
     first, largest = v.first_divergence, v.largest
+    lines = []
     if first is not None:
         lines.append(_drift_line("first divergence", first, multi))
     if largest is not None and largest is not first:
         lines.append(_drift_line("largest", largest, multi))
-    for label, text in msprobe or []:
-        lines.append(f"  {label:<18}{text}")
-    for problem in v.problems[:MAX_PROBLEMS]:
-        lines.append(f"  {'always fails':<18}{problem}")
+    lines += [_label("always fails", str(problem)) for problem in v.problems[:MAX_PROBLEMS]]
     if len(v.problems) > MAX_PROBLEMS:
-        lines.append(f"  {'':<18}... and {len(v.problems) - MAX_PROBLEMS} more")
-    for line in changed or []:
-        lines.append(f"  {'setting changed':<18}{line}")
-    if artifacts is not None:
-        lines.append(f"  {'artifacts':<18}{artifacts}/")
-    if rerun:
-        lines.append(f"  {'rerun':<18}{rerun}")
+        lines.append(_label("", f"... and {len(v.problems) - MAX_PROBLEMS} more"))
+    return lines
+
+
+def msprobe_rows(reading: Reading) -> list[tuple[str, str]]:
+    """msprobe's rows where they add something to the gate's own answer.
+
+    Its first diff (DiffAnalyzer: the first op whose output moved past 50 %) is left out when it
+    names the API where the change entered, or nothing; otherwise it is said with what it means:
+    where the drift grew large, after the change entered. Its graph and its own errors always show.
+    """
+    answer = reading.msprobe
+    if answer is None:
+        return []
+    rows = []
+    ours = {reading.origin.api} if reading.origin is not None else set()
+    theirs = {op for op in answer.first_diff.values() if op not in ours}
+    if theirs:
+        named = ", ".join(
+            f"{r} {op}" if len(answer.first_diff) > 1 else op for r, op in sorted(answer.first_diff.items())
+        )
+        meaning = (
+            "the first output past DiffAnalyzer's 50 % threshold: where the drift grew large, after the change entered"
+            if reading.origin is not None
+            else "the first output past DiffAnalyzer's 50 % threshold (DiffAnalyzer)"
+        )
+        rows.append(("msprobe 1st diff", f"{named}: {meaning}"))
+    if answer.graphs and reading.graph_dir is not None:
+        rows.append(("graph", f"tensorboard --logdir {reading.graph_dir}"))
+    rows += [("msprobe", err) for err in answer.errors[:2]]
+    return rows
+
+
+def with_judgement(text: str, judgement: str, *, last: bool = False) -> str:
+    """``text`` (a stage verdict) with the ``judgement`` line right after its ``change entered`` line, indented
+    as that line is (the last such line when ``last``: a ``localized at L1`` block's)."""
+    lines = text.splitlines()
+    found = [i for i, line in enumerate(lines) if line.lstrip().startswith(ORIGIN_LABEL + " ")]
+    if not found:
+        return f"{text}\n{_label(JUDGEMENT_LABEL, judgement)}"
+    at = found[-1] if last else found[0]
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    lines.insert(at + 1, indent + f"{JUDGEMENT_LABEL:<18}{judgement}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.environment import EnvironmentDiff, grouped
 from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
+from precision_harness.report.report_md import judgement_line
 from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, STAGES
 
 REPORT_FORMAT = 1
@@ -48,6 +49,17 @@ def _drift_json(d: Drift | None) -> dict[str, Any] | None:
         "ratio": _finite(d.ratio),
         "order": d.order,
     }
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every non-finite float as None (report.json is strict JSON)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _localized_json(local: Outcome | None) -> dict[str, Any] | None:
@@ -95,6 +107,10 @@ class ItemRecord:
     localized: dict[str, Any] | None = None
     #: the run's environment against the golden's: :meth:`EnvironmentDiff.to_json` rows (empty: same, or unknown)
     environment_diff: list[dict[str, Any]] = field(default_factory=list)
+    #: a failing stage: where its change entered (:meth:`DriftOrigin.to_json`; level auto: the L1 localisation's)
+    origin: dict[str, Any] | None = None
+    #: a failing stage whose change entered at an API: ``{"verdict", "api", "reason", "figures"}`` (check.judgement)
+    judgement: dict[str, Any] | None = None
 
     @classmethod
     def from_outcome(
@@ -130,6 +146,10 @@ class ItemRecord:
             rec.msprobe_errors = list(outcome.msprobe.errors)
         rec.localized = _localized_json(outcome.localized)
         rec.environment_diff = outcome.environment.to_json()
+        local = outcome.localized
+        origin = local.origin if local is not None and local.origin is not None else outcome.origin
+        rec.origin = origin.to_json() if origin is not None else None
+        rec.judgement = _plain(outcome.judgement.to_json()) if outcome.judgement is not None else None
         return rec
 
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
@@ -174,6 +194,10 @@ class ItemRecord:
             props.append(("precision_localized", f"{self.localized['level']} {local['tensor']} {local['statistic']}"))
         if self.environment_diff:
             props.append(("precision_environment_diff", EnvironmentDiff.from_json(self.environment_diff).summary))
+        if self.origin is not None:
+            props.append(("precision_origin", f"{self.origin['kind']} {self.origin['row']}"))
+        if self.judgement is not None:
+            props.append(("precision_judgement", judgement_line(self.judgement)))
         return props
 
 
@@ -353,7 +377,7 @@ def environment_line(env: EnvironmentDiff, *, scenarios: list[str] | None, faile
         whom = " for " + ", ".join(scenarios[:MAX_NAMED_SCENARIOS]) + (f" and {more} more" if more > 0 else "")
     if not env.differs:
         return f"environment not fully recorded{whom} (older goldens record less; a re-record adds it): {env.summary}"
-    verdict = "checked, the goldens held" if not failed else f"{failed} failed item(s) name it first"
+    verdict = "checked, the goldens held" if not failed else f"{failed} failed item(s) name it"
     return f"environment differs from the golden's{whom} ({env.summary}): {verdict}"
 
 

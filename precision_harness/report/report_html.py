@@ -21,7 +21,7 @@ from typing import Any
 from precision_harness.check.environment import grouped
 from precision_harness.check.items import OutcomeKind
 from precision_harness.errors import PrecisionError
-from precision_harness.report.report_md import ratio_text
+from precision_harness.report.report_md import judgement_line, ratio_text
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -33,6 +33,8 @@ td.fail{font-weight:bold}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.85em}
 .legend span{display:inline-block;padding:.1em .5em;margin-right:.3em;border:1px solid #ccc;font-size:.8em}
 figure.drift-plot{margin:1em 0;border:1px solid #ddd;padding:.5em}
+p.origin,p.judgement{margin:.3em 0;font-size:.95em}
+p.judgement.improvement{color:#1b5e20} p.judgement.regression{color:#b71c1c} p.judgement.undecided{color:#555}
 """
 
 
@@ -182,6 +184,18 @@ def environment_section(doc: dict[str, Any]) -> str:
     return f'<section id="environment"><h2>Environment against the golden\'s</h2><ul>{rows}</ul></section>'
 
 
+def _reading(record: dict[str, Any]) -> str:
+    """Where a failing stage's change entered and its judgement, above its verdict ("" for neither)."""
+    parts = []
+    if record.get("origin"):
+        parts.append(f'<p class="origin"><b>change entered</b>: {html.escape(record["origin"]["text"])}</p>')
+    if record.get("judgement"):
+        verdict = html.escape(record["judgement"]["verdict"])
+        line = html.escape(judgement_line(record["judgement"]))
+        parts.append(f'<p class="judgement {verdict}"><b>judgement</b>: {line}</p>')
+    return "".join(parts)
+
+
 def html_report(doc: dict[str, Any]) -> str:
     """The whole report.html."""
     s = doc["summary"]
@@ -217,7 +231,7 @@ def html_report(doc: dict[str, Any]) -> str:
         parts.append('<section id="failures"><h2>Failures</h2>')
         for r in failing:
             title = f"{r['scenario']} {r['stage']} @ step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics"
-            parts.append(f"<h3>{html.escape(title)}</h3><pre>{html.escape(r['text'])}</pre>")
+            parts.append(f"<h3>{html.escape(title)}</h3>{_reading(r)}<pre>{html.escape(r['text'])}</pre>")
             if r["stage"] and r["profile"]:
                 anchor = _slug(r["scenario"], "step_" + str(r["step"]), r["stage"])
                 parts.append(

@@ -9,6 +9,11 @@ from precision_harness.check.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 
 
+def judgement_line(judgement: dict[str, Any]) -> str:
+    """``regression at API Functional.linear.0.forward: ...``: a report record's judgement, as the verdict says it."""
+    return f"{judgement['verdict']} at API {judgement['api']}: {judgement['reason']}"
+
+
 def ratio_text(r: float | None, passed: bool, kind: OutcomeKind, structural: bool = True) -> str:
     """A heatmap cell's or a failure row's text: the worst tolerance ratio, or why there is none
     (``error``, ``recorded``, ``structural``, ``inf``; ``-``: passed without a ratio)."""
@@ -60,8 +65,9 @@ def _failures(doc: dict[str, Any]) -> list[str]:
     lines = [
         "### Failures",
         "",
-        "| scenario | step | stage | worst ratio | first divergence | msprobe first diff |",
-        "|---|---|---|---|---|---|",
+        "| scenario | step | stage | worst ratio | first divergence | change entered | judgement "
+        "| msprobe first diff |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in failing:
         fd = r["first_divergence"]
@@ -72,13 +78,15 @@ def _failures(doc: dict[str, Any]) -> list[str]:
         ms = ", ".join(f"`{op}`" for op in r["msprobe_first_diff"].values()) or "-"
         step = r["step"] if r["step"] is not None else ""
         ratio = ratio_text(r["worst_ratio"], r["passed"], OutcomeKind(r["kind"]), bool(r["problems"]))
-        lines.append(
-            f"| {r['scenario']} | {step} | {r['stage'] or 'metrics'} | {ratio} | {first.replace('|', '/')} | {ms} |"
-        )
+        entered = f"{r['origin']['kind']}: `{r['origin']['row']}`" if r.get("origin") else "-"
+        judged = f"**{r['judgement']['verdict']}** `{r['judgement']['api']}`" if r.get("judgement") else "-"
+        cells = [r["scenario"], step, r["stage"] or "metrics", ratio, first, entered, judged, ms]
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     lines.append("")
     for r in failing:
         title = f"{r['scenario']} {r['stage']} step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics"
-        lines += [f"<details><summary>{title}</summary>", "", "```", r["text"], "```", "", "</details>", ""]
+        judgement = [f"**judgement**: {judgement_line(r['judgement'])}", ""] if r.get("judgement") else []
+        lines += [f"<details><summary>{title}</summary>", "", *judgement, "```", r["text"], "```", "", "</details>", ""]
     return lines
 
 

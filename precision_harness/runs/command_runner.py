@@ -99,7 +99,7 @@ def command_env(scenario: Any, run_dir: Path) -> dict[str, str]:
             ENV_STEPS: ",".join(map(str, scenario.steps)),
             ENV_STAGES: ",".join(scenario.stages),
             ENV_METRICS: str(run_dir / METRICS),
-            ENV_SCENARIO_DIR: str(Path(scenario.path).resolve().parent),
+            ENV_SCENARIO_DIR: str(Path(scenario.folder).resolve()),
         }
     )
     return env
@@ -135,14 +135,14 @@ def run_command(
         try:
             proc = subprocess.Popen(
                 argv,
-                cwd=scenario.path.parent,
+                cwd=scenario.folder,
                 env={**os.environ, **env, ENV_RUN_ID: run_id},
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         except FileNotFoundError:
-            raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.path.parent})") from None
+            raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.folder})") from None
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

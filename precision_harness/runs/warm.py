@@ -40,7 +40,14 @@ PRELOAD = (
     "precision_harness.runs.runner.__main__",
     "precision_harness.runs.runner.trainer",
     "precision_harness.runs.stage_api",
+    # the replay worker of a failing stage's judgement (precision_harness.runs.api_replay): msprobe's acc_check
+    "precision_harness.runs.api_replay.__main__",
+    "precision_harness.runs.api_replay.replay",
+    "msprobe.pytorch.api_accuracy_checker.acc_check.data_generate",
+    "msprobe.pytorch.api_accuracy_checker.compare.api_precision_compare",
 )
+#: the entry point a child runs by default: one scenario run (``python -m precision_harness.runs.runner``)
+RUNNER = "precision_harness.runs.runner.__main__"
 
 _lock = threading.Lock()
 _server_env: dict[str, str] | None = None
@@ -82,10 +89,20 @@ def _start_server(determinism: dict[str, str]) -> None:
                 os.environ[key] = value
 
 
-def run_child(argv: list[str], env: dict[str, str], log_path: str) -> None:
-    """The forked child: the caller's environment, output to ``log_path``, then the worker's ``main(argv)``.
+def started() -> BaseContext | None:
+    """The forkserver context if this process started the warm server already (whatever its environment), else None.
 
-    Exits with the worker's exit code (0 ok, 1 failed with ``error.txt`` written).
+    The replay worker takes it where it exists: its figures do not depend on the server's thread settings
+    (it pins one thread itself), and starting a server for it alone would cost what a fresh process does.
+    """
+    with _lock:
+        return multiprocessing.get_context("forkserver") if _server_env is not None else None
+
+
+def run_child(argv: list[str], env: dict[str, str], log_path: str, module: str = RUNNER) -> None:
+    """The forked child: the caller's environment, output to ``log_path``, then ``module``'s ``main(argv)``.
+
+    Exits with its exit code (the runner: 0 ok, 1 failed with ``error.txt`` written).
     """
     os.environ.clear()
     os.environ.update(env)
@@ -93,12 +110,13 @@ def run_child(argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    import importlib
     import time
 
-    from precision_harness.runs.runner import __main__ as worker
-
-    worker._T0 = time.perf_counter()  # import_s is what this run imported, not the server's preload
-    worker.WARM = True
+    worker = importlib.import_module(module)
+    if module == RUNNER:
+        worker._T0 = time.perf_counter()  # import_s is what this run imported, not the server's preload
+        worker.WARM = True
     code = worker.main(argv)
     # a fresh interpreter runs its atexit handlers at exit; multiprocessing's child would skip them
     atexit._run_exitfuncs()
@@ -107,8 +125,10 @@ def run_child(argv: list[str], env: dict[str, str], log_path: str) -> None:
     sys.exit(code)
 
 
-def start(context: BaseContext, argv: list[str], env: dict[str, str], log_path: str) -> Any:
-    """Fork a child of the warm server running :func:`run_child`; returns the started ``Process``."""
-    process = context.Process(target=run_child, args=(argv, env, log_path), name="precision-worker", daemon=False)
+def start(context: BaseContext, argv: list[str], env: dict[str, str], log_path: str, module: str = RUNNER) -> Any:
+    """Fork a child of the warm server running :func:`run_child` (``module``'s ``main``); returns the ``Process``."""
+    process = context.Process(
+        target=run_child, args=(argv, env, log_path, module), name="precision-worker", daemon=False
+    )
     process.start()
     return process

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from precision_harness.scenarios import invariant_declarations
-from precision_harness.scenarios.profiling import AUTO, AUTO_DUMP_LEVEL, LEVEL_KEY, LOCALIZE_LEVEL, STAGES_KEY
+from precision_harness.scenarios.profiling import (
+    AUTO,
+    AUTO_DUMP_LEVEL,
+    LEVEL_KEY,
+    LIST_KEY,
+    LOCALIZE_LEVEL,
+    STAGES_KEY,
+    TASK_KEY,
+    TENSOR_TASK,
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,8 @@ class ScenarioBase:
     #: what :attr:`hash` is made of, as flat components (:mod:`precision_harness.scenarios.identity`); a golden
     #: records it, so a stale golden names what changed
     identity: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: a variant's original folder (None: the file's own), see :attr:`folder`
+    home: Path | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------- owned by the kind
     @classmethod
@@ -105,6 +116,12 @@ class ScenarioBase:
 
     # ------------------------------------------------------------------------------- properties
     @property
+    def folder(self) -> Path:
+        """The folder the scenario's relative paths are read from (``inputs``, a command's working directory,
+        ``PRECISION_SCENARIO_DIR``): the file's own, or for a variant written elsewhere its original's."""
+        return self.home if self.home is not None else Path(self.path).parent
+
+    @property
     def profiler(self) -> dict[str, Any]:
         """``global_profiler.global_tool_config.precision_debugger`` (resolved)."""
         return self.config["global_profiler"]["global_tool_config"]["precision_debugger"]
@@ -137,6 +154,23 @@ class ScenarioBase:
             STAGES_KEY: [stage],
             "trainer.total_training_steps": step,
         }
+
+    def capture_overrides(self, step: int, stage: str, apis: list[str]) -> dict[str, Any]:
+        """Overrides that rerun this scenario to ``step``, saving the tensors of ``apis`` in ``stage`` only.
+
+        msprobe's ``task: tensor`` scoped by ``list`` (dump.json keys, ``Functional.linear.0.forward``):
+        only those calls are collected, numbered as in a full dump (msprobe counts every call and
+        collects the listed ones). The level is the gate's (``auto``: its localisation level, L1), so
+        the calls are the ones the checked dump names.
+        """
+        overrides = {**self.stop_after(step), "global_profiler.steps": [step], STAGES_KEY: [stage]}
+        if self.localizes:
+            overrides[LEVEL_KEY] = LOCALIZE_LEVEL
+        return {**overrides, TASK_KEY: TENSOR_TASK, LIST_KEY: list(apis)}
+
+    def stop_after(self, step: int) -> dict[str, Any]:
+        """Overrides that end a run after ``step`` (none where the run ends at its last profiled step)."""
+        return {}
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -32,5 +32,10 @@ LEVEL_KEY = "global_profiler.global_tool_config.precision_debugger.level"
 #: the key that lists a scenario's profiled stages
 STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
 
+#: msprobe's task key, and the task that saves each collected tensor (``dump_tensor_data/``) beside its statistics
+TASK_KEY = "global_profiler.global_tool_config.precision_debugger.task"
+TENSOR_TASK = "tensor"
+#: msprobe's ``list``: the API names a dump is scoped to (a substring match on ``Functional.linear.0.forward``)
+LIST_KEY = "global_profiler.global_tool_config.precision_debugger.list"
 #: Keys of the msprobe config.json that a scenario may set inline or through ``config_path``.
 MSPROBE_KEYS = ("task", "level", "scope", "list", "rank", "data_mode", "summary_mode")

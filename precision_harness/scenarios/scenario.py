@@ -41,8 +41,11 @@ class Scenario(ScenarioBase):
     """
 
     @staticmethod
-    def load(path: str | Path) -> Scenario:
+    def load(path: str | Path, *, home: Path | None = None) -> Scenario:
         """Load and validate ``path`` as the kind its keys declare.
+
+        ``home``: the folder its relative paths are read from, for a variant written away from its original
+        (:meth:`with_overrides`); default the file's own.
 
         Raises:
             ScenarioError: unreadable file, malformed YAML, schema violation (file and field path),
@@ -63,8 +66,8 @@ class Scenario(ScenarioBase):
             pd.update(loading.load_msprobe_config(path, pd["config_path"], raw))
         name = config.get("name") or path.stem
         config["name"] = name
-        digest, components = kind.identity_of(path, config)
-        scenario = kind(name=name, path=path, config=config, hash=digest, identity=components)
+        digest, components = kind.identity_of(Path(home) / path.name if home is not None else path, config)
+        scenario = kind(name=name, path=path, config=config, hash=digest, identity=components, home=home)
         for check in kind.consistency_checks:
             check(scenario)
         return scenario
@@ -84,7 +87,8 @@ class Scenario(ScenarioBase):
         """
         tag = tag or hashlib.sha256(canonical_json(dict(overrides)).encode()).hexdigest()[:10]
         path = Path(directory) / f"{self.name}.{tag}.yaml"
-        return Scenario.load(loading.write_variant(self.path, overrides, path=path, name=name or f"{self.name}.{tag}"))
+        variant = loading.write_variant(self.path, overrides, path=path, name=name or f"{self.name}.{tag}")
+        return Scenario.load(variant, home=self.folder)
 
 
 class BuiltinScenario(Scenario):
@@ -98,6 +102,7 @@ class BuiltinScenario(Scenario):
     unnamed_change = "model, data, batch or algorithm settings changed"
     consistency_checks = (
         validation.check_stages,
+        validation.check_task,
         validation.check_steps,
         validation.check_batches,
         validation.check_rollout_is,
@@ -154,6 +159,9 @@ class BuiltinScenario(Scenario):
         """``trainer.total_training_steps``."""
         return self.config["trainer"]["total_training_steps"]
 
+    def stop_after(self, step: int) -> dict[str, Any]:
+        return {"trainer.total_training_steps": step}
+
     @property
     def gates_metrics(self) -> bool:
         return True
@@ -183,6 +191,7 @@ class CommandScenario(Scenario):
     consistency_checks = (
         validation.check_rollout_generate,
         validation.check_stages,
+        validation.check_task,
         validation.check_level,
         validation.check_invariants,
     )
@@ -243,6 +252,7 @@ class VerlScenario(CommandScenario):
     consistency_checks = (
         validation.check_rollout_generate,
         validation.check_stages,
+        validation.check_task,
         validation.check_level,
         validation.check_invariants,
     )

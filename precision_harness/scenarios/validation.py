@@ -12,7 +12,15 @@ from typing import Any
 from precision_harness.errors import ScenarioError
 from precision_harness.scenarios.base import ScenarioBase
 from precision_harness.scenarios.defaults import uses_critic
-from precision_harness.scenarios.profiling import LEVEL_KEY, ROLLOUT_GENERATE, STAGES, STAGES_KEY
+from precision_harness.scenarios.profiling import (
+    LEVEL_KEY,
+    LIST_KEY,
+    ROLLOUT_GENERATE,
+    STAGES,
+    STAGES_KEY,
+    TASK_KEY,
+    TENSOR_TASK,
+)
 
 
 def check_stages(s: ScenarioBase) -> None:
@@ -46,6 +54,15 @@ def check_rollout_generate(s: ScenarioBase) -> None:
 def check_invariants(s: ScenarioBase) -> None:
     """The ``invariants:`` key parses for this kind (one line naming the file and the key)."""
     s.invariants  # noqa: B018 -- parsing is the check
+
+
+def check_task(s: ScenarioBase) -> None:
+    """``task: tensor`` saves every tensor it collects to disk: it must be scoped to named APIs (msprobe's ``list``)."""
+    if s.profiler["task"] == TENSOR_TASK and not s.profiler["list"]:
+        raise ScenarioError(
+            f"{s.path}: {TASK_KEY}: tensor saves every tensor it collects; name the APIs in {LIST_KEY} "
+            "(e.g. [Functional.linear.0.forward]) or use task: statistics"
+        )
 
 
 def check_level(s: ScenarioBase) -> None:

@@ -20,6 +20,13 @@ Two variables choose them; unset, every patched function does exactly what it di
   computing log-probs in float32), ``rollout_stale_weights`` (it ignores the sync before step 2 and
   keeps step 1's weights). In the model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
   variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast).
+  In the built-in runner's portable matrix products (``precision_harness.runs.runner.cpu_kernels``), where
+  msprobe records the API around them unchanged: ``linear_bf16`` (an fp32 product computed from its inputs
+  rounded to bfloat16, as a bf16 GEMM mode would), ``sum_order`` (each product's k terms summed in blocks of
+  :data:`SUM_ORDER_BLOCK`, then over the blocks: another association of the same fp32 sums). In torch, under
+  msprobe's wrapper (its recorded inputs stay the golden's): ``allreduce`` (``torch.distributed.all_reduce``
+  scales its result by :data:`PLANT_SCALE`), ``dropout_rng`` (``torch.nn.functional.dropout`` draws from the
+  default generator reseeded by :data:`DROPOUT_SEED_SHIFT`: another mask for the same input).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
   own shard by :data:`PERTURB_SCALE` (the built-in loop), or its policy loss, and so its gradients
   before they are reduced across ranks (verl's ``ppo_loss``), so a verdict must name the rank that
@@ -55,6 +62,10 @@ SITES = (
     "rollout_logprobs",
     "rollout_stale_weights",
     "norm_precision",
+    "linear_bf16",
+    "sum_order",
+    "allreduce",
+    "dropout_rng",
 )
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
@@ -62,6 +73,10 @@ ROLLOUT_TEMPERATURE_SCALE = 1.0 + 1e-6
 #: a rollout sampling at temperature 0.2 for 1.0: a tiny random model's logits are nearly flat, so a
 #: smaller change (1.5x) samples the same tokens; this one changes 3 of grpo n=2's 16 at step 1
 ROLLOUT_SAMPLING_SCALE = 0.2
+#: ``sum_order``: products summed in blocks of this many, then over the blocks
+SUM_ORDER_BLOCK = 4
+#: ``dropout_rng``: how far the default generator's seed is moved before each dropout draws
+DROPOUT_SEED_SHIFT = 7919
 PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
 PERTURB_SCALE = 1.0 + 1e-3
 
@@ -240,6 +255,64 @@ def _patch_qwen2(qwen2: ModuleType) -> None:
     norm.forward = forward
 
 
+def _patch_cpu_kernels(cpu_kernels: ModuleType) -> None:
+    """``linear_bf16`` and ``sum_order`` inside the portable products: msprobe's rows around them stay the same."""
+    matmul_acc, products_summed = cpu_kernels.matmul_acc, cpu_kernels._products_summed
+
+    def planted_matmul_acc(a: Any, b: Any) -> Any:
+        import torch
+
+        if planted("linear_bf16") and a.dtype == torch.float32:
+            a, b = _unhooked_round(a, torch.bfloat16), _unhooked_round(b, torch.bfloat16)
+        return matmul_acc(a, b)
+
+    def planted_products_summed(a: Any, b: Any) -> Any:
+        if not planted("sum_order"):
+            return products_summed(a, b)
+        import torch
+
+        aten = torch.ops.aten
+        prod = aten.mul.Tensor(aten.unsqueeze.default(a, -1), aten.unsqueeze.default(b, -3))
+        k = prod.shape[-2]
+        pad = -k % SUM_ORDER_BLOCK
+        if pad:
+            prod = aten.constant_pad_nd.default(prod, [0, 0, 0, pad])
+        shape = [*prod.shape[:-2], (k + pad) // SUM_ORDER_BLOCK, SUM_ORDER_BLOCK, prod.shape[-1]]
+        return aten.sum.dim_IntList(aten.sum.dim_IntList(aten.reshape.default(prod, shape), [-2]), [-2])
+
+    cpu_kernels.matmul_acc, cpu_kernels._products_summed = planted_matmul_acc, planted_products_summed
+
+
+def _patch_distributed_c10d(c10d: ModuleType) -> None:
+    """``allreduce``: the reduced tensor scaled in place by an aten op msprobe does not record (torch.distributed
+    re-exports this module's function right after, and msprobe wraps what it finds there)."""
+    all_reduce = c10d.all_reduce
+
+    def planted_all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        work = all_reduce(tensor, *args, **kwargs)
+        if planted("allreduce"):
+            import torch
+
+            torch.ops.aten.mul_.Scalar(tensor, PLANT_SCALE)
+        return work
+
+    c10d.all_reduce = planted_all_reduce
+
+
+def _patch_functional(functional: ModuleType) -> None:
+    """``dropout_rng``: the default generator reseeded before each dropout (no op msprobe records)."""
+    dropout = functional.dropout
+
+    def planted_dropout(*args: Any, **kwargs: Any) -> Any:
+        if planted("dropout_rng"):
+            import torch
+
+            torch.default_generator.manual_seed(torch.default_generator.initial_seed() + DROPOUT_SEED_SHIFT)
+        return dropout(*args, **kwargs)
+
+    functional.dropout = planted_dropout
+
+
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runs.runner.weight_sync": _patch_weight_sync,
@@ -250,6 +323,9 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "verl.workers.engine_workers": _patch_engine_workers,
     "precision_harness.runs.verl_cpu.policy_server": _patch_policy_server,
     "transformers.models.qwen2.modeling_qwen2": _patch_qwen2,
+    "precision_harness.runs.runner.cpu_kernels": _patch_cpu_kernels,
+    "torch.distributed.distributed_c10d": _patch_distributed_c10d,
+    "torch.nn.functional": _patch_functional,
 }
 
 

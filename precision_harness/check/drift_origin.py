@@ -1,0 +1,173 @@
+"""Where a drifted stage's change entered: the classification a failing verdict leads with.
+
+A stage's first divergent row (the first statistic beyond tolerance, in execution order) is where
+the drift became visible. Where the change *entered* is the earliest row that differs at all
+(:attr:`~precision_harness.check.compare.StageVerdict.profile`: a worst ratio above 0), at or
+before it, on any rank: every recorded value before that row equals the golden's, so whatever
+made it differ did not come from an API of the stage msprobe recorded. Its place in the dump says
+which of four kinds of change it is, checked in this order:
+
+=============  ===============================================================  ===============================
+kind           the earliest differing row is                                    the verdict says
+=============  ===============================================================  ===============================
+``upstream``   a forward input that does not require grad, or a Python value    the change is upstream of the
+               (data entering the stage: advantages, rollouts, batches,         stage
+               settings); a ``Stage.*`` input row of ``level: auto``
+``weights``    a module's ``parameters`` row (L0, mix), or a forward input      an earlier update moved the
+               that requires grad: the parameters as the stage began            weights
+``api``        an output of an API (or module) whose every input matches        this API computes differently
+               the golden's                                                     now
+``unrecorded`` a backward input (the gradient reaching an API) that no          the change entered through
+               recorded API produced; an output of an entry that records no     values msprobe does not record
+               inputs (``rollout_generate``'s log-prob rows)
+=============  ===============================================================  ===============================
+
+The earliest differing row cannot be an input an earlier recorded API produced: that API's output
+would have differed first. What the rule cannot see: a value computed inside the stage by an op
+msprobe does not hook (an ``aten`` call, a custom kernel) reads as data (``upstream``) or, when it
+requires grad, as a weight (docs/triage.md, "When not to trust them").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from precision_harness.check.compare import StageVerdict
+from precision_harness.dumps.rows import rows
+from precision_harness.dumps.stage import StageSource
+
+#: msprobe row states (``read_op``) of a module's parameters, and of their gradients
+PARAMETERS, PARAMETERS_GRAD = "parameters", "parameters_grad"
+#: the API prefix of the rows ``level: auto`` adds (the runner's stage inputs and outputs)
+STAGE_PREFIX = "Stage."
+#: the label of the classification line in a verdict
+LABEL = "change entered"
+
+
+class OriginKind(str, Enum):
+    """Where a stage's change entered (module docstring's table)."""
+
+    UPSTREAM = "upstream"
+    WEIGHTS = "weights"
+    API = "api"
+    UNRECORDED = "unrecorded"
+
+
+@dataclass(frozen=True)
+class DriftOrigin:
+    """Where one failing stage's change entered.
+
+    Attributes:
+        kind: which of the four kinds (:class:`OriginKind`).
+        row: the earliest differing row, msprobe's name (``Tensor.__mul__.23.forward.input.0``).
+        api: the dump.json key the row belongs to (``Tensor.__mul__.23.forward``).
+        rank: the rank it differs on first.
+        stage: the stage's name (``actor_update``).
+        first_divergence: the first row beyond tolerance (equal to ``row`` when the change passed
+            tolerance where it entered).
+    """
+
+    kind: OriginKind
+    row: str
+    api: str
+    rank: str
+    stage: str
+    first_divergence: str
+
+    @property
+    def below_tolerance(self) -> bool:
+        """The change entered within tolerance and passed it later (at :attr:`first_divergence`)."""
+        return self.row != self.first_divergence
+
+    @property
+    def summary(self) -> str:
+        """What the verdict's classification line says (after its label)."""
+        text = _SUMMARIES[self.kind](self)
+        if self.below_tolerance:
+            text += "; within tolerance there, it passes tolerance at the first divergence below"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"kind", "row", "api", "rank", "first_divergence", "text"}``, as report.json keeps it."""
+        return {
+            "kind": self.kind.value,
+            "row": self.row,
+            "api": self.api,
+            "rank": self.rank,
+            "first_divergence": self.first_divergence,
+            "text": self.summary,
+        }
+
+
+_SUMMARIES = {
+    OriginKind.UPSTREAM: lambda o: (
+        f"the change is upstream of {o.stage}: its input {o.row} is the first value that differs, and no API of "
+        "the stage computed it (look at what computes it before the stage: advantages, rollouts, batches, settings)"
+    ),
+    OriginKind.WEIGHTS: lambda o: (
+        f"an earlier update moved the weights: {o.row}, a weight {o.stage} started from, is the first value "
+        "that differs (look at the update stages before this one)"
+    ),
+    OriginKind.API: lambda o: (
+        f"this API computes differently now: {o.api} gives other outputs from inputs that match the golden's"
+    ),
+    OriginKind.UNRECORDED: lambda o: (
+        f"through values msprobe does not record: {o.row} is the first that differs, and no recorded value "
+        "it was computed from differs"
+    ),
+}
+
+
+def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
+    """Where ``verdict``'s change entered, read from its profile and ``target``'s rows; None without a drift.
+
+    Args:
+        verdict: a failing stage's verdict with its profile (every compared row's worst ratio).
+        target: the run's side of the stage, for the earliest differing row's state, type and
+            ``requires_grad`` (msprobe's ``read_op`` row fields).
+
+    Raises:
+        GoldenCorruptError: the target's dump is unreadable.
+        ProbeUnavailableError: msprobe (its row parser) is not installed.
+    """
+    first = verdict.first_divergence
+    if first is None:
+        return None
+    changed = [
+        (order, rank, name) for rank, order, name, ratio in verdict.profile if ratio > 0 and order <= first.order
+    ]
+    _, rank, name = min(changed, default=(first.order, first.rank, first.tensor))
+    table = rows(target.load(rank))
+    row = table.get(name)
+    if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
+        row, name, rank = {"api": _api_of(first.tensor), "state": "output"}, first.tensor, first.rank
+    api = str(row["api"])
+    has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
+    return DriftOrigin(_kind(row, has_inputs=has_inputs), name, api, rank, verdict.stage, first.tensor)
+
+
+def _kind(row: dict[str, Any], *, has_inputs: bool) -> OriginKind:
+    """The kind of change an earliest differing row shows (module docstring's table)."""
+    state, api = row.get("state"), str(row.get("api", ""))
+    if state == PARAMETERS:
+        return OriginKind.WEIGHTS
+    if state != "input":  # output, parameters_grad: computed by an API whose inputs all match
+        return OriginKind.API if has_inputs else OriginKind.UNRECORDED
+    if api.startswith(STAGE_PREFIX):
+        return OriginKind.UPSTREAM
+    if ".backward" in api:
+        return OriginKind.UNRECORDED
+    if not str(row.get("type", "")).startswith("torch.") or str(row.get("requires_grad")) != "True":
+        return OriginKind.UPSTREAM  # a Python value, or data that needs no gradient
+    return OriginKind.WEIGHTS
+
+
+def _api_of(row_name: str) -> str:
+    """``Functional.linear.0.forward.output.0`` -> ``Functional.linear.0.forward``."""
+    for direction in (".forward", ".backward"):
+        head, sep, _ = row_name.rpartition(direction + ".")
+        if sep:
+            return head + direction
+    return row_name

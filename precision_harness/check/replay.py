@@ -1,0 +1,248 @@
+"""The replay of a failing stage whose change entered at an API: capture its tensors, confirm, replay, judge.
+
+Only for a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose
+inputs match the golden's gives other outputs. :func:`judge_outcome`
+
+1. picks the calls to judge (:func:`calls_to_judge`): that API, then the next few divergent APIs
+   whose inputs all match (where the first cannot be replayed: a collective, an RNG op), replayable
+   by name (:mod:`precision_harness.runs.api_replay.names`);
+2. reruns the scenario to the stage's step with msprobe's ``task: tensor`` scoped to those calls
+   (``list``; :meth:`~precision_harness.scenarios.base.ScenarioBase.capture_overrides`), through the
+   session's own runner, so it works for every kind of scenario and for ``level: auto``'s L1
+   localisation alike;
+3. confirms each call: the rerun reproduced the checked run's statistics of it (else the kernel is
+   not deterministic), and its inputs match the golden's statistic for statistic (the golden keeps no
+   tensors: "inputs matched by statistics");
+4. replays the confirmed calls in a worker (:mod:`precision_harness.runs.api_replay`) and judges the
+   first one replayed (:func:`precision_harness.check.judgement.judge`).
+
+Whatever stops it on the way is an ``undecided`` judgement with its reason, never a guess. Only the
+judged call's tensors are kept (``<out_dir>/run/step_<n>/<stage>/step0/<rank>/dump_tensor_data``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from precision_harness.check.compare import StageVerdict
+from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import Outcome
+from precision_harness.check.judgement import Judgement, judge
+from precision_harness.check.verdict_text import with_judgement as text_with_judgement
+from precision_harness.dumps.files import load_dump
+from precision_harness.dumps.rows import row_statistics, rows
+from precision_harness.dumps.stage import StageSource
+from precision_harness.errors import PrecisionError
+from precision_harness.runs.api_replay import launch, names
+from precision_harness.runs.kind_runners import Run
+from precision_harness.scenarios.scenario import Scenario
+
+#: calls captured and judged per stage at most: the API where the change entered and the next ones
+MAX_CALLS = 3
+#: where the capture keeps its tensors beside each rank's dump.json (msprobe's folder)
+TENSOR_DIR = "dump_tensor_data"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One output of one API call to judge: the dump.json key and msprobe's row name of the output."""
+
+    api: str
+    output: str
+
+
+@dataclass(frozen=True)
+class StagePair:
+    """The failing stage on both sides: the checked run's and the golden's (its L1 record, at ``level: auto``)."""
+
+    target: StageSource
+    golden: StageSource
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How the capture and the replay run: where their files go, the session's runner, the time limit (s)."""
+
+    out_dir: Path
+    run: Run
+    timeout: float | None = None
+    warm: bool = False  #: fork the replay worker from the session's warm server where it is up
+
+
+def calls_to_judge(verdict: StageVerdict, origin: DriftOrigin, target: StageSource) -> list[Call]:
+    """The API where the change entered, then the next APIs (execution order, same rank) whose inputs all
+    equal the golden's and whose outputs do not, :data:`MAX_CALLS` at most, the first output that differs each.
+
+    Raises:
+        GoldenCorruptError: the target's dump is unreadable.
+    """
+    ratios = {
+        name: ratio for rank, _, name, ratio in sorted(verdict.profile, key=lambda p: p[1]) if rank == origin.rank
+    }
+    table = rows(target.load(origin.rank))
+    calls, apis = [Call(origin.api, origin.row)], _in_order(table, after=origin.api)
+    for api in apis:
+        if len(calls) >= MAX_CALLS:
+            break
+        mine = [(name, row.get("state")) for name, row in table.items() if row["api"] == api]
+        inputs_equal = all(ratios.get(name, 0.0) == 0 for name, state in mine if state == "input")
+        changed = [name for name, state in mine if state == "output" and ratios.get(name, 0.0) > 0]
+        if inputs_equal and changed:
+            calls.append(Call(api, changed[0]))
+    return calls
+
+
+def _in_order(table: dict[str, dict[str, Any]], *, after: str) -> list[str]:
+    """The APIs of a rank's rows after ``after``, in execution order."""
+    apis = list(dict.fromkeys(row["api"] for row in table.values()))
+    return apis[apis.index(after) + 1 :] if after in apis else []
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """What the session knows of one failing stage to judge: its scenario, item, both sides, how to rerun."""
+
+    scenario: Scenario
+    key: ItemKey
+    pair: StagePair
+    settings: ReplaySettings
+
+
+def judge_outcome(out: Outcome, request: JudgeRequest, *, claim: Callable[[], ItemKey | None]) -> Outcome:
+    """``out`` with its judgement (module docstring), or as it is where its change did not enter at an API.
+
+    ``claim()`` is asked before a capture rerun: it marks this stage as the run's replayed one, or returns the
+    stage that was (then this one is not rerun, and says so). A stage whose APIs cannot be replayed needs no
+    rerun and is judged at once. Never raises for what a run or the replay can fail with (``undecided``).
+    """
+    judged = judged_outcome(out)
+    origin, verdict = judged.origin, judged.verdict
+    if origin is None or origin.kind is not OriginKind.API or not isinstance(verdict, StageVerdict):
+        return out
+    calls = [c for c in calls_to_judge(verdict, origin, request.pair.target) if names.why_not_replayable(c.api) is None]
+    if not calls:
+        return with_judgement(out, Judgement.undecided(origin.api, names.why_not_replayable(origin.api) or "no replay"))
+    first = claim()
+    if first is not None:
+        return not_replayed(out, first)
+    t0 = time.perf_counter()
+    try:
+        judgement = _capture_and_judge(request, origin, calls)
+    except PrecisionError as exc:
+        judgement = Judgement.undecided(origin.api, f"the capture rerun failed: {exc}")
+    _write(request.settings.out_dir, judgement, seconds=time.perf_counter() - t0)
+    return with_judgement(out, judgement)
+
+
+def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[Call]) -> Judgement:
+    """Rerun with the calls' tensors captured, confirm each, replay the confirmed, judge the first replayed."""
+    scenario, key, pair, settings = request.scenario, request.key, request.pair, request.settings
+    assert key.step is not None and key.stage is not None
+    overrides = scenario.capture_overrides(key.step, key.stage, [c.api for c in calls])
+    tag = f"capture-step_{key.step}-{key.stage}"
+    variant = scenario.with_overrides(overrides, directory=settings.out_dir, name=scenario.name, tag=tag)
+    result = settings.run(variant, settings.out_dir / "run")
+    rank_dir = result.run_dir / f"step_{key.step}" / key.stage / "step0" / origin.rank
+    captured = rows(load_dump(rank_dir / "dump.json"))
+    checked, golden = rows(pair.target.load(origin.rank)), rows(pair.golden.load(origin.rank))
+    reasons: dict[str, str] = {}
+    confirmed = []
+    for call in calls:
+        why = _unconfirmed(call.api, captured, checked, golden)
+        if why is None:
+            confirmed.append(call)
+        else:
+            reasons[call.api] = why
+    results = (
+        launch.replay_calls(
+            rank_dir,
+            [{"api": c.api, "output": c.output} for c in confirmed],
+            out_dir=settings.out_dir,
+            timeout=settings.timeout,
+            warm=settings.warm,
+        )
+        if confirmed
+        else []
+    )
+    for call, result in zip(confirmed, results, strict=True):
+        if result.get("replayable"):
+            _keep_tensors(rank_dir, call.api)
+            judgement = judge(call.api, result, row_statistics(golden[call.output]))
+            return _after_first(judgement, origin.api, reasons)
+        reasons[call.api] = result.get("reason", "not replayed")
+    _keep_tensors(rank_dir, None)
+    why = reasons.get(origin.api) or names.why_not_replayable(origin.api) or next(iter(reasons.values()), None)
+    return Judgement.undecided(origin.api, why or "not replayed")
+
+
+def _unconfirmed(api: str, captured: dict, checked: dict, golden: dict) -> str | None:
+    """Why a captured call cannot be judged: the rerun did not reproduce the checked run, or its inputs are
+    not the golden's (statistic for statistic); None when both hold."""
+    mine = [name for name, row in captured.items() if row["api"] == api]
+    if not mine:
+        return f"the capture rerun did not call {api}"
+    for name in mine:
+        if name not in checked or row_statistics(captured[name]) != row_statistics(checked[name]):
+            return f"not deterministic: the capture rerun's {name} differs from the checked run's"
+    for name in mine:
+        if name not in golden:
+            return f"the golden has no {name}"
+        if captured[name].get("state") == "input" and row_statistics(captured[name]) != row_statistics(golden[name]):
+            return f"its inputs differ from the golden's (first: {name}): no common float64 reference"
+    return None
+
+
+def _after_first(judgement: Judgement, first: str, reasons: dict[str, str]) -> Judgement:
+    """A judgement of a later call says why the first (where the change entered) was not judged."""
+    why = reasons.get(first) or names.why_not_replayable(first)
+    if judgement.api == first or why is None:
+        return judgement
+    return Judgement(
+        judgement.verdict, judgement.api, f"{judgement.reason}; {first} not judged: {why}", judgement.figures
+    )
+
+
+def _keep_tensors(rank_dir: Path, api: str | None) -> None:
+    """Remove the captured tensors of every call but ``api`` (the judged one, on the judged rank), on every rank."""
+    for path in rank_dir.parent.glob(f"rank*/{TENSOR_DIR}/*.pt"):
+        if api is None or path.parent.parent != rank_dir or not path.name.startswith(api + "."):
+            path.unlink()
+
+
+def _write(out_dir: Path, judgement: Judgement, *, seconds: float) -> None:
+    """``<out_dir>/judgement.json``: the judgement, its figures and the time the capture and replay took."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    document = {**judgement.to_json(), "seconds": round(seconds, 3)}
+    (out_dir / "judgement.json").write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def judged_outcome(out: Outcome) -> Outcome:
+    """The outcome whose change the judgement is about: a ``level: auto`` item's L1 localisation when it found
+    where the change entered, else the item's own."""
+    local = out.localized
+    return local if local is not None and local.origin is not None else out
+
+
+def with_judgement(out: Outcome, judgement: Judgement | None) -> Outcome:
+    """``out`` carrying ``judgement``, its line right after the judged verdict's ``change entered`` line."""
+    if judgement is None:
+        return out
+    last = judged_outcome(out) is not out
+    return replace(out, text=text_with_judgement(out.text, judgement.line, last=last), judgement=judgement)
+
+
+def not_replayed(out: Outcome, first: ItemKey) -> Outcome:
+    """``out`` (a failing stage whose change entered at an API) when another stage of the run was replayed first."""
+    origin = judged_outcome(out).origin
+    assert origin is not None
+    reason = (
+        f"not replayed: {first.stage} @ step_{first.step} was this run's replayed stage "
+        "(rerun this item alone to judge it)"
+    )
+    return with_judgement(out, Judgement.undecided(origin.api, reason))

@@ -1,0 +1,76 @@
+"""Start the replay worker (``python -m precision_harness.runs.api_replay``) and read its answer; torch-free.
+
+The worker runs with the CPU determinism environment of one thread
+(:func:`~precision_harness.runs.runner.devices.determinism_env`) and pins one thread itself, so the
+baseline's reduction order is the same wherever the gate runs; the calling process never imports
+torch. Where the session's warm server is up (:mod:`precision_harness.runs.warm`), the worker is
+forked from it, with torch and msprobe's acc_check already imported; else it is a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from precision_harness.errors import RunFailedError
+from precision_harness.paths import display_path
+from precision_harness.runs import warm as warm_mod
+from precision_harness.runs.runner.devices import determinism_env
+
+REQUEST, ANSWER, LOG = "replay_request.json", "replay.json", "replay.log"
+#: the worker's entry point
+MODULE = "precision_harness.runs.api_replay.__main__"
+
+
+def replay_calls(
+    rank_dir: Path, calls: list[dict[str, str]], *, out_dir: Path, timeout: float | None, warm: bool = False
+) -> list[dict]:
+    """Replay ``calls`` (``{"api", "output"}``) of the capture in ``rank_dir``; one result per call, in order.
+
+    Request, answer and log go to ``out_dir``; ``warm``: fork the worker from the warm server when it is up.
+
+    Raises:
+        RunFailedError: the worker exited non-zero or passed ``timeout`` seconds.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    request, answer, log = out_dir / REQUEST, out_dir / ANSWER, out_dir / LOG
+    request.write_text(json.dumps({"rank_dir": str(rank_dir), "calls": calls}, indent=1), encoding="utf-8")
+    answer.unlink(missing_ok=True)
+    env = {**os.environ, **determinism_env("cpu", 1)}
+    src = str(Path(__file__).resolve().parents[3])  # this checkout of precision_harness
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    argv = [str(request), str(answer)]
+    context = warm_mod.started() if warm else None
+    code = _forked(context, argv, env, log, timeout) if context is not None else _fresh(argv, env, log, timeout)
+    if code != 0 or not answer.is_file():
+        raise RunFailedError(f"the replay worker exited with {code} (log: {display_path(log)})")
+    results: list[dict[str, Any]] = json.loads(answer.read_text(encoding="utf-8"))["calls"]
+    return results
+
+
+def _timed_out(timeout: float | None, log: Path) -> RunFailedError:
+    return RunFailedError(f"the replay worker timed out after {timeout:g} s (log: {display_path(log)})")
+
+
+def _fresh(argv: list[str], env: dict[str, str], log: Path, timeout: float | None) -> int:
+    command = [sys.executable, "-m", MODULE.removesuffix(".__main__"), *argv]
+    with open(log, "wb") as fh:
+        try:
+            proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise _timed_out(timeout, log) from None
+    return proc.returncode
+
+
+def _forked(context: Any, argv: list[str], env: dict[str, str], log: Path, timeout: float | None) -> int:
+    process = warm_mod.start(context, argv, env, str(log), module=MODULE)
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        raise _timed_out(timeout, log)
+    return int(process.exitcode or 0)

@@ -1,0 +1,269 @@
+"""The replay (runs/api_replay) and what check/replay.py decides before it runs.
+
+- which APIs can be replayed, from their names (torch-free);
+- the worker on a real ``task: tensor`` capture written by msprobe in a subprocess: a linear replayed, a
+  dropout refused with its reason, a fused NPU op through msprobe's own CPU bench function;
+- msprobe's internals behind one version guard;
+- the calls picked for a capture, and a capture that cannot be judged: not reproduced, or other inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness_testing import base_data, tensor, write_dump
+
+from precision_harness.check import replay
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.compare import compare_stage
+from precision_harness.check.drift_origin import classify
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps.rows import rows
+from precision_harness.dumps.stage import DirStage
+from precision_harness.runs.api_replay import launch, msprobe_acc, names
+
+
+@pytest.mark.parametrize(
+    ("api", "why"),
+    [
+        ("Functional.linear.0.forward", None),
+        ("Tensor.__mul__.23.forward", None),
+        ("Torch.matmul.3.forward", None),
+        ("Aten.mm.default.0.forward", None),
+        ("NPU.npu_rms_norm.0.forward", None),
+        ("Distributed.all_reduce.0.forward", "a collective: its result is made of the other ranks' data"),
+        ("Functional.dropout.2.forward", "dropout draws random numbers"),
+        ("Torch.multinomial.0.forward", "multinomial draws random numbers"),
+        ("Tensor.to.0.forward", "to allocates or copies: nothing to recompute"),
+        ("Functional.linear.0.backward", "a backward call: msprobe's dump does not say which"),
+        ("Module.lm_head.Linear.forward.0", "a module, not an API"),
+        ("Stage.loss.0.forward", "a value the runner computes for level: auto"),
+        ("MindSpeed.npu_rotary.0.forward", "MindSpeed APIs have no CPU replay"),
+    ],
+)
+def test_what_can_be_replayed_is_read_from_the_name(api: str, why: str | None) -> None:
+    found = names.why_not_replayable(api)
+    assert (found is None) if why is None else (found is not None and found.startswith(why)), found
+
+
+def test_another_msprobe_version_is_refused_with_the_module_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert msprobe_acc.version_problem() is None  # the installed one is the one checked
+    monkeypatch.setattr(msprobe_acc.metadata, "version", lambda name: "27.0.0")
+    problem = msprobe_acc.version_problem()
+    assert problem is not None and problem.startswith("mindstudio-probe 27.0.0: the replay reads msprobe's acc_check")
+    assert "precision_harness/runs/api_replay/msprobe_acc.py" in problem
+
+
+CAPTURE = r"""
+import json, os, sys, torch
+from msprobe.pytorch import PrecisionDebugger
+out = sys.argv[1]
+calls = ["Functional.linear.1.forward", "Functional.dropout.0.forward"]
+cfg = {"task": "tensor", "dump_path": out, "rank": [], "step": [], "level": "L1", "async_dump": False,
+       "tensor": {"scope": [], "list": calls, "data_mode": ["all"], "summary_mode": "statistics"}}
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "config.json"), "w") as fh:
+    json.dump(cfg, fh)
+debugger = PrecisionDebugger(config_path=os.path.join(out, "config.json"))
+torch.manual_seed(0)
+x, w, b = torch.randn(8, 18, 32), torch.randn(16, 32) * 0.2, torch.randn(16)
+debugger.start(None, rank_id=0)
+x = torch.nn.functional.linear(x, torch.eye(32))  # Functional.linear.0: counted, not listed, not collected
+y = torch.nn.functional.linear(x, w, b)
+z = torch.nn.functional.dropout(y, 0.1, training=True)
+debugger.stop()
+debugger.service.reset_status()
+"""
+
+NPU_CALL = r"""
+import json, sys, torch
+from pathlib import Path
+from precision_harness.runs.api_replay import msprobe_acc
+rank = Path(sys.argv[1]); (rank / "dump_tensor_data").mkdir(parents=True)
+torch.manual_seed(0)
+x, gamma = torch.randn(4, 64).bfloat16(), torch.rand(64).bfloat16() + 0.5
+out = msprobe_acc.bench_function("npu_rms_norm")(x, gamma, epsilon=1e-6)[0]
+def entry(t, name):
+    torch.save(t, rank / "dump_tensor_data" / name)
+    return {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "Max": float(t.max()),
+            "Min": float(t.min()), "Mean": float(t.float().mean()), "Norm": float(t.float().norm()),
+            "requires_grad": False, "data_name": name}
+api = "NPU.npu_rms_norm.0.forward"
+data = {api: {"input_args": [entry(x, api + ".input.0.pt"), entry(gamma, api + ".input.1.pt")],
+              "input_kwargs": {"epsilon": {"type": "float", "value": 1e-6}},
+              "output": [entry(out, api + ".output.0.pt")]}}
+(rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "data": data}))
+"""
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A rank folder msprobe wrote with ``task: tensor`` for the second linear and a dropout."""
+    out = tmp_path_factory.mktemp("capture")
+    proc = subprocess.run([sys.executable, "-c", CAPTURE, str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "step0" / "rank0"
+
+
+def test_the_worker_replays_a_captured_linear_and_says_why_not_a_dropout(capture: Path, tmp_path: Path) -> None:
+    # only the listed calls, numbered as a full dump numbers them (the unlisted first linear counts)
+    assert list(json.loads((capture / "dump.json").read_text())["data"]) == [
+        "Functional.linear.1.forward",
+        "Functional.dropout.0.forward",
+    ]
+    assert {p.name.rsplit(".", 4)[0] for p in (capture / "dump_tensor_data").iterdir()} == {
+        "Functional.linear.1",
+        "Functional.dropout.0",
+    }
+    calls = [
+        {"api": "Functional.linear.1.forward", "output": "Functional.linear.1.forward.output.0"},
+        {"api": "Functional.dropout.0.forward", "output": "Functional.dropout.0.forward.output.0"},
+        {"api": "Functional.softmax.0.forward", "output": "Functional.softmax.0.forward.output.0"},
+    ]
+    linear, dropout, missing = launch.replay_calls(capture, calls, out_dir=tmp_path, timeout=300)
+    assert linear["replayable"] and linear["dtype"] == "torch.float32" and linear["numel"] == 8 * 18 * 16
+    # the captured output is the CPU's own fp32 linear, replayed by the same kernel: the standard holds
+    assert linear["standard"]["passed"] and linear["standard"]["msprobe"] == {"benchmark": "pass", "ulp": "pass"}
+    assert 0 < linear["new"]["max_abs"] < 1e-5 and linear["reference"]["Norm"] > 0
+    assert not dropout["replayable"] and dropout["reason"].startswith("dropout draws random numbers")
+    assert missing == {
+        **calls[2],
+        "api": calls[2]["api"],
+        "replayable": False,
+        "reason": f"the capture holds no {calls[2]['api']}",
+    }
+    assert (tmp_path / launch.ANSWER).is_file() and (tmp_path / launch.LOG).is_file()
+
+
+def test_a_fused_npu_op_is_replayed_through_msprobes_cpu_bench_function(tmp_path: Path) -> None:
+    """npu_rms_norm's output (here msprobe's own bench function in bf16) against its float64 replay."""
+    rank = tmp_path / "step0" / "rank0"
+    proc = subprocess.run([sys.executable, "-c", NPU_CALL, str(rank)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    call = {"api": "NPU.npu_rms_norm.0.forward", "output": "NPU.npu_rms_norm.0.forward.output.0"}
+    (result,) = launch.replay_calls(rank, [call], out_dir=tmp_path / "replay", timeout=300)
+    assert result["replayable"], result.get("reason")
+    assert result["dtype"] == "torch.bfloat16" and result["standard"]["passed"], result["standard"]
+
+
+def test_a_failing_worker_is_one_line_naming_its_log(tmp_path: Path) -> None:
+    from precision_harness.errors import RunFailedError
+
+    with pytest.raises(RunFailedError, match=r"^the replay worker exited with 1 \(log: .*replay\.log\)$"):
+        launch.replay_calls(tmp_path / "no_such_rank", [], out_dir=tmp_path, timeout=300)
+
+
+# --- what check/replay.py decides before and after the capture ------------------------------------------------
+
+SETTINGS = CheckSettings(scenario="s", policy=TolerancePolicy())
+
+
+def test_the_calls_captured_are_the_api_then_the_next_ones_whose_inputs_match(tmp_path: Path) -> None:
+    """linear's output moves (its inputs match): judged first. softmax reads it (its input moved): not a call.
+    A later gelu whose input matches and whose output moved: the next call."""
+
+    def make(side: str, moved: bool) -> DirStage:
+        data = base_data()
+        data["Functional.gelu.0.forward"] = {
+            "input_args": [tensor(Max=2.0)],
+            "input_kwargs": {},
+            "output": [tensor(Max=1.9 if moved else 1.8)],
+        }
+        if moved:
+            data["Functional.linear.0.forward"]["output"][0].update(Max=3.5)
+            data["Functional.softmax.0.forward"]["input_args"][0].update(Max=3.5)
+            data["Functional.softmax.0.forward"]["output"][0].update(Max=0.95)
+        write_dump(tmp_path / side / "step_1" / "actor_update", data)
+        return DirStage(tmp_path / side / "step_1" / "actor_update")
+
+    golden, target = make("golden", False), make("target", True)
+    verdict = compare_stage(target, golden, SETTINGS)
+    origin = classify(verdict, target)
+    assert origin is not None
+    calls = replay.calls_to_judge(verdict, origin, target)
+    assert calls == [
+        replay.Call("Functional.linear.0.forward", "Functional.linear.0.forward.output.0"),
+        replay.Call("Functional.gelu.0.forward", "Functional.gelu.0.forward.output.0"),
+    ]
+
+
+def _rows(mutate=None) -> dict:
+    data = copy.deepcopy(base_data())
+    if mutate:
+        mutate(data)
+    return rows({"data": data})
+
+
+def test_a_capture_that_did_not_reproduce_the_checked_run_is_not_deterministic() -> None:
+    checked = _rows(lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
+    rerun = _rows(lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.6))
+    why = replay._unconfirmed("Functional.linear.0.forward", rerun, checked, _rows())
+    assert why == (
+        "not deterministic: the capture rerun's Functional.linear.0.forward.output.0 differs from the checked run's"
+    )
+
+
+def test_a_call_whose_inputs_are_not_the_goldens_has_no_common_reference() -> None:
+    moved = _rows(lambda d: d["Functional.linear.0.forward"]["input_args"][1].update(Norm=2.5))
+    why = replay._unconfirmed("Functional.linear.0.forward", moved, moved, _rows())
+    assert why == (
+        "its inputs differ from the golden's (first: Functional.linear.0.forward.input.1): no common float64 reference"
+    )
+    same = _rows(lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
+    assert replay._unconfirmed("Functional.linear.0.forward", same, same, _rows()) is None
+    assert json.dumps(replay._unconfirmed("Functional.gelu.0.forward", same, same, _rows())).startswith(
+        '"the capture rerun did not call'
+    )
+
+
+def test_a_second_stage_of_the_run_is_not_rerun_and_says_which_stage_was(dumps, tmp_path: Path) -> None:
+    """One capture rerun per scenario and run: a later stage whose API could be replayed points to the first."""
+    from precision_harness.check.item_key import ItemKey
+    from precision_harness.check.items import check_stage
+
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
+    out = check_stage(DirStage(target), DirStage(golden), SETTINGS)
+
+    def never_run(*args, **kwargs):
+        raise AssertionError("no capture rerun for a stage that is not the run's first")
+
+    settings = replay.ReplaySettings(tmp_path / "judge", never_run)
+    request = replay.JudgeRequest(
+        None, ItemKey(2, "actor_update"), replay.StagePair(DirStage(target), DirStage(golden)), settings
+    )  # type: ignore[arg-type]
+    judged = replay.judge_outcome(out, request, claim=lambda: ItemKey(1, "actor_compute_log_prob"))
+    assert judged.judgement is not None and judged.judgement.verdict.value == "undecided"
+    assert judged.judgement.reason == (
+        "not replayed: actor_compute_log_prob @ step_1 was this run's replayed stage "
+        "(rerun this item alone to judge it)"
+    )
+    assert judged.text.splitlines()[2].startswith("  judgement         undecided at API Functional.linear.0.forward")
+
+
+def test_a_tensor_task_must_name_its_apis_in_one_line(tmp_path: Path) -> None:
+    from harness_testing import TINY
+
+    from precision_harness.errors import ScenarioError
+    from precision_harness.scenarios.scenario import Scenario
+
+    scenario = Scenario.load(TINY)
+    task = "global_profiler.global_tool_config.precision_debugger.task"
+    with pytest.raises(ScenarioError) as err:
+        scenario.with_overrides({task: "tensor"}, directory=tmp_path)
+    assert "\n" not in str(err.value) and str(err.value).endswith(
+        f"{task}: tensor saves every tensor it collects; name the APIs in "
+        "global_profiler.global_tool_config.precision_debugger.list (e.g. [Functional.linear.0.forward]) "
+        "or use task: statistics"
+    )
+    capture = scenario.with_overrides(
+        scenario.capture_overrides(2, "actor_update", ["Functional.linear.3.forward"]), directory=tmp_path, tag="c"
+    )
+    config = capture.msprobe_config()
+    assert config["task"] == "tensor" and config["tensor"]["list"] == ["Functional.linear.3.forward"]
+    assert capture.steps == (2,) and capture.stages == ("actor_update",) and capture.total_steps == 2
+    assert capture.folder == TINY.parent  # a variant reads its relative paths where its original lies

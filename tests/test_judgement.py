@@ -1,0 +1,178 @@
+"""The judgement's rule (check/judgement.py) on hand-made tensors at each dtype.
+
+One linear, ``x [64, 96] @ w[48, 96].T``, per dtype. Its float64 replay is the reference; the baseline is
+torch's own CPU linear in the dtype (fp32 accumulation, one rounding). Hand-made outputs:
+
+- ``bad``: a regression of the kind an upgrade brings: the product computed from inputs rounded to a
+  narrower format (fp32 from bf16, as a bf16 GEMM mode; bf16/fp16 from float8 e5m2, as an fp8 GEMM mode);
+- ``bad2``: another regression (fp32 from fp16-rounded inputs; bf16/fp16 accumulated in the low dtype
+  itself, one rounding per term);
+- ``alt``: the same sums in another order, rounded once (a summation order change).
+
+The figures are computed the way the replay worker computes them (runs/api_replay/figures.py, torch and
+msprobe's standards) in one subprocess; the rule itself is pure and runs here. A golden's statistics are
+msprobe's: Max/Min of the tensor, Mean/Norm computed in its own dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from precision_harness.check.judgement import Verdict, golden_bounds, judge
+
+DTYPES = ("float32", "bfloat16", "float16")
+OUTPUTS = ("base", "bad", "bad2", "alt")
+
+FIGURES = r"""
+import json, sys, torch
+import torch.nn.functional as F
+from precision_harness.runs.api_replay.figures import output_figures
+
+def sequential(x, w, dtype, reverse=False):
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=dtype)
+    terms = range(x.shape[1] - 1, -1, -1) if reverse else range(x.shape[1])
+    for p in terms:
+        acc = acc + (x[:, p : p + 1].float() * w[:, p].float()).to(dtype)
+    return acc
+
+def stats(t):  # msprobe's get_stat_info: Max/Min, and Mean/Norm in the tensor's own dtype
+    return {"Max": float(t.max()), "Min": float(t.min()), "Mean": float(torch.mean(t)), "Norm": float(torch.norm(t))}
+
+out = {}
+for name in sys.argv[1:]:
+    dtype = getattr(torch, name)
+    torch.manual_seed(4)
+    x, w = torch.randn(64, 96).to(dtype), (torch.randn(48, 96) * 0.1).to(dtype)
+    ref = F.linear(x.double(), w.double())
+    outputs = {"base": F.linear(x, w)}
+    if dtype == torch.float32:
+        outputs["bad"] = F.linear(x.bfloat16().float(), w.bfloat16().float())
+        outputs["bad2"] = F.linear(x.half().float(), w.half().float())
+    else:
+        fp8 = torch.float8_e5m2
+        outputs["bad"] = F.linear(x.to(fp8).to(dtype), w.to(fp8).to(dtype))
+        outputs["bad2"] = sequential(x, w, dtype)
+    outputs["alt"] = (x.float().unsqueeze(1) * w.float()).flip(-1).sum(-1).to(dtype)
+    out[name] = {
+        "figures": {k: output_figures("linear", v, outputs["base"], ref) for k, v in outputs.items()},
+        "stats": {k: stats(v) for k, v in outputs.items()},
+    }
+seeds = []
+for seed in range(6):  # a golden recorded with the fp8 regression, in bf16, over several draws
+    torch.manual_seed(seed)
+    x, w = torch.randn(64, 96).bfloat16(), (torch.randn(48, 96) * 0.1).bfloat16()
+    base, ref = F.linear(x, w), F.linear(x.double(), w.double())
+    bad = F.linear(x.to(torch.float8_e5m2).bfloat16(), w.to(torch.float8_e5m2).bfloat16())
+    seeds.append([output_figures("linear", base, base, ref), stats(bad)])
+out["bfloat16_seeds"] = seeds
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def linear() -> dict:
+    """``{dtype: {"figures": {output: figures as new output}, "stats": {output: msprobe's statistics}}}``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FIGURES, *DTYPES], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _judge(linear: dict, dtype: str, new: str, golden: str) -> Verdict:
+    case = linear[dtype]
+    return judge("Functional.linear.0.forward", case["figures"][new], case["stats"][golden]).verdict
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_regression_is_named_with_its_cost(linear: dict, dtype: str) -> None:
+    """The new output fails its dtype's standard; the golden (the baseline itself) shows no error."""
+    case = linear[dtype]
+    judgement = judge("Functional.linear.0.forward", case["figures"]["bad"], case["stats"]["base"])
+    assert judgement.verdict is Verdict.REGRESSION, judgement.reason
+    standard = case["figures"]["bad"]["standard"]
+    assert not standard["passed"] and standard["k"] > standard["multiplier"]
+    assert judgement.reason.startswith(f"error = {standard['k']:.3g} x what this op costs in {dtype}")
+    assert judgement.line.startswith("regression at API Functional.linear.0.forward: error = ")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_golden_recorded_with_the_regression_reads_as_an_improvement(linear: dict, dtype: str) -> None:
+    case = linear[dtype]
+    judgement = judge("Functional.linear.0.forward", case["figures"]["base"], case["stats"]["bad"])
+    assert judgement.verdict is Verdict.IMPROVEMENT, judgement.reason
+    proven = [b for b in golden_bounds(case["figures"]["base"], case["stats"]["bad"]) if b.proves_improvement]
+    assert proven and all(b.lower_bound > 2 * b.twice_new / 2 for b in proven)
+    assert "Review and re-record the golden (inputs matched by statistics)" in judgement.reason
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_summation_order_change_is_equivalent(linear: dict, dtype: str) -> None:
+    for new, golden in (("alt", "base"), ("base", "alt"), ("base", "base")):
+        judgement = judge("Functional.linear.0.forward", linear[dtype]["figures"][new], linear[dtype]["stats"][golden])
+        assert judgement.verdict is Verdict.EQUIVALENT, (new, golden, judgement.reason)
+        assert judgement.reason.endswith(
+            "the tolerance for Functional.linear.0.forward may be too tight (inputs matched by statistics)"
+        )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_regressions_against_each_other_are_undecided(linear: dict, dtype: str) -> None:
+    judgement = judge("Functional.linear.0.forward", linear[dtype]["figures"]["bad2"], linear[dtype]["stats"]["bad"])
+    assert judgement.verdict is Verdict.UNDECIDED
+    assert judgement.reason.startswith(f"both sides are farther from float64 than {dtype} allows")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_improvement_is_ever_read_into_a_regression(linear: dict, dtype: str) -> None:
+    """The error that costs most: a regression judged an improvement invites a re-record. Whatever the golden,
+    a new output that fails its standard is never an improvement."""
+    for golden in OUTPUTS:
+        assert _judge(linear, dtype, "bad", golden) is not Verdict.IMPROVEMENT, golden
+        assert _judge(linear, dtype, "bad2", golden) is not Verdict.IMPROVEMENT, golden
+
+
+FIGURES_BY_HAND = {
+    "dtype": "torch.float32",
+    "new": {"max_abs": 1e-6, "mean_abs": 1e-7, "l2": 1e-5, "rmse": 1e-7},
+    "baseline": {"max_abs": 1e-6, "mean_abs": 1e-7, "l2": 1e-5, "rmse": 1e-7},
+    "floor": {"max_abs": 1e-6, "mean_abs": 1e-7, "l2": 1e-5, "rmse": 1e-7},
+    "reference": {"Max": 4.0, "Min": -4.0, "Mean": 0.0, "Norm": 100.0},
+    "delta": {"Max": 0.0, "Min": 0.0, "Mean": 1e-8, "Norm": 1e-5},
+    "standard": {"passed": True, "failed": [], "k": 1.0, "multiplier": 2.0, "msprobe": {"benchmark": "pass"}},
+}
+
+
+def test_only_what_the_golden_records_is_bounded() -> None:
+    """msprobe records no Mean/Norm for float64 (and with precision: high): those statistics prove nothing."""
+    bounds = golden_bounds(FIGURES_BY_HAND, {"Max": 4.5, "Min": -4.0, "Mean": None, "Norm": None})
+    assert [b.statistic for b in bounds] == ["Max", "Min"]
+    assert judge("A.x.0.forward", FIGURES_BY_HAND, {"Max": 4.5, "Mean": None}).verdict is Verdict.IMPROVEMENT
+
+
+def test_a_golden_off_by_less_than_twice_the_new_error_is_undecided() -> None:
+    """Beyond what the dtype allows (3e-6) but within 2 x the new error (4e-6): neither side shown better."""
+    figures = {**FIGURES_BY_HAND, "new": {**FIGURES_BY_HAND["new"], "max_abs": 2e-6}}
+    judgement = judge("A.x.0.forward", figures, {"Max": 4.0 + 3.5e-6})
+    assert judgement.verdict is Verdict.UNDECIDED and "neither side is shown better" in judgement.reason
+
+
+def test_the_statistics_own_noise_is_taken_off_the_bound() -> None:
+    """A Norm 2e-5 off with msprobe's Norm computation good to 1e-5 bounds the golden's error by 1e-5 only."""
+    (bound,) = golden_bounds(FIGURES_BY_HAND, {"Norm": 100.0 + 2e-5})
+    assert bound.lower_bound == pytest.approx(1e-5)
+    assert bound.allowance == pytest.approx(2 * 1e-5 + 1e-5)
+
+
+def test_bf16_statistics_can_miss_a_golden_regression_but_never_invert_it(linear: dict) -> None:
+    """Statistics are lossy, and bf16's are coarse (a Norm of 53 rounds to 0.25): a golden recorded with a
+    regression is proven worse only where its Max, Min, Mean or Norm shows it. Over six draws it reads as an
+    improvement or, where nothing shows, as equivalent; never as a regression of the new (clean) output."""
+    verdicts = [
+        judge("Functional.linear.0.forward", figures, golden).verdict for figures, golden in linear["bfloat16_seeds"]
+    ]
+    assert set(verdicts) == {Verdict.IMPROVEMENT, Verdict.EQUIVALENT}, verdicts

@@ -1,0 +1,255 @@
+"""Which side is right, end to end: each planted change gets its judgement in the terminal, report.json and JUnit.
+
+Plants (tests/hooks/precision_test_hooks.py, ``PRECISION_TEST_PLANT``), each in the processes the gate starts:
+
+=====================  ==============================================  ===============================================
+case                   plant, scenario, golden                          judgement
+=====================  ==============================================  ===============================================
+regression             ``linear_bf16`` (fp32 products from bf16-        ``regression`` at the first product
+                       rounded inputs); grpo_tiny, committed golden
+improvement            none; grpo_tiny, golden recorded with            ``improvement`` there
+                       ``linear_bf16``
+equivalent             ``sum_order`` (another association of the        ``equivalent``: the tolerance may be too tight
+                       same fp32 sums); grpo_tiny at ``mode: exact``
+collective             ``allreduce`` (the reduced gradient scaled);     ``undecided``: a collective
+                       ppo_dp2_tiny (two Ray ranks), committed golden
+dropout                ``dropout_rng`` (another mask for the same       ``undecided``: draws random numbers
+                       input); tests/data/tiny_dropout.yaml
+auto                   ``linear_bf16``; the harness's tiny PPO at       ``regression``, from the L1 localisation's
+                       ``level: auto``                                  capture
+=====================  ==============================================  ===============================================
+
+Each case runs one pytest session in a project of its own and selects one item (the run is whole; only
+the item's compare and msprobe's analysis are spared). The error that matters, a wrong ``improvement``
+on a regression (it invites a re-record), is counted over the set: 0.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+import pytest
+from harness_testing import DATA, TINY, hooks_env, run_pytest
+
+from precision_harness.schemas import load_schema
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@dataclass
+class Gate:
+    """One gate session's output: stdout, the item's report.json record, its JUnit properties, the project."""
+
+    stdout: str
+    record: dict
+    junit: dict
+    root: Path
+
+    @property
+    def judgement(self) -> dict:
+        assert self.record["judgement"] is not None, self.stdout[-4000:]
+        return self.record["judgement"]
+
+    def line(self, label: str) -> str:
+        """The verdict's line with ``label`` (``judgement``, ``change entered``), label included."""
+        return next(line for line in self.stdout.splitlines() if line.strip().startswith(label + " ")).strip()
+
+
+def _project(root: Path, scenario: Path, *, golden: str | None = None, extra: str = "") -> Path:
+    (root / "scenarios").mkdir(parents=True)
+    (root / "scenarios" / scenario.name).write_text(scenario.read_text() + extra)
+    if golden is not None:
+        shutil.copytree(ROOT / "golden" / golden, root / "golden" / golden)
+    (root / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    return root
+
+
+def _gate(root: Path, item: str, plant: str | None, *args: str) -> Gate:
+    env = hooks_env(PRECISION_TEST_PLANT=plant) if plant else None
+    proc = run_pytest(root, "-k", item, "--precision-report", "rep", "--junitxml", "junit.xml", *args, env=env)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    doc = json.loads((root / "rep" / "report.json").read_text())
+    jsonschema.validate(doc, load_schema("report"))
+    stage, step = item.split(" and step_")
+    record = next(r for r in doc["items"] if r["stage"] == stage and r["step"] == int(step))
+    case = next(c for c in ET.parse(root / "junit.xml").iter("testcase") if c.get("name") == f"{stage}[step_{step}]")
+    junit = {p.get("name"): p.get("value") for p in case.iter("property")}
+    return Gate(proc.stdout, record, junit, root)
+
+
+def _record(root: Path, plant: str | None = None) -> None:
+    env = hooks_env(PRECISION_TEST_PLANT=plant) if plant else None
+    proc = run_pytest(root, "--precision-golden", "update", env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = _project(tmp_path_factory.mktemp("regression"), ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny")
+    return _gate(root, "actor_compute_log_prob and step_1", "linear_bf16")
+
+
+@pytest.fixture(scope="module")
+def improvement(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = _project(tmp_path_factory.mktemp("improvement"), ROOT / "scenarios/grpo_tiny.yaml")
+    _record(root, "linear_bf16")
+    return _gate(root, "actor_compute_log_prob and step_1", None)
+
+
+@pytest.fixture(scope="module")
+def equivalent(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    exact = "tolerance:\n  mode: exact\n"  # not in the scenario's identity: the committed golden gates it
+    root = _project(tmp_path_factory.mktemp("eq"), ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny", extra=exact)
+    return _gate(root, "actor_compute_log_prob and step_1", "sum_order")
+
+
+@pytest.fixture(scope="module")
+def collective(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = _project(tmp_path_factory.mktemp("coll"), ROOT / "scenarios/ppo_dp2_tiny.yaml", golden="ppo_dp2_tiny")
+    return _gate(root, "critic_update and step_1", "allreduce")
+
+
+@pytest.fixture(scope="module")
+def dropout(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = _project(tmp_path_factory.mktemp("dropout"), DATA / "tiny_dropout.yaml")
+    _record(root)
+    return _gate(root, "actor_update and step_1", "dropout_rng")
+
+
+@pytest.fixture(scope="module")
+def auto(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = tmp_path_factory.mktemp("auto")
+    (root / "tiny_auto.yaml").write_text(TINY.read_text().replace("level: L1", "level: auto"))
+    _project(root, root / "tiny_auto.yaml")
+    _record(root)
+    return _gate(root, "actor_compute_log_prob and step_1", "linear_bf16")
+
+
+def _said_everywhere(gate: Gate, verdict: str, api: str) -> str:
+    """The judgement in the terminal (right after where the change entered), report.json and JUnit; its line."""
+    lines = gate.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("judgement "))
+    assert lines[at - 1].strip().startswith("change entered    this API computes differently now: " + api)
+    line = gate.line("judgement")
+    assert line.startswith(f"judgement         {verdict} at API {api}: "), line
+    assert gate.judgement["verdict"] == verdict and gate.judgement["api"] == api
+    assert gate.junit["precision_judgement"] == line.removeprefix("judgement").strip()
+    assert gate.record["origin"]["kind"] == "api"
+    return line
+
+
+def test_a_float32_product_from_bf16_rounded_inputs_is_a_regression(regression: Gate) -> None:
+    line = _said_everywhere(regression, "regression", "Tensor.__matmul__.0.forward")
+    assert "x what this op costs in float32 (fails rmse, max abs error" in line
+    assert line.endswith("keep the golden (inputs matched by statistics)")
+    figures = regression.judgement["figures"]
+    assert figures["standard"]["k"] > 100 and not figures["standard"]["passed"]
+    # only the judged call's tensors are kept
+    kept = list((regression.root / ".precision/artifacts/grpo_tiny/judge/run").rglob("*.pt"))
+    assert kept and all(p.name.startswith("Tensor.__matmul__.0.forward.") for p in kept)
+
+
+def test_a_golden_recorded_with_that_regression_reads_as_an_improvement(improvement: Gate) -> None:
+    line = _said_everywhere(improvement, "improvement", "Tensor.__matmul__.0.forward")
+    assert "more precise now: the golden's " in line and "Review and re-record the golden" in line
+    bound = next(iter(b for b in improvement.judgement["figures"]["golden"].values() if b["lower_bound"] > 0))
+    assert bound["lower_bound"] > max(bound["twice_new"], bound["allowance"])
+
+
+def test_a_summation_order_change_is_equivalent(equivalent: Gate) -> None:
+    line = _said_everywhere(equivalent, "equivalent", "Functional.linear.0.forward")
+    assert line.endswith(
+        "the tolerance for Functional.linear.0.forward may be too tight (inputs matched by statistics)"
+    )
+
+
+def test_a_collective_is_undecided_with_its_reason(collective: Gate) -> None:
+    line = _said_everywhere(collective, "undecided", "Distributed.all_reduce.0.forward")
+    assert line.endswith(
+        "a collective: its result is made of the other ranks' data, which this rank's capture does not hold"
+    )
+    assert not (collective.root / ".precision/artifacts/ppo_dp2_tiny/judge").exists()  # nothing to rerun
+
+
+def test_a_dropout_is_undecided_with_its_reason(dropout: Gate) -> None:
+    line = _said_everywhere(dropout, "undecided", "Functional.dropout.0.forward")
+    assert "dropout draws random numbers: the device's generator state is not captured" in line
+
+
+def test_level_auto_judges_the_api_its_l1_localisation_names(auto: Gate) -> None:
+    lines = auto.stdout.splitlines()
+    local = next(i for i, line in enumerate(lines) if "localized at L1" in line)
+    judgement = next(i for i, line in enumerate(lines) if line.strip().startswith("judgement "))
+    assert judgement > local and lines[judgement].startswith("    judgement         regression at API ")
+    assert auto.judgement["verdict"] == "regression" and auto.record["origin"]["kind"] == "api"
+    assert auto.junit["precision_judgement"].startswith("regression at API ")
+
+
+def test_no_regression_of_the_planted_set_is_judged_an_improvement(
+    regression: Gate, improvement: Gate, equivalent: Gate, collective: Gate, dropout: Gate, auto: Gate
+) -> None:
+    """The count the report gives: wrong improvements over every planted change whose new side regressed, and
+    improvements found where the golden was the regressed side."""
+    verdicts = {name: g.judgement["verdict"] for name, g in locals().items() if isinstance(g, Gate)}
+    regressed_new_side = ("regression", "equivalent", "collective", "dropout", "auto")
+    wrong = [name for name in regressed_new_side if verdicts[name] == "improvement"]
+    assert wrong == [] and verdicts["improvement"] == "improvement", verdicts
+
+
+def test_report_markdown_and_html_carry_the_judgement(regression: Gate) -> None:
+    md = (regression.root / "rep/report.md").read_text()
+    assert "| api: `Tensor.__matmul__.0.forward.output.0` | **regression** `Tensor.__matmul__.0.forward` |" in md
+    assert "**judgement**: regression at API Tensor.__matmul__.0.forward: error = " in md
+    html = (regression.root / "rep/report.html").read_text()
+    assert '<p class="judgement regression"><b>judgement</b>: regression at API Tensor.__matmul__.0.forward' in html
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless check needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)",
+)
+def test_the_judgement_line_shows_in_report_html_rendered_by_headless_chromium(
+    regression: Gate, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            (regression.root / "rep/report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    dom = proc.stdout
+    assert (
+        '<p class="judgement regression"><b>judgement</b>: regression at API Tensor.__matmul__.0.forward: error ='
+        in dom
+    ), proc.stderr[-2000:]
+    assert '<p class="origin"><b>change entered</b>: this API computes differently now:' in dom
+
+
+def test_judgement_off_keeps_the_classification_without_a_rerun(tmp_path: Path) -> None:
+    """--precision-judgement off: where the change entered, no capture rerun, no judgement."""
+    root = _project(tmp_path, ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny")
+    gate = _gate(root, "actor_compute_log_prob and step_1", "linear_bf16", "--precision-judgement", "off")
+    assert gate.line("change entered").startswith("change entered    this API computes differently now")
+    assert gate.record["judgement"] is None and "precision_judgement" not in gate.junit
+    assert not (root / ".precision/artifacts/grpo_tiny/judge").exists()
