@@ -335,7 +335,8 @@ class PrecisionSession:
         out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
         if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
             out = self._localize(st, golden, key, out, settings)
-        if not out.passed and out.kind is OutcomeKind.COMPARED and self.options.judgement == "replay":
+        judged = key.step is not None and key.stage is not None  # a stage's dump: not metrics.jsonl
+        if judged and not out.passed and out.kind is OutcomeKind.COMPARED and self.options.judgement == "replay":
             out = self._judge(st, golden, run, key, out)
         return out
 
