@@ -191,3 +191,16 @@ def left_behind(under: Path, grace: float = 10.0) -> list[int]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
+
+
+#: Debian's chromium (``.ci/run`` installs it); the tests that render report.html skip without it
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def chromium_dom(page: Path, profile: Path) -> subprocess.CompletedProcess:
+    """``page`` loaded offline by headless chromium (``--dump-dom``: stdout is the DOM after rendering);
+    ``profile`` is a fresh user-data folder, so no state of another run leaks in."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    flags += ["--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}"]
+    command = [str(CHROMIUM), *flags, "--dump-dom", page.as_uri()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

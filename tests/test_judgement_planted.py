@@ -28,21 +28,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
 import pytest
-from harness_testing import DATA, TINY, hooks_env, run_pytest
+from harness_testing import CHROMIUM, DATA, TINY, chromium_dom, hooks_env, run_pytest
 
 from precision_harness.schemas import load_schema
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 @dataclass
@@ -220,24 +218,7 @@ def test_report_markdown_and_html_carry_the_judgement(regression: Gate) -> None:
 def test_the_judgement_line_shows_in_report_html_rendered_by_headless_chromium(
     regression: Gate, tmp_path: Path
 ) -> None:
-    proc = subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            (regression.root / "rep/report.html").as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = chromium_dom(regression.root / "rep/report.html", tmp_path / "profile")
     dom = proc.stdout
     assert (
         '<p class="judgement regression"><b>judgement</b>: regression at API Tensor.__matmul__.0.forward: error ='

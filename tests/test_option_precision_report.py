@@ -13,12 +13,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from harness_testing import CHROMIUM, chromium_dom
 
 from precision_harness.schemas import load_schema
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
 LR_OLD = "critic:\n  ppo_mini_batch_size: 1\n  ppo_micro_batch_size_per_gpu: 2\n  optim:\n    lr: 1.0e-3"
 
 
@@ -147,24 +147,7 @@ def test_html_report_loads_in_headless_chromium(lr_changed: dict, tmp_path: Path
     html = lr_changed["root"] / "rep" / "report.html"
     text = html.read_text()
     assert not any(s in text for s in ("<script", "<link", "src=", 'href="http'))  # nothing to fetch: opens offline
-    proc = subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            html.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = chromium_dom(html, tmp_path / "profile")
     dom = proc.stdout
     assert '<section id="heatmap">' in dom and 'id="heatmap-tiny_ppo"' in dom, proc.stderr[-2000:]
     start = dom.index('id="plot-tiny_ppo-step_1-critic_update"')
