@@ -108,16 +108,34 @@ def _finished(future: Future, timeout: float) -> bool:
     return True
 
 
+def profile_line(profile: dict[str, Any]) -> str:
+    """``start-up 41.0 s (driver import 5.9, Ray start 6.7, ...), 3 steps 51.4 s (dump 17.2 s), shut-down 11.1 s``:
+    a verl run's start-up profile (``timings.profile`` of its run.json, precision_harness/runs/verl_profile.py)."""
+    phases = profile.get("start_up", [])
+    parts = ", ".join(f"{p['name']} {p['s']:.1f}" for p in phases)
+    text = f"start-up {sum(p['s'] for p in phases):.1f} s ({parts})"
+    steps = profile.get("steps", {})
+    if steps:
+        dump = sum(s.get("dump_s", 0.0) for s in steps.values())
+        text += f", {len(steps)} steps {profile.get('steps_s', 0.0):.1f} s (dump {dump:.1f} s)"
+    if profile.get("shut_down_s") is not None:
+        text += f", shut-down {profile['shut_down_s']:.1f} s"
+    return text
+
+
 def timing_line(run: dict[str, Any], *, profiled: set[str] | None = None) -> str:
     """``import 3.1 s, setup 0.2 s, 10 dumped stages 4.0 s (slowest step_1/actor_update 1.2 s)`` from run.json."""
     t = run.get("timings", {})
     stages = {k: v for k, v in t.get("stages", {}).items() if not k.endswith("/generate_sequences")}
     dumped = {k: v for k, v in stages.items() if profiled is None or k in profiled}
     parts = []
-    if "import_s" in t:
-        parts.append(f"import {t['import_s']:.1f} s")
-    if "setup_s" in t:
-        parts.append(f"setup {t['setup_s']:.1f} s")
+    if t.get("profile"):
+        parts.append(profile_line(t["profile"]))
+    else:
+        if "import_s" in t:
+            parts.append(f"import {t['import_s']:.1f} s")
+        if "setup_s" in t:
+            parts.append(f"setup {t['setup_s']:.1f} s")
     if dumped:
         slow = max(dumped, key=dumped.get)
         parts.append(f"{len(dumped)} dumped stages {sum(dumped.values()):.1f} s (slowest {slow} {dumped[slow]:.1f} s)")

@@ -80,6 +80,27 @@ class CommandSpec:
     env: dict[str, str]
     metrics_exclude: tuple[str, ...] = ()
     header: list[str] = field(default_factory=list)
+    #: ``timings(run_dir, clock, metrics)``: what the kind adds to ``run.json``'s ``timings`` from the finished
+    #: run (verl: its start-up profile, :func:`precision_harness.runs.verl_profile.timings`); ``metrics`` are the
+    #: lines the command wrote, timings included
+    timings: Callable[[Path, dict[str, float], list[dict[str, Any]]], dict[str, Any]] | None = None
+
+
+@dataclass
+class CommandClock:
+    """When a command ran, in seconds since the epoch: started, exited, and its processes reaped; its pid."""
+
+    started: float
+    pid: int = 0
+    exited: float = 0.0
+    reaped: float = 0.0
+
+    @property
+    def wall_s(self) -> float:
+        return self.reaped - self.started
+
+    def as_dict(self) -> dict[str, float]:
+        return {"started": self.started, "exited": self.exited, "reaped": self.reaped, "driver_pid": self.pid}
 
 
 #: how a command or verl scenario's run starts in a run folder on a device: ``spec_of(scenario, run_dir,
@@ -113,8 +134,8 @@ def run_command(
     env: dict[str, str],
     timeout: float | None,
     header: list[str] | None = None,
-) -> float:
-    """Run ``argv`` in the scenario's folder with ``env`` added; return its wall time (s).
+) -> CommandClock:
+    """Run ``argv`` in the scenario's folder with ``env`` added; return when it started, exited and was reaped.
 
     ``header``: lines written at the top of ``run_dir/worker.log`` before the command's output.
     Every process left with the run's ``PRECISION_RUN_ID`` is killed when the command ends (:func:`reap`).
@@ -127,7 +148,7 @@ def run_command(
     shown = display_path(scenario.path)
     log = run_dir / "worker.log"
     run_id = env.get(ENV_RUN_ID) or uuid.uuid4().hex
-    t0 = time.perf_counter()
+    clock = CommandClock(started=time.time())
     with open(log, "wb") as fh:
         if header:
             fh.write("".join(f"{line}\n" for line in header).encode())
@@ -143,6 +164,7 @@ def run_command(
             )
         except FileNotFoundError:
             raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.folder})") from None
+        clock.pid = proc.pid
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -155,10 +177,12 @@ def run_command(
             _kill_group(proc)
             reap(run_id)
             raise
+    clock.exited = time.time()
     reap(run_id)
+    clock.reaped = time.time()
     if returncode != 0:
         raise RunFailedError(f"{shown}: command exited with {returncode}{_tail(log)}")
-    return time.perf_counter() - t0
+    return clock
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -222,6 +246,14 @@ def _tail(log: Path) -> str:
     return f"; last lines: {quoted} (log: {display_path(log)})"
 
 
+def read_command_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of ``metrics.jsonl`` as the command wrote them (none when it wrote none)."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def normalize_metrics(run_dir: Path, *, exclude: list[str]) -> None:
     """Rewrite ``metrics.jsonl`` as one object per step with ``training/global_step``, keys in ``exclude`` dropped.
 
@@ -233,10 +265,7 @@ def normalize_metrics(run_dir: Path, *, exclude: list[str]) -> None:
     if not path.is_file():
         return
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_command_metrics(run_dir):
         if isinstance(row, dict) and set(row) == {"step", "data"} and isinstance(row["data"], dict):
             row = {**row["data"], "training/global_step": row["step"]}
         rows.append({k: v for k, v in row.items() if not any(fnmatch.fnmatchcase(k, g) for g in exclude)})
@@ -293,9 +322,11 @@ def _runs_this_interpreter(argv: list[str]) -> bool:
     return first is not None and Path(first).resolve() == Path(sys.executable).resolve()
 
 
-def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device: str, wall_s: float) -> dict[str, Any]:
-    """``run.json`` for a command run (``env``: :func:`command_fingerprint`): what the golden manifest
-    records, and what was dumped undeclared."""
+def write_run_json(
+    scenario: Any, run_dir: Path, *, env: dict[str, Any], device: str, timings: dict[str, Any]
+) -> dict[str, Any]:
+    """``run.json`` for a command run (``env``: :func:`command_fingerprint`; ``timings``: ``total_s`` and what
+    the kind adds, schema ``run_manifest``): what the golden manifest records, and what was dumped undeclared."""
     declared = {(s, st) for s in scenario.steps for st in scenario.stages}
     undeclared = sorted(f"step_{s}/{st}" for s, st in dumped_stages(run_dir) - declared)
     manifest = {
@@ -313,7 +344,7 @@ def write_run_json(scenario: Any, run_dir: Path, *, env: dict[str, Any], device:
         "stages": list(scenario.stages),
         "numeric_settings": scenario.numeric_settings,
         "undeclared": undeclared,
-        "timings": {"total_s": round(wall_s, 6), "stages": {}},
+        "timings": {"stages": {}, **timings},
     }
     (run_dir / "run.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return manifest
@@ -325,7 +356,7 @@ ROLLOUTS = "rollouts"
 
 def _generate_rollouts(
     scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, header: list[str]
-) -> float:
+) -> CommandClock:
     """Pass 1 of a recording run with pinned rollouts: run once to generate and save the rollouts, keep only them.
 
     verl's trainer feeds a batch it generated and one it loaded from ``skip.rollout_tq`` to the
@@ -335,7 +366,7 @@ def _generate_rollouts(
     The pass's log is kept as ``worker.generate.log``; each pass has the full ``timeout``.
     """
     head = [*header, "precision gate: pass 1 of 2: generating the rollouts to pin (its dumps are discarded)"]
-    wall = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=head)
+    clock = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=head)
     for entry in run_dir.iterdir():
         if entry.name in (ROLLOUTS, "msprobe_config.json"):
             continue
@@ -345,7 +376,7 @@ def _generate_rollouts(
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    return wall
+    return clock
 
 
 def launch_command(
@@ -378,17 +409,20 @@ def launch_command(
     env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {}), ENV_DEVICE: device}
     if options.ray_address:
         env["RAY_ADDRESS"] = options.ray_address
-    wall = 0.0
+    before = 0.0
     if pinned is None and scenario.pins_rollouts:
-        wall += _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+        before = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header).wall_s
         header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
-    wall += run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+    clock = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+    timings: dict[str, Any] = {"total_s": round(before + clock.wall_s, 6)}
+    if spec.timings is not None:
+        timings.update(spec.timings(run_dir, clock.as_dict(), read_command_metrics(run_dir)))
     normalize_metrics(run_dir, exclude=list(exclude))
     fingerprint = command_fingerprint(
         argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
     )
     fingerprint = rank_env.merged(fingerprint, rank_env.read(run_dir))
-    return write_run_json(scenario, run_dir, env=fingerprint, device=device, wall_s=wall)
+    return write_run_json(scenario, run_dir, env=fingerprint, device=device, timings=timings)
 
 
 def run_command_scenario(

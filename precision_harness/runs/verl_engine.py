@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import ScenarioError, VerlMissingError
+from precision_harness.runs import verl_profile
 from precision_harness.runs.command_runner import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 
@@ -388,7 +389,9 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
         rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
     )
     env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
-    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS]}
+    # every process's lines keep their "(Role pid=N)" prefix: the start-up profile names processes by it
+    env["RAY_DEDUP_LOGS"] = "0"
+    owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
     check_device_stages(scenario.path, list(scenario.stages), device)
     check_device_invariants(scenario, device)
     if device == "cpu":
@@ -408,4 +411,10 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
     # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
     hydra = {"hydra.run.dir": str(run_dir / "hydra")}
-    return CommandSpec(argv(verl["entrypoint"], {**user, **gate, **hydra}), env, tuple(verl["metrics_exclude"]), header)
+    return CommandSpec(
+        argv(verl["entrypoint"], {**user, **gate, **hydra}),
+        env,
+        tuple(verl["metrics_exclude"]),
+        header,
+        timings=verl_profile.timings,
+    )

@@ -38,6 +38,21 @@ again, each patch re-checked, and added to :data:`precision_harness.runs.verl_en
    otherwise identical runs, NaN and 3e38 among them). Allocated with ``torch.zeros`` on the CPU
    instead, those rows read zeros. What the all-gather computes is unchanged. Another torch version
    is left unpatched, with one line in the worker log saying so.
+7. ``PrecisionDebuggerProfiler.annotate`` in ``verl.utils.profiler.precision_debugger_profile``: the wrapper it
+   returns (start the debugger, run the stage, stop it) runs inside :func:`.stage_window.observe`, which
+   times the stage for the run's profile and, at ``level: auto``, records what the stage read from verl's
+   batch and produced (``stage_outputs.json``), before the debugger starts and after it stopped. verl's
+   debugger has no hook for either. What the stage computes and dumps is unchanged.
+8. msprobe's own time, for the profile's dump share (timing only; nothing msprobe computes or writes
+   changes): ``PrecisionDebuggerProfiler.start`` and ``.stop`` (the debugger's set-up, and the writing of
+   ``dump.json``) and the collecting methods of msprobe's ``DataCollector``
+   (``msprobe.core.dump.data_dump.data_collector``: the statistics each hook computes) add their time to
+   :attr:`.timeline.StageClock.inside_msprobe`. Another msprobe layout leaves them untimed.
+
+Each patch is applied when the module it replaces a part of is first imported
+(:func:`.on_import.when_imported`), in whichever verl process imports it: most of verl's processes
+never import the FSDP engine or the engine workers, and importing them only to patch them cost each
+about 2.5 s.
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from precision_harness.runs.verl_cpu import on_import, stage_window, timeline
 from precision_harness.runs.verl_engine import SUPPORTED_VERSIONS, unsupported_version_message
 
 CPU_BACKEND = "cpu:gloo"
@@ -87,11 +103,13 @@ def _critic_stage(func: Any, stage: str) -> Any:
         )
         if not active:
             return func(self, *args, **kwargs)
-        started = impl.start(stage=stage, model=self.engine.module)
-        try:
-            return func(self, *args, **kwargs)
-        finally:
-            impl.stop(started=started)
+        with stage_window.observe(impl, stage, self, args, kwargs) as window:
+            started = impl.start(stage=stage, model=self.engine.module)
+            try:
+                window["result"] = func(self, *args, **kwargs)
+            finally:
+                impl.stop(started=started)
+        return window["result"]
 
     method.__precision_patched__ = True
     return method
@@ -164,33 +182,118 @@ def _zero_fsdp_buffers() -> None:
         mixin.allocate = _zeroed_allocate(mixin.allocate)
 
 
+def _observed_annotate(original: Any) -> Any:
+    """Patch 7: ``PrecisionDebuggerProfiler.annotate`` whose stage wrapper runs inside :func:`.stage_window.observe`."""
+
+    @functools.wraps(original)
+    def annotate(self: Any, message: Any = None, color: Any = None, domain: Any = None, category: Any = None, **kw):
+        decorator = original(self, message=message, color=color, domain=domain, category=category, **kw)
+        stage = self._normalize_stage(kw.get("role"))
+        if stage is None:
+            return decorator
+
+        def observed(func: Any) -> Any:
+            wrapped = decorator(func)
+
+            @functools.wraps(func)
+            def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
+                with stage_window.observe(self, stage, worker, args, kwargs) as window:
+                    window["result"] = wrapped(worker, *args, **kwargs)
+                return window["result"]
+
+            return wrapper
+
+        return observed
+
+    annotate.__precision_patched__ = True
+    return annotate
+
+
+def _observe_stages(precision_profile: Any) -> None:
+    """Patches 7 and 8 (the debugger's part): the stage wrapper, and the debugger's start and stop timed."""
+    profiler = precision_profile.PrecisionDebuggerProfiler
+    if getattr(profiler.annotate, "__precision_patched__", False):
+        return
+    profiler.annotate = _observed_annotate(profiler.annotate)
+    profiler.start = timeline.timed_in_msprobe(profiler.start)
+    profiler.stop = timeline.timed_in_msprobe(profiler.stop)
+
+
+#: the collecting methods of msprobe's DataCollector (patch 8): where every hook computes its statistics
+MSPROBE_COLLECTORS = (
+    "forward_input_data_collect",
+    "forward_output_data_collect",
+    "forward_data_collect",
+    "forward_data_collect_only_tensor",
+    "backward_data_collect",
+    "backward_data_collect_only_tensor",
+    "backward_input_data_collect",
+    "backward_output_data_collect",
+    "params_data_collect",
+)
+
+
+def _time_msprobe_collector(data_collector: Any) -> None:
+    """Patch 8 (the hooks' part): msprobe's data collector timed; another msprobe layout is left as it is."""
+    collector = getattr(data_collector, "DataCollector", None)
+    for name in MSPROBE_COLLECTORS if collector is not None else ():
+        method = getattr(collector, name, None)
+        if method is not None and not getattr(method, "__precision_patched__", False):
+            setattr(collector, name, timeline.timed_in_msprobe(method))
+
+
+def _patch_process_group(module: Any) -> None:
+    """Patch 1, in ``verl.utils.distributed`` and in each module that bound the function by name."""
+    import verl.utils.distributed as distributed
+
+    original = distributed.initialize_global_process_group_ray
+    if not getattr(original, "__precision_patched__", False):
+        distributed.initialize_global_process_group_ray = _process_group(original)
+    if not getattr(module.initialize_global_process_group_ray, "__precision_patched__", False):
+        module.initialize_global_process_group_ray = distributed.initialize_global_process_group_ray
+
+
+def _patch_offload_policy(fsdp_impl: Any) -> None:
+    """Patch 2."""
+    if not getattr(fsdp_impl.CPUOffloadPolicy, "__precision_patched__", False):
+        fsdp_impl.CPUOffloadPolicy = _offload_policy(fsdp_impl.CPUOffloadPolicy)
+
+
+def _register_rollout(rollout_base: Any) -> None:
+    """Patch 3."""
+    rollout_base._ROLLOUT_REGISTRY[("precision_cpu", "async")] = (
+        "precision_harness.runs.verl_cpu.rollout.CPUServerAdapter"
+    )
+
+
+def _patch_valuehead_loader(verl_model: Any) -> None:
+    """Patch 5."""
+    if not getattr(verl_model.load_valuehead_model, "__precision_patched__", False):
+        verl_model.load_valuehead_model = _valuehead_loader(verl_model.load_valuehead_model)
+
+
+#: each patch, keyed by the module whose import applies it (see the module docstring)
+DEFERRED: tuple[tuple[str, Any], ...] = (
+    ("verl.utils.distributed", _patch_process_group),
+    ("verl.workers.engine_workers", _patch_process_group),
+    ("verl.checkpoint_engine.base", _patch_process_group),
+    ("verl.workers.engine.fsdp.transformer_impl", _patch_offload_policy),
+    ("verl.workers.rollout.base", _register_rollout),
+    ("verl.workers.engine_workers", _annotate_critic),
+    ("verl.utils.model", _patch_valuehead_loader),
+    ("torch.distributed.fsdp._fully_shard._fsdp_collectives", lambda _module: _zero_fsdp_buffers()),
+    ("verl.utils.profiler.precision_debugger_profile", _observe_stages),
+    ("msprobe.core.dump.data_dump.data_collector", _time_msprobe_collector),
+)
+
+
 def apply(version: str) -> None:
-    """Apply the patches above (idempotent).
+    """Apply the patches above, each when its module is first imported (now if it already is); idempotent.
 
     Raises:
         RuntimeError: ``version`` is not one the patches were checked against (one line).
     """
     if version not in SUPPORTED_VERSIONS:
         raise RuntimeError(unsupported_version_message(version))
-    import verl.checkpoint_engine.base as checkpoint_base
-    import verl.utils.distributed as distributed
-    import verl.workers.engine.fsdp.transformer_impl as fsdp_impl
-    import verl.workers.engine_workers as engine_workers
-    import verl.workers.rollout.base as rollout_base
-
-    original = distributed.initialize_global_process_group_ray
-    if not getattr(original, "__precision_patched__", False):
-        patched = _process_group(original)
-        for module in (distributed, engine_workers, checkpoint_base):
-            module.initialize_global_process_group_ray = patched
-    if not getattr(fsdp_impl.CPUOffloadPolicy, "__precision_patched__", False):
-        fsdp_impl.CPUOffloadPolicy = _offload_policy(fsdp_impl.CPUOffloadPolicy)
-    rollout_base._ROLLOUT_REGISTRY[("precision_cpu", "async")] = (
-        "precision_harness.runs.verl_cpu.rollout.CPUServerAdapter"
-    )
-    _annotate_critic(engine_workers)
-    import verl.utils.model as verl_model
-
-    if not getattr(verl_model.load_valuehead_model, "__precision_patched__", False):
-        verl_model.load_valuehead_model = _valuehead_loader(verl_model.load_valuehead_model)
-    _zero_fsdp_buffers()
+    for module, patch in DEFERRED:
+        on_import.when_imported(module, patch)

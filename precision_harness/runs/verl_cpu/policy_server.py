@@ -48,6 +48,7 @@ from precision_harness.dumps.files import DUMP
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS, payload
 from precision_harness.runs.runner.stage_outputs import tensor_statistics
 from precision_harness.runs.runner.weight_sync import WEIGHT_SYNC_FILE, tensor_digest
+from precision_harness.runs.verl_cpu import timeline
 
 ROLLOUT_GENERATE = "rollout_generate"
 #: the key the agent loop adds to sampling_params: ``[prompt index, global step, sample]`` of the request
@@ -170,6 +171,7 @@ class PolicyServer:
         self.steps = {int(s) for s in os.environ.get("PRECISION_STEPS", "").split(",") if s}
         self.records_rollout = ROLLOUT_GENERATE in os.environ.get("PRECISION_STAGES", "").split(",")
         self.records: dict[int, StepRecords] = {}
+        timeline.process_ready()  # the server imports verl only at its first request: its start-up ends here
 
     def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         from verl.workers.rollout.replica import TokenOutput
