@@ -109,7 +109,8 @@ def _finished(future: Future, timeout: float) -> bool:
 
 
 def profile_line(profile: dict[str, Any]) -> str:
-    """``start-up 41.0 s (driver import 5.9, Ray start 6.7, ...), 3 steps 51.4 s (dump 17.2 s), shut-down 11.1 s``:
+    """``start-up 41.0 s (driver import 5.9, config and Ray start 6.7, ...), 3 steps 51.4 s (dump 17.2 s), shut-down
+    11.1 s (driver exit 11.1, reap 0.0)``:
     a verl run's start-up profile (``timings.profile`` of its run.json, precision_harness/runs/verl_profile.py)."""
     phases = profile.get("start_up", [])
     parts = ", ".join(f"{p['name']} {p['s']:.1f}" for p in phases)
@@ -119,7 +120,8 @@ def profile_line(profile: dict[str, Any]) -> str:
         dump = sum(s.get("dump_s", 0.0) for s in steps.values())
         text += f", {len(steps)} steps {profile.get('steps_s', 0.0):.1f} s (dump {dump:.1f} s)"
     if profile.get("shut_down_s") is not None:
-        text += f", shut-down {profile['shut_down_s']:.1f} s"
+        parts = ", ".join(f"{p['name']} {p['s']:.1f}" for p in profile.get("shut_down", []))
+        text += f", shut-down {profile['shut_down_s']:.1f} s" + (f" ({parts})" if parts else "")
     return text
 
 

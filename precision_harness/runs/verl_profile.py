@@ -13,11 +13,13 @@ the terminal line (:func:`precision_harness.progress.timing_line`). Its sources:
   imports, and each dumped stage on each rank with the time spent inside msprobe.
 
 Phases (seconds, in order; one whose end was not seen is merged into the next): ``driver import`` (the
-command's start to ``import verl`` done in the driver), ``Ray start`` (to Ray started or joined), ``TaskRunner``
+command's start to ``import verl`` done in the driver), ``config and Ray start`` (Hydra's composition, verl's
+validation, then Ray started or joined), ``TaskRunner``
 (its actor's start-up and imports), ``TransferQueue and data`` (to the dataloader), ``rank processes``
 (their start-up and imports), ``models and engines`` (to the engines initialised), ``rollout, reward,
 checkpoint engine`` (the rollout server, reward workers and weight sync, to ``all initialize finished``),
-then the steps and the shut-down (to every process of the run reaped). Each
+then the steps, and the shut-down: ``driver exit`` (verl's end of run, Ray's included) and ``reap`` (every
+process of the run gone). Each
 verl process is listed with its role (the ``(Role pid=N)`` prefix Ray gives its lines), its start and
 its imports. Each step: verl's ``timing_s/step``, and of it the dumped stages and the dump (msprobe's
 own time) on the lowest rank. This module imports neither torch nor verl.
@@ -185,7 +187,7 @@ def profile(run_dir: Path, *, clock: dict[str, float], metrics: list[dict[str, A
     start_up = _phases(
         [
             ("driver import", _ready(processes, "driver", start)),
-            ("Ray start", marks.get("ray")),
+            ("config and Ray start", marks.get("ray")),
             ("TaskRunner", _ready(processes, TASK_RUNNER, start)),
             ("TransferQueue and data", marks.get("data")),
             ("rank processes", _ready(processes, RANKS, start)),
@@ -195,11 +197,15 @@ def profile(run_dir: Path, *, clock: dict[str, float], metrics: list[dict[str, A
         start,
     )
     end_of_steps = ready + steps_s if ready is not None else None
-    tail = _phases([("steps", end_of_steps), ("shut-down", clock["reaped"])], ready or start)
+    tail = _phases(
+        [("steps", end_of_steps), ("driver exit", clock["exited"]), ("reap", clock["reaped"])], ready or start
+    )
+    shut_down = [p for p in tail if p["name"] in ("driver exit", "reap")]
     return {
         "start_up": start_up,
         "steps_s": round(steps_s, 3),
-        "shut_down_s": tail[-1]["s"] if tail and tail[-1]["name"] == "shut-down" else None,
+        "shut_down": shut_down,
+        "shut_down_s": round(sum(p["s"] for p in shut_down), 3) if end_of_steps is not None else None,
         "wall_s": round(clock["reaped"] - start, 3),
         "processes": processes,
         "steps": _steps(timings, stage_events(events)),
