@@ -103,6 +103,8 @@ def _finished(future: Future, timeout: float) -> bool:
         future.result(timeout=timeout)
     except FutureTimeout:
         return False
+    except KeyboardInterrupt:  # Ctrl-C while waiting is the user's, never the run's: the session must end
+        raise
     except BaseException:  # the run's error is raised by whoever asks for the result
         return True
     return True

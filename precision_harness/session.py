@@ -57,6 +57,7 @@ from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 from precision_harness.runs import device_availability
 from precision_harness.runs.kind_runners import Run, load_scenario, preflight, run_scenario
+from precision_harness.runs.kind_runners import stop as stop_runs
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
@@ -258,6 +259,7 @@ class PrecisionSession:
         return st.scenario
 
     def close(self) -> None:
+        stop_runs()  # a run still in flight (Ctrl-C) and the shared Ray of verl runs: nothing outlives the session
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None

@@ -20,7 +20,7 @@ import pytest
 from harness_testing import left_behind
 
 from precision_harness.runs import command_runner as command
-from precision_harness.runs import kind_runners, verl_engine
+from precision_harness.runs import kind_runners, processes, verl_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"
@@ -68,7 +68,7 @@ def _run_marked(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: flo
         out, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
-            command._kill_group(proc)
+            processes.kill_group(proc)
         left = command.reap(run_id)
     assert not left, f"processes left behind: {left}"
     return proc.returncode, out

@@ -26,13 +26,11 @@ GCS, raylet and workers, which verl's trainer starts and a killed driver leaves 
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -45,8 +43,9 @@ from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
-from precision_harness.runs import rank_env
+from precision_harness.runs import processes, rank_env
 from precision_harness.runs.launch import RunOptions, RunResult
+from precision_harness.runs.processes import ENV_RUN_ID, kill_group, reap
 from precision_harness.runs.rank_env import ENV_DEVICE
 from precision_harness.runs.stage_api import (
     ENV_DUMP_DIR,
@@ -60,8 +59,6 @@ from precision_harness.runs.stage_api import (
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
 ENV_SCENARIO_DIR = "PRECISION_SCENARIO_DIR"
-#: marks every process a command run starts, so that none outlives it (:func:`reap`)
-ENV_RUN_ID = "PRECISION_RUN_ID"
 METRICS = "metrics.jsonl"
 
 
@@ -104,7 +101,8 @@ class CommandClock:
 
 
 #: how a command or verl scenario's run starts in a run folder on a device: ``spec_of(scenario, run_dir,
-#: device=...)`` (:func:`precision_harness.runs.kind_runners.command_spec`, by the scenario's kind)
+#: device=..., joins_ray=...)`` (:func:`precision_harness.runs.kind_runners.command_spec`, by the scenario's kind;
+#: ``joins_ray``: the command joins a running Ray instance rather than starting its own)
 SpecOf = Callable[..., CommandSpec]
 
 
@@ -165,70 +163,27 @@ def run_command(
         except FileNotFoundError:
             raise RunFailedError(f"{shown}: command: {argv[0]!r} not found (run from {scenario.folder})") from None
         clock.pid = proc.pid
+        processes.track(proc, run_id)
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             reap(run_id)
             raise RunFailedError(
                 f"{shown}: command timed out after {timeout:g} s; {last_stage(run_dir)}{_tail(log)}"
             ) from None
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             reap(run_id)
             raise
+        finally:
+            processes.untrack(proc)
     clock.exited = time.time()
     reap(run_id)
     clock.reaped = time.time()
     if returncode != 0:
         raise RunFailedError(f"{shown}: command exited with {returncode}{_tail(log)}")
     return clock
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the command's session (it was started in one of its own) and wait for the command."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def marked_processes(run_id: str) -> list[int]:
-    """The ids of live processes whose environment holds ``PRECISION_RUN_ID=run_id`` (Linux /proc)."""
-    mark = f"{ENV_RUN_ID}={run_id}".encode()
-    found = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if mark in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def reap(run_id: str, *, grace_s: float = 5.0) -> list[int]:
-    """Terminate, then kill, every process marked with ``run_id``; return their ids.
-
-    Ray's GCS and raylet, started by a command's ``ray.init()``, sit in sessions of their own and
-    survive a killed driver; they and Ray's workers inherit the command's environment, so the mark
-    finds them.
-    """
-    pids = marked_processes(run_id)
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            pids = marked_processes(run_id)
-            if not pids:
-                break
-            time.sleep(0.1)
-    return pids
 
 
 def last_stage(run_dir: Path) -> str:
@@ -403,12 +358,15 @@ def launch_command(
     if pinned is not None:
         names = [n for n in pinned.contents if n.startswith(f"{ROLLOUTS}/")]
         pinned.export(run_dir, names)
-    spec = spec_of(scenario, run_dir, device=device)
+    spec = spec_of(scenario, run_dir, device=device, joins_ray=bool(options.ray_address or options.shared_ray))
     argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
     threads = scenario.config["trainer"]["num_threads"]
     env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {}), ENV_DEVICE: device}
     if options.ray_address:
         env["RAY_ADDRESS"] = options.ray_address
+    if options.shared_ray is not None:  # the run's variables (its mark too) go to its workers on the shared Ray
+        env[ENV_RUN_ID] = uuid.uuid4().hex
+        env.update(options.shared_ray.driver_env(env, cwd=Path(scenario.folder).resolve()))
     before = 0.0
     if pinned is None and scenario.pins_rollouts:
         before = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header).wall_s

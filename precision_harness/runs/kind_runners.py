@@ -12,10 +12,12 @@ stages it dumps, the overrides the gate owns, Hydra's composition of the rest) b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from precision_harness.runs import command_runner, launch, verl_engine
+from precision_harness.errors import RunFailedError
+from precision_harness.paths import display_path
+from precision_harness.runs import command_runner, launch, processes, shared_ray, verl_engine
 from precision_harness.runs.command_runner import CommandSpec
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.scenario import Scenario
@@ -31,14 +33,17 @@ class KindRunner:
 
     #: ``run(scenario, *, out_dir, device, options)``: the run, into a fresh ``out_dir``
     run: Callable[..., RunResult]
-    #: ``command(scenario, env, run_dir, device)``: a command or verl scenario's argv and environment
-    #: (``env``: the ``PRECISION_*`` variables); None for a kind that is no command
-    command: Callable[[Scenario, dict[str, str], Path, str], CommandSpec] | None = None
+    #: ``command(scenario, env, run_dir, device, joins_ray)``: a command or verl scenario's argv and environment
+    #: (``env``: the ``PRECISION_*`` variables; ``joins_ray``: it joins a running Ray); None for a kind that is
+    #: no command
+    command: Callable[[Scenario, dict[str, str], Path, str, bool], CommandSpec] | None = None
     #: checks that need the engine the kind runs on, made when a scenario is loaded to be run
     preflight: Callable[[Scenario], None] = _nothing_to_check
 
 
-def _argv_as_written(scenario: Scenario, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+def _argv_as_written(
+    scenario: Scenario, env: dict[str, str], run_dir: Path, device: str, joins_ray: bool = False
+) -> CommandSpec:
     """A command scenario's own argv, with the ``PRECISION_*`` variables."""
     return CommandSpec(list(scenario.config["command"]), env)
 
@@ -62,11 +67,32 @@ def _run_command(scenario: Scenario, *, out_dir: Path, device: str, options: Run
     )
 
 
+def _run_verl(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:
+    """A verl run: on the CPU (no ``--precision-ray-address``) on this process's shared Ray instance.
+
+    Raises:
+        RunFailedError: as a command run; one whose shared Ray died says so (the next run starts a fresh one).
+    """
+    if device != "cpu" or options.ray_address:
+        return _run_command(scenario, out_dir=out_dir, device=device, options=options)
+    instance = shared_ray.shared()
+    with instance.lease() as lease:
+        try:
+            return _run_command(scenario, out_dir=out_dir, device=device, options=replace(options, shared_ray=lease))
+        except RunFailedError as exc:
+            why = instance.failure()
+            if why is None:
+                raise
+            raise RunFailedError(
+                f"{display_path(scenario.path)}: {why}; the next verl run starts a fresh one. The run: {exc}"
+            ) from None
+
+
 #: every kind of scenario, by ``Scenario.kind``
 RUNNERS: dict[str, KindRunner] = {
     "builtin": KindRunner(run=launch.run_worker),
     "command": KindRunner(run=_run_command, command=_argv_as_written),
-    "verl": KindRunner(run=_run_command, command=verl_engine.command_spec, preflight=_check_verl),
+    "verl": KindRunner(run=_run_verl, command=verl_engine.command_spec, preflight=_check_verl),
 }
 
 
@@ -94,16 +120,17 @@ def bind(device: str, options: RunOptions | None = None) -> Run:
     return lambda scenario, out_dir: run_scenario(scenario, out_dir=out_dir, device=device, options=how)
 
 
-def command_spec(scenario: Scenario, run_dir: Path, *, device: str = "cpu") -> CommandSpec:
+def command_spec(scenario: Scenario, run_dir: Path, *, device: str = "cpu", joins_ray: bool = False) -> CommandSpec:
     """How a command or verl scenario's run starts in ``run_dir``: the ``PRECISION_*`` environment
-    (:func:`~precision_harness.runs.command_runner.command_env`) laid under what the scenario's kind adds.
+    (:func:`~precision_harness.runs.command_runner.command_env`) laid under what the scenario's kind adds
+    (``joins_ray``: the command joins a running Ray instance, a cluster's or the shared one).
 
     Raises:
         ScenarioError: a verl scenario on cpu with an unsupported verl or an override of a CPU-owned key.
     """
     spec_of = RUNNERS[scenario.kind].command
     assert spec_of is not None, f"a {scenario.kind} scenario is no command"
-    return spec_of(scenario, command_runner.command_env(scenario, run_dir), run_dir, device)
+    return spec_of(scenario, command_runner.command_env(scenario, run_dir), run_dir, device, joins_ray)
 
 
 def preflight(scenario: Scenario) -> Scenario:
@@ -126,3 +153,10 @@ def load_scenario(path: str | Path) -> Scenario:
             :func:`preflight` (VerlMissingError where an ``engine: verl`` scenario finds no verl).
     """
     return preflight(Scenario.load(path))
+
+
+def stop() -> None:
+    """End what this process's runs left running: commands still in flight (a session interrupted mid-run, Ctrl-C)
+    and the shared Ray instance of its verl runs. Nothing a gate session started outlives it."""
+    processes.stop_running()
+    shared_ray.shutdown()

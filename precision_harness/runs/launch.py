@@ -75,6 +75,9 @@ class RunOptions:
     #: variables laid over the determinism environment (the portability check's CPU dispatch
     #: settings, :mod:`precision_harness.portability`); such a run is always fresh
     dispatch_env: dict[str, str] | None = None
+    #: a verl run's lease of this process's shared Ray instance (:mod:`precision_harness.runs.shared_ray`): the
+    #: command joins it, with the run's variables given to its Ray workers (set by the verl runner on the CPU)
+    shared_ray: Any | None = None
 
 
 def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options: RunOptions) -> RunResult:

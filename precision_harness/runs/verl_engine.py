@@ -64,6 +64,8 @@ CPU_AGENT_LOOP_FILE = str(Path(__file__).parent / "verl_cpu" / "agent_loops.yaml
 #: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`precision_harness.runs.verl_cpu.sampler`
 CPU_SAMPLER = ("pkg://precision_harness.runs.verl_cpu.sampler", "OrderedReplayBuffer")
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
+#: set for a ``level: auto`` run: the CPU extension writes each profiled stage's ``stage_outputs.json``
+STAGE_OUTPUTS_ENV = "PRECISION_STAGE_OUTPUTS"
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 
@@ -119,6 +121,21 @@ def check_device_invariants(scenario: Any, device: str) -> None:
         raise ScenarioError(
             f"{scenario.path}: invariants.weight_sync: verl's rollout engines record no per-parameter digests on "
             f"{device}; the gate's CPU rollout server does: remove it, or run with --precision-device cpu"
+        )
+
+
+def check_device_auto(scenario: Any, device: str) -> None:
+    """Raise ScenarioError for ``level: auto`` off the CPU, naming the first profiled stage verl cannot feed there.
+
+    ``auto`` gates an L0 dump plus each stage's inputs and outputs from verl's batch; verl writes none
+    of them itself, and the gate's CPU extension (``precision_harness/runs/verl_cpu/stage_window.py``), which
+    does, runs in verl's processes on the CPU only.
+    """
+    if scenario.localizes and device != "cpu" and scenario.stages:
+        raise ScenarioError(
+            f"{scenario.path}: {_PD}.level: auto on {device}: verl {CHECKED_VERSION} does not feed "
+            f"{scenario.stages[0]!r}'s inputs and outputs (the gate's CPU extension records them from verl's batch, "
+            "on cpu only): set level L0, L1 or mix, or run with --precision-device cpu"
         )
 
 
@@ -198,20 +215,29 @@ def cpu_ranks(scenario_path: Path, overrides: dict[str, Any], limit: int | None 
     return ranks
 
 
-def cpu_overrides(*, critic: bool, ranks: int = 1) -> dict[str, Any]:
+def cpu_overrides(*, critic: bool, ranks: int = 1, joins_ray: bool = False) -> dict[str, Any]:
     """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``) for ``ranks``
     worker processes; with a ``critic``, its engine settings and its profiler on (the gate's CPU support
-    dumps its stages)."""
-    out: dict[str, Any] = {
-        # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
-        "ray_kwargs.ray_init.num_cpus": 8,
+    dumps its stages). ``joins_ray``: the run joins a running Ray instance (the gate's shared one, or
+    ``--precision-ray-address``), whose resources were given when it started: Ray refuses them again."""
+    out: dict[str, Any] = (
+        {}
+        if joins_ray
+        else {
+            # TransferQueue's storage units take 1 CPU each (8 by default) and never schedule on 2 cores
+            "ray_kwargs.ray_init.num_cpus": 8,
+            # verl's single controller hard-codes use_gpu=True: one declared Ray GPU per rank, which no process uses
+            "+ray_kwargs.ray_init.num_gpus": ranks,
+            # nothing reads Ray's dashboard in a gate run; it is a dozen more processes to start
+            "+ray_kwargs.ray_init.include_dashboard": False,
+        }
+    )
+    out |= {
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         # one agent-loop and one reward worker (8 each by default, each a process importing torch and verl):
         # which worker serves a prompt changes no number here (a seed per request, batches in prompt order)
         "actor_rollout_ref.rollout.agent.num_workers": 1,
         "reward.num_workers": 1,
-        # verl's single controller hard-codes use_gpu=True: one declared Ray GPU per rank, which no process uses
-        "+ray_kwargs.ray_init.num_gpus": ranks,
         "trainer.nnodes": 1,
         # no FlashAttention on CPU
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
@@ -369,14 +395,16 @@ def compose(overrides: dict[str, Any], *, source: Path | str = "verl.overrides")
         raise ScenarioError(f"{source}: {first}") from None
 
 
-def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str) -> CommandSpec:
+def command_spec(
+    scenario: Any, env: dict[str, str], run_dir: Path, device: str, joins_ray: bool = False
+) -> CommandSpec:
     """A verl scenario's run: its entrypoint with the user's overrides, the gate's (:func:`gate_overrides`)
     and, on cpu, :func:`cpu_overrides` and :func:`cpu_env`; ``env`` (the ``PRECISION_*`` variables)
     gains verl's file logger. The log header lists every gate-owned override and variable.
 
     Raises:
-        ScenarioError: a critic stage off the cpu, or on cpu an unsupported verl or an override of a
-            CPU-owned key.
+        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, or
+            on cpu an unsupported verl or an override of a CPU-owned key.
     """
     verl = scenario.config["verl"]
     user = dict(verl["overrides"])
@@ -394,14 +422,17 @@ def command_spec(scenario: Any, env: dict[str, str], run_dir: Path, device: str)
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
     check_device_stages(scenario.path, list(scenario.stages), device)
     check_device_invariants(scenario, device)
+    check_device_auto(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
         ranks = cpu_ranks(scenario.path, user)
-        cpu = cpu_overrides(critic=uses_critic(user), ranks=ranks)
-        check_cpu_overrides(scenario.path, user, cpu)
+        check_cpu_overrides(scenario.path, user, cpu_overrides(critic=uses_critic(user), ranks=ranks))
+        cpu = cpu_overrides(critic=uses_critic(user), ranks=ranks, joins_ray=joins_ray)
         # the scenario's own key, or verl's default (8) replaced by one rank
         gate = {**cpu, "trainer.n_gpus_per_node": ranks, **gate}
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
+        if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl_cpu/stage_window.py)
+            variables[STAGE_OUTPUTS_ENV] = "1"
     else:
         variables = external_modules(device)
     owned_env.update(variables)

@@ -143,7 +143,8 @@ class ScenarioBase:
         return AUTO_DUMP_LEVEL if self.localizes else self.level
 
     def localize_overrides(self, step: int, stage: str) -> dict[str, Any]:
-        """Overrides that rerun this scenario up to ``step`` and dump only ``stage`` of it, at :data:`LOCALIZE_LEVEL`.
+        """Overrides that rerun this scenario up to ``step`` (:meth:`stop_after`) and dump only ``stage`` of it, at
+        :data:`LOCALIZE_LEVEL`.
 
         Steps before ``step`` run the same ops without a debugger, so ``stage``'s dump equals the
         one a full run at that level writes (msprobe's API counters restart at every stage).
@@ -152,7 +153,7 @@ class ScenarioBase:
             LEVEL_KEY: LOCALIZE_LEVEL,
             "global_profiler.steps": [step],
             STAGES_KEY: [stage],
-            "trainer.total_training_steps": step,
+            **self.stop_after(step),
         }
 
     def capture_overrides(self, step: int, stage: str, apis: list[str]) -> dict[str, Any]:
@@ -171,6 +172,10 @@ class ScenarioBase:
     def stop_after(self, step: int) -> dict[str, Any]:
         """Overrides that end a run after ``step`` (none where the run ends at its last profiled step)."""
         return {}
+
+    def localizes_stage(self, stage: str) -> bool:
+        """Whether a failing ``stage`` item is rerun at :data:`LOCALIZE_LEVEL` (``level: auto``)."""
+        return self.localizes
 
     @property
     def stages(self) -> tuple[str, ...]:

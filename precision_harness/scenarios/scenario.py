@@ -244,6 +244,9 @@ class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
     kind = "verl"
+    #: on cpu the gate's CPU extension writes each stage's inputs and outputs from verl's batch
+    #: (precision_harness/runs/verl_cpu/stage_window.py); another device refuses auto in one line (verl_engine)
+    allows_auto = True
     #: on cpu the gate's rollout server records both (precision_harness/runs/verl_cpu/policy_server.py); on
     #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl_engine.py)
     records_weight_sync = True
@@ -276,6 +279,11 @@ class VerlScenario(CommandScenario):
     def pins_rollouts(self) -> bool:
         """``verl.pin_rollouts``."""
         return bool(self.config["verl"]["pin_rollouts"])
+
+    def localizes_stage(self, stage: str) -> bool:
+        """Not ``rollout_generate``: the gate's rollout server records its tokens and log-probs whatever the level,
+        and no msprobe dump of it exists to localise in."""
+        return self.localizes and stage != ROLLOUT_GENERATE
 
 
 #: tried in order: the first whose :meth:`Scenario.claims` accepts a file's keys loads it
