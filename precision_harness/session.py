@@ -330,7 +330,7 @@ class PrecisionSession:
         golden = plan.golden
         assert golden is not None
         self._environment(st, golden, run)
-        localizes = golden.localizes and not key.is_metrics
+        localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
         settings = self._settings(st, golden, run)
         # a failure here is rerun at L1, whose verdict asks msprobe
         skip_msprobe = localizes and st.localized is None

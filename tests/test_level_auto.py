@@ -261,8 +261,9 @@ def test_level_auto_is_refused_for_command_scenarios(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as err:
         Scenario.load(path)
     assert str(err.value) == (
-        f"{path}: global_profiler.global_tool_config.precision_debugger.level: auto needs the built-in runner "
-        "(it writes each stage's inputs and outputs beside the L0 dump); a command scenario sets L0, L1 or mix"
+        f"{path}: global_profiler.global_tool_config.precision_debugger.level: auto needs each stage's inputs and "
+        "outputs beside the L0 dump, which the built-in runner and engine: verl on cpu write; a command scenario "
+        "sets L0, L1 or mix"
     )
 
 

@@ -349,8 +349,9 @@ PPO_GOLDEN = EXAMPLE / "golden" / "ppo_critic_tiny_cpu" / "cpu"
 def _weights_moved(golden, stage: str) -> list[str]:
     """The ``Functional.linear`` rows of ``stage`` whose weight (input 1) has other statistics at step 2 than at
     step 1; raises AssertionError naming the unchanged ones unless every one moved."""
-    before = golden.load_dump(1, stage, "rank0")["data"]
-    after = golden.load_dump(2, stage, "rank0")["data"]
+    record = golden.localization()  # the L1 record: its linear layers' weights (the L0 dump has modules only)
+    before = record.load_dump(1, stage, "rank0")["data"]
+    after = record.load_dump(2, stage, "rank0")["data"]
     weights = [k for k in before if k.startswith("Functional.linear.")]
     assert weights, f"{stage}: no linear layer dumped"
     moved = [k for k in weights if before[k]["input_args"][1] != after[k]["input_args"][1]]

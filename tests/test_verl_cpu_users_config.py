@@ -189,13 +189,24 @@ def _metrics(golden) -> dict[int, dict]:
     return {m["training/global_step"]: m for m in golden.metrics()}
 
 
-def test_the_golden_holds_both_ranks_at_every_stage_and_step() -> None:
+def test_the_golden_holds_both_ranks_at_every_stage_and_step_at_both_levels() -> None:
+    """``level: auto``: the L0 dump with the stage's inputs and outputs from verl's batch, and the L1 record."""
     golden = _golden()
+    assert golden.level == "auto" and golden.localizes
+    record = golden.localization()
     for step in STEPS:
         for stage in ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update"):
             for rank in ("rank0", "rank1"):
-                assert golden.load_dump(step, stage, rank)["data"], (step, stage, rank)
+                l0 = golden.load_dump(step, stage, rank)["data"]
+                assert any(k.startswith("Module.") for k in l0) and any(k.startswith("Stage.") for k in l0)
+                assert not any(k.startswith(("Functional.", "Tensor.")) for k in l0), (step, stage, rank)
+                assert any(k.startswith("Functional.") for k in record.load_dump(step, stage, rank)["data"])
         assert golden.load_dump(step, "rollout_generate", "rank0")["data"]
+    rows = [k for k in golden.load_dump(1, "actor_update", "rank1")["data"] if k.startswith("Stage.")]
+    assert rows[:4] == [f"Stage.{n}.0.forward" for n in ("old_log_probs", "advantages", "ref_log_prob")] + [
+        "Stage.rollout_is_weights.0.forward"
+    ]
+    assert {"Stage.loss.1.forward", "Stage.kl_loss.1.forward", "Stage.grad_norm.0.forward"} <= set(rows)
 
 
 def test_the_golden_trained_in_bf16_with_a_real_signal_every_step() -> None:
@@ -209,7 +220,7 @@ def test_the_golden_trained_in_bf16_with_a_real_signal_every_step() -> None:
         assert m["critic/advantages/min"] < 0 < m["critic/advantages/max"], step
         assert m["actor/grad_norm"] > 0, step
     for rank in ("rank0", "rank1"):
-        rows = [golden.load_dump(step, "actor_compute_log_prob", rank)["data"] for step in STEPS]
+        rows = [golden.localization().load_dump(step, "actor_compute_log_prob", rank)["data"] for step in STEPS]
         linear = [k for k in rows[0] if k.startswith("Functional.linear.")]
         assert linear and all(rows[0][k]["input_args"][1]["dtype"] == "torch.bfloat16" for k in linear)
         for before, after in itertools.pairwise(rows):

@@ -66,11 +66,12 @@ def check_task(s: ScenarioBase) -> None:
 
 
 def check_level(s: ScenarioBase) -> None:
-    """``level: auto`` needs the built-in runner: it writes the stage inputs and outputs the L0 dump lacks."""
+    """``level: auto`` needs each stage's inputs and outputs beside the L0 dump: the built-in runner writes them, and
+    on the CPU the gate's extension in verl's processes; a command's own process does not."""
     if s.localizes and not s.allows_auto:
         raise ScenarioError(
-            f"{s.path}: {LEVEL_KEY}: auto needs the built-in runner (it writes each stage's inputs and outputs "
-            f"beside the L0 dump); a {s.kind} scenario sets L0, L1 or mix"
+            f"{s.path}: {LEVEL_KEY}: auto needs each stage's inputs and outputs beside the L0 dump, which the built-in "
+            f"runner and engine: verl on cpu write; a {s.kind} scenario sets L0, L1 or mix"
         )
 
 

@@ -31,8 +31,7 @@ import torch
 
 from precision_harness.runs.runner.stage_outputs import StageOutputs
 from precision_harness.runs.verl_cpu.timeline import StageClock
-
-ENV_STAGE_OUTPUTS = "PRECISION_STAGE_OUTPUTS"
+from precision_harness.runs.verl_engine import STAGE_OUTPUTS_ENV as ENV_STAGE_OUTPUTS
 
 
 @dataclass(frozen=True)
@@ -125,9 +124,10 @@ class StageIO:
             tensor = flat(data.get(key, None)) if hasattr(data, "get") else None
             if tensor is not None:
                 self.inputs.append((name, tensor.detach().clone()))
-        self.trainer = getattr(worker, feed.trainer) if feed.trainer else worker
-        self.recorder = LossRecorder(self.trainer.loss_fn) if feed.losses else None
-        if self.recorder is not None:
+        self.trainer, self.recorder = None, None
+        if feed.losses:  # an update: its TrainingWorker's loss function records each micro-batch
+            self.trainer = getattr(worker, feed.trainer) if feed.trainer else worker
+            self.recorder = LossRecorder(self.trainer.loss_fn)
             self.trainer.loss_fn = self.recorder
 
     def restore(self) -> None:

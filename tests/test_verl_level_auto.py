@@ -1,0 +1,202 @@
+"""``level: auto`` for verl scenarios (issue 31): an L0 dump plus each stage's inputs and outputs from verl's batch.
+
+On the CPU the gate's extension runs in every verl process; around each stage verl's precision
+debugger dumps, it copies what the stage reads from verl's batch and records what it returns
+(runs/verl_cpu/stage_window.py), written as the built-in runner's ``stage_outputs.json``. What is here:
+
+- bad input: ``auto`` off the CPU, one line naming the stage verl cannot feed there;
+- the run's set-up: the variable that turns the capture on, the localisation variant (it runs in the
+  original scenario's folder, stops at the step, dumps one stage at L1);
+- the capture itself, on a stand-in worker in a subprocess (the pytest process never imports torch);
+- end to end (slow): verl's advantage estimators planted in every process (``PRECISION_TEST_PLANT=advantages``)
+  fail ``actor_update[step_1]``, first at the advantages the update read, and the verdict is localised at L1
+  to the first divergent API. The committed goldens' L1 records are today's L1 goldens, byte for byte
+  (tests/test_verl_cpu.py reads them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness_testing import hooks_env
+
+from precision_harness.errors import ScenarioError
+from precision_harness.runs import command_runner, kind_runners, verl_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "verl_cpu"
+SCENARIO = EXAMPLE / "scenarios" / "grpo_dp2_bf16_cpu.yaml"
+
+
+def _scenario():
+    from precision_harness.scenarios.scenario import Scenario
+
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    return Scenario.load(SCENARIO)
+
+
+def test_the_committed_verl_scenarios_gate_at_auto() -> None:
+    scenario = _scenario()
+    assert scenario.level == "auto" and scenario.dump_level == "L0" and scenario.msprobe_config()["level"] == "L0"
+
+
+def test_auto_off_the_cpu_is_one_line_naming_the_stage_verl_cannot_feed(tmp_path: Path) -> None:
+    scenario = _scenario()
+    pd = scenario.config["global_profiler"]["global_tool_config"]["precision_debugger"]
+    pd["stages"].remove("rollout_generate")  # (refused off the cpu on its own, before)
+    scenario.config["invariants"].pop("weight_sync")
+    with pytest.raises(ScenarioError) as err:
+        kind_runners.command_spec(scenario, tmp_path, device="npu")
+    assert str(err.value) == (
+        f"{SCENARIO}: global_profiler.global_tool_config.precision_debugger.level: auto on npu: verl "
+        f"{verl_engine.CHECKED_VERSION} does not feed 'actor_compute_log_prob''s inputs and outputs (the gate's CPU "
+        "extension records them from verl's batch, on cpu only): set level L0, L1 or mix, or run with "
+        "--precision-device cpu"
+    )
+    pd["level"] = "L1"
+    kind_runners.command_spec(scenario, tmp_path, device="npu")  # L1 off the cpu is as before
+
+
+def test_an_auto_run_turns_the_capture_on_and_an_l1_run_does_not(tmp_path: Path) -> None:
+    scenario = _scenario()
+    (tmp_path / "a").mkdir()
+    spec = kind_runners.command_spec(scenario, tmp_path / "a", device="cpu")
+    assert spec.env[verl_engine.STAGE_OUTPUTS_ENV] == "1"
+    assert f"precision gate:   env {verl_engine.STAGE_OUTPUTS_ENV}=1" in spec.header
+    scenario.config["global_profiler"]["global_tool_config"]["precision_debugger"]["level"] = "L1"
+    (tmp_path / "b").mkdir()
+    assert verl_engine.STAGE_OUTPUTS_ENV not in kind_runners.command_spec(scenario, tmp_path / "b", device="cpu").env
+
+
+def test_the_localisation_variant_runs_where_the_scenario_stands_to_its_step_with_one_stage_at_l1(
+    tmp_path: Path,
+) -> None:
+    """Written under the artifacts, the variant still reads ``inputs`` and ``PRECISION_SCENARIO_DIR`` (its overrides'
+    paths) from the scenario's own folder, and runs there; it stops at the step (no ``trainer`` key: a verl
+    scenario's last profiled step ends its run), and keeps the scenario's identity."""
+    scenario = _scenario()
+    variant = scenario.with_overrides(
+        scenario.localize_overrides(2, "actor_update"), directory=tmp_path, name=scenario.name, tag="L1-2"
+    )
+    assert variant.path.parent == tmp_path and variant.folder == SCENARIO.parent
+    assert variant.hash == scenario.hash and variant.level == "L1"
+    assert variant.steps == (2,) and variant.stages == ("actor_update",) and variant.total_steps == 2
+    run = tmp_path / "run"
+    run.mkdir()
+    env = command_runner.command_env(variant, run)
+    assert env[command_runner.ENV_SCENARIO_DIR] == str(SCENARIO.parent.resolve())
+    assert not scenario.localizes_stage("rollout_generate")  # the rollout server's record: no msprobe dump of it
+    assert scenario.localizes_stage("actor_update")
+
+
+def test_a_run_joining_a_ray_leaves_its_resources_to_it_and_they_stay_gate_owned(tmp_path: Path) -> None:
+    """Ray refuses num_cpus and num_gpus from a driver that joins an instance: a joining run drops them (and the
+    dashboard setting), and a scenario still may not set them."""
+    scenario = _scenario()
+    (tmp_path / "a").mkdir()
+    argv = kind_runners.command_spec(scenario, tmp_path / "a", device="cpu", joins_ray=True).argv
+    assert not any(a.startswith(("ray_kwargs.ray_init.num_cpus=", "+ray_kwargs.ray_init.")) for a in argv)
+    own = kind_runners.command_spec(scenario, tmp_path, device="cpu").argv
+    assert "ray_kwargs.ray_init.num_cpus=8" in own and "+ray_kwargs.ray_init.include_dashboard=false" in own
+    scenario.config["verl"]["overrides"]["ray_kwargs.ray_init.num_cpus"] = 4
+    with pytest.raises(ScenarioError, match=r"ray_kwargs\.ray_init\.num_cpus is set by the gate on cpu"):
+        kind_runners.command_spec(scenario, tmp_path / "a", device="cpu", joins_ray=True)
+
+
+CAPTURE = """
+import json, pathlib, sys, torch
+from tensordict import TensorDict
+from precision_harness.runs.verl_cpu.stage_window import FEEDS, StageIO, flat
+from precision_harness.dumps.files import load_dump
+
+class Metric:  # verl's Metric keeps its values as floats in a list
+    def __init__(self, value): self.values = [value]
+
+def jagged(rows):
+    return torch.nested.nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
+
+def ppo_loss(model_output, data, dp_group=None):
+    loss = model_output * 2.0
+    return loss, {"actor/pg_loss": Metric(float(loss)), "kl_loss": Metric(0.25)}
+
+class Trainer:
+    loss_fn = staticmethod(ppo_loss)
+
+class Worker:  # verl's ActorRolloutRefWorker: its actor is the TrainingWorker the update calls
+    actor = Trainer()
+
+worker = Worker()
+data = TensorDict({"advantages": jagged([[1.0, -1.0, 0.5], [2.0]]), "old_log_probs": jagged([[-1.0], [-2.0, -3.0]])},
+                  batch_size=[2])
+io = StageIO(FEEDS["actor_update"], worker, data)
+data["advantages"].values().mul_(100.0)  # the stage may change its batch in place: the copy keeps what it read
+worker.actor.loss_fn(torch.tensor(0.5), data)  # two micro-batches, as verl's engine calls the loss function
+worker.actor.loss_fn(torch.tensor(-1.0), data)
+io.restore()
+result = TensorDict({}, batch_size=[])
+result.set_non_tensor("metrics", {"grad_norm": [0.75]})
+out = pathlib.Path(sys.argv[1])
+io.write(out, result)
+logp = StageIO(FEEDS["actor_compute_log_prob"], worker, data)
+logp.write(out / "logp", TensorDict({"log_probs": jagged([[-1.0, -2.0], [-4.0]]), "entropy": jagged([[1.0], [2.0]])},
+                                    batch_size=[2]))
+dump = load_dump(out / "stage_outputs.json")
+rows = {k: (list(v)[0], v[list(v)[0]][0]["Max"], v[list(v)[0]][0]["Min"]) for k, v in dump["data"].items()}
+print(json.dumps([dump["inputs"], rows, worker.actor.loss_fn is ppo_loss,
+                  sorted(load_dump(out / "logp" / "stage_outputs.json")["data"])]))
+"""
+
+
+def test_the_capture_writes_what_the_stage_read_and_returned_per_micro_and_mini_batch(tmp_path: Path) -> None:
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = subprocess.run(
+        [sys.executable, "-c", CAPTURE, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    inputs, rows, restored, logp = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert inputs == ["Stage.old_log_probs.0.forward", "Stage.advantages.0.forward"]  # the feed's order; no IS weights
+    assert rows == {
+        "Stage.old_log_probs.0.forward": ["input_args", -1.0, -3.0],
+        "Stage.advantages.0.forward": ["input_args", 2.0, -1.0],  # its valid tokens, as read (not the later * 100)
+        "Stage.loss.0.forward": ["output", 1.0, 1.0],
+        "Stage.loss.1.forward": ["output", -2.0, -2.0],
+        "Stage.pg_loss.0.forward": ["output", 1.0, 1.0],
+        "Stage.pg_loss.1.forward": ["output", -2.0, -2.0],
+        "Stage.kl_loss.0.forward": ["output", 0.25, 0.25],
+        "Stage.kl_loss.1.forward": ["output", 0.25, 0.25],
+        "Stage.grad_norm.0.forward": ["output", 0.75, 0.75],
+    }
+    assert restored  # the worker's own loss function is back
+    assert logp == ["Stage.entropy.0.forward", "Stage.old_log_probs.0.forward"]
+
+
+def _gate(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args]
+    return subprocess.run(
+        argv, cwd=EXAMPLE, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800, check=False
+    )
+
+
+@pytest.mark.slow
+def test_e2e_the_verl_advantage_plant_fails_actor_update_at_step_1_localised_to_the_first_divergent_api() -> None:
+    """verl's advantage estimators scaled by 1+1e-4 in every process: the log-prob stages of step 1 pass, and
+    actor_update[step_1] fails first at the advantages it read (a stage input, invisible to its L0 dump), then
+    its rerun to step 1 at L1 names the first API of the update the advantages moved."""
+    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    proc = _gate(str(SCENARIO.relative_to(EXAMPLE)), "-k", "step_1", env=hooks_env(PRECISION_TEST_PLANT="advantages"))
+    out = proc.stdout
+    outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", out))
+    assert outcomes["actor_update[step_1]"] == "FAILED", out[-4000:]
+    for item in ("rollout_generate[step_1]", "actor_compute_log_prob[step_1]", "ref_compute_log_prob[step_1]"):
+        assert outcomes[item] == "PASSED", (item, out[-4000:])
+    assert re.search(r"first divergence\s+rank\d\s+Stage\.advantages\.0\.forward\.input\.0", out), out[-4000:]
+    localized = re.search(
+        r"localized at L1 \(rerun to step_1, [0-9.]+ s\):\n(.*\n){0,2}.*first divergence\s+(?:rank\d\s+)?(\S+)", out
+    )
+    assert localized and not localized.group(2).startswith("Stage."), out[-4000:]
