@@ -216,8 +216,10 @@ def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> Non
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
     scenario = _example(tmp_path)
-    # without what only the CPU support records (the rollout stage, the weight digests)
-    scenario.config["global_profiler"]["global_tool_config"]["precision_debugger"]["stages"].remove("rollout_generate")
+    # without what only the CPU support records (the rollout stage, the weight digests, auto's stage outputs)
+    pd = scenario.config["global_profiler"]["global_tool_config"]["precision_debugger"]
+    pd["stages"].remove("rollout_generate")
+    pd["level"] = "L1"
     scenario.config["invariants"].pop("weight_sync")
     spec = kind_runners.command_spec(scenario, tmp_path, device="cuda")
     argv, env, header = spec.argv, spec.env, spec.header
