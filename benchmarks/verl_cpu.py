@@ -1,26 +1,39 @@
-"""Where a verl CPU scenario's time goes: start-up against the training steps, and the dump's share of a step.
+"""The verl CPU scenarios' cost to a user, as ratios measured within one run (these machines are noisy).
 
-``examples/verl_cpu/`` is copied into a throwaway folder; the scenario (default
-``grpo_dp2_bf16_cpu``: two ranks, bf16, sampled rollouts) is run with ``precision-harness run`` as
-committed (every step dumped at its level) and as a variant dumping only its last step, alternating
-which goes first, ``--repeat`` times. From each run's ``worker.log`` (verl's console logger,
-``timing_s/*`` per step) and its wall time:
+Compared, on the two-rank scenario ``grpo_dp2_bf16_cpu`` checked alone (``cd examples/verl_cpu && pytest
+scenarios/grpo_dp2_bf16_cpu.yaml``, a fresh pytest each time, the wall time of the whole invocation):
 
-- start-up share: ``1 - sum(timing_s/step) / wall`` of the committed scenario (Ray, TransferQueue, the
-  worker processes, model and FSDP2 set-up, the rollout server, and the shut-down);
-- dump share of step 2: ``1 - step_2(variant, not dumped) / step_2(committed, dumped)``, for the whole
-  step and for each dumped stage (``old_log_prob``, ``ref``, ``update_actor``);
-- the wall time of each.
+- ``before``: the same check in a source tree of the commit before issue 31 (``--baseline``, e.g.
+  ``git archive be718c3 | tar -x -C DIR``): L1, verl's own Ray per run, no profile;
+- ``L1``: this tree at L1 (every cut, the scenario and its golden at L1: a throwaway copy of the example
+  with the baseline's L1 golden);
+- ``auto``: this tree as committed (``level: auto``).
 
-Each figure is the minimum over the repeats; the shares are ratios within one invocation, so a
-noisy machine moves them less than the seconds. Nothing is asserted.
+Sections (``--sections``, default all):
 
-Usage: python benchmarks/verl_cpu.py [--repeat N] [--scenario grpo_dp2_bf16_cpu]
+- ``check``: the passing check of each, and the start-up share of its wall time (``1 - steps / wall``, the
+  steps from verl's ``timing_s/step``; this tree also prints its run's profile);
+- ``failing``: the check with verl's advantage estimators planted (``PRECISION_TEST_PLANT=advantages``, each
+  tree's tests/hooks): ``auto`` reruns ``actor_update`` to step 1 at L1 to localise it, ``L1`` and ``before``
+  fail from their L1 dump;
+- ``tests``: the verl part of ``make test`` (``tests/test_verl_*.py``, this tree's ``tests/test_shared_ray.py``)
+  in this tree and in the baseline.
+
+``--tiny PATH`` adds the check of ``grpo_tiny_cpu`` from a checkout of 04b106a (one rank, the scenario
+the issue first measured) to the ``check`` section, for reference. Every tree runs with this
+interpreter and its own source first on ``PYTHONPATH`` (the tree and its ``plugins/``), verl's processes
+too. Runs alternate which tree goes first; each figure is the minimum of ``--repeat`` runs. Nothing is
+asserted.
+
+Usage: python benchmarks/verl_cpu.py --baseline /path/to/be718c3 [--tiny /path/to/04b106a] [--repeat N]
+       [--sections check,failing,tests] (default check,failing)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,79 +42,143 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "verl_cpu"
-TIMING = re.compile(r"step:(\d+) - .*")
-#: verl's timers of the stages the gate dumps, and the whole step
-TIMERS = ("step", "old_log_prob", "ref", "update_actor", "gen")
+sys.path.insert(0, str(REPO))
+
+from precision_harness.progress import profile_line  # noqa: E402
+
+SCENARIO = "grpo_dp2_bf16_cpu"
+RUN = Path(".precision") / "artifacts"
 
 
-def _step_timings(log: str) -> dict[int, dict[str, float]]:
-    """``{step: {timer: seconds}}`` from verl's console lines (``step:2 - ... timing_s/ref:1.3 ...``)."""
-    out: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = TIMING.search(line)
-        if not match:
-            continue
-        timers = dict(re.findall(r"timing_s/(\w+):([0-9.]+)", line))
-        out.setdefault(int(match.group(1)), {}).update({k: float(v) for k, v in timers.items() if k in TIMERS})
-    return out
-
-
-def _run(project: Path, scenario: Path, out: Path) -> tuple[float, dict[int, dict[str, float]]]:
-    shutil.rmtree(out, ignore_errors=True)
+def _pytest(tree: Path, project: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Wall time (s) and output of ``pytest ARGS`` run in ``project`` on ``tree``'s source (``PYTHONPATH``, before
+    ``env``'s own entries)."""
+    shutil.rmtree(project / RUN.parent, ignore_errors=True)
+    env = dict(env or {})
+    path = [str(tree), str(tree / "plugins"), *filter(None, [env.pop("PYTHONPATH", "")])]
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "precision_harness.cli", "run", str(scenario), "--out", str(out)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=project,
+        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)},
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,
     )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"{scenario.name} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall, _step_timings((out / "worker.log").read_text(errors="replace"))
+    return time.perf_counter() - t0, proc.stdout + proc.stderr
 
 
-def _variant(scenario: Path) -> Path:
-    """The scenario dumping only its last step (the earlier steps still run, undumped)."""
-    config = yaml.safe_load(scenario.read_text())
-    config["global_profiler"]["steps"] = [max(config["global_profiler"]["steps"])]
-    config.pop("invariants", None)  # weight_sync and parity are checked at profiled steps only
-    path = scenario.with_name(scenario.stem + "_last_step_dumped.yaml")
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+def _start_up_share(project: Path, scenario: str, wall: float) -> tuple[float, str]:
+    """``1 - steps / wall`` of the scenario's run (verl's timing_s/step from its log), and its profile line."""
+    run = project / RUN / scenario / "run"
+    log = (run / "worker.log").read_text(errors="replace") if (run / "worker.log").is_file() else ""
+    steps = {int(s): float(t) for s, t in re.findall(r"step:(\d+) - .*?timing_s/step:([0-9.]+)", log)}
+    manifest = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+    profile = manifest.get("timings", {}).get("profile")
+    return 1 - sum(steps.values()) / wall, profile_line(profile) if profile else ""
+
+
+def _l1_project(tmp: Path, baseline: Path) -> Path:
+    """This tree's example at L1, with the baseline's L1 golden of the scenario."""
+    project = tmp / "verl_cpu_l1"
+    shutil.copytree(REPO / "examples" / "verl_cpu", project, ignore=shutil.ignore_patterns("golden", ".precision"))
+    shutil.copytree(baseline / "examples" / "verl_cpu" / "golden", project / "golden")
+    for path in (project / "scenarios").glob("*.yaml"):
+        path.write_text(path.read_text().replace("level: auto", "level: L1"))
+    return project
+
+
+def _trees(args: argparse.Namespace, tmp: Path) -> dict[str, tuple[Path, Path]]:
+    """``{name: (tree, project)}`` of the three checks."""
+    return {
+        "before": (args.baseline, args.baseline / "examples" / "verl_cpu"),
+        "L1": (REPO, _l1_project(tmp, args.baseline)),
+        "auto": (REPO, REPO / "examples" / "verl_cpu"),
+    }
+
+
+def _alternating(names: list[str], repeat: int, run) -> dict[str, list]:
+    results: dict[str, list] = {n: [] for n in names}
+    for i in range(repeat):
+        for name in names if i % 2 == 0 else names[::-1]:
+            results[name].append(run(name))
+    return results
+
+
+def check(args: argparse.Namespace, tmp: Path) -> None:
+    trees = _trees(args, tmp)
+    if args.tiny:
+        trees["04b106a grpo_tiny_cpu"] = (args.tiny, args.tiny / "examples" / "verl_cpu")
+
+    def run(name: str) -> tuple[float, float, str]:
+        tree, project = trees[name]
+        scenario = "grpo_tiny_cpu" if "tiny" in name else SCENARIO
+        wall, out = _pytest(tree, project, f"scenarios/{scenario}.yaml")
+        if " failed" in out or " error" in out:
+            sys.exit(f"{name}: the check did not pass:\n{out[-3000:]}")
+        share, line = _start_up_share(project, scenario, wall)
+        print(f"[bench] check {name}: {wall:.1f} s, start-up share {share:.2f} {line}", flush=True)
+        return wall, share, line
+
+    results = _alternating(list(trees), args.repeat, run)
+    best = {n: min(r[0] for r in rs) for n, rs in results.items()}
+    print(f"passing check of {SCENARIO} alone (min of {args.repeat}):")
+    for name, wall in best.items():
+        share = min(r[1] for r in results[name])
+        print(f"  {name:<24} {wall:6.1f} s  start-up share {share:.2f}")
+    print(
+        f"  auto / before {best['auto'] / best['before']:.2f}   L1 / before {best['L1'] / best['before']:.2f}   "
+        f"auto / L1 {best['auto'] / best['L1']:.2f}"
+    )
+
+
+def failing(args: argparse.Namespace, tmp: Path) -> None:
+    trees = _trees(args, tmp)
+
+    def run(name: str) -> float:
+        tree, project = trees[name]
+        env = {"PYTHONPATH": str(tree / "tests" / "hooks"), "PRECISION_TEST_PLANT": "advantages"}
+        wall, out = _pytest(tree, project, f"scenarios/{SCENARIO}.yaml", "-k", "step_1", env=env)
+        localized = re.search(r"localized at L1 \(rerun to step_1, ([0-9.]+) s\)", out)
+        caught = "FAILED scenarios/grpo_dp2_bf16_cpu.yaml::actor_update[step_1]" in out
+        note = f", localised in {localized.group(1)} s" if localized else ""
+        print(f"[bench] failing {name}: {wall:.1f} s (actor_update[step_1] caught: {caught}{note})", flush=True)
+        return wall
+
+    best = {n: min(rs) for n, rs in _alternating(list(trees), args.repeat, run).items()}
+    print(f"failing check (advantages planted, items of step 1; min of {args.repeat}):")
+    for name, wall in best.items():
+        print(f"  {name:<8} {wall:6.1f} s")
+    print(f"  auto / before {best['auto'] / best['before']:.2f}   auto / L1 {best['auto'] / best['L1']:.2f}")
+
+
+def tests(args: argparse.Namespace, tmp: Path) -> None:
+    def run(name: str) -> float:
+        tree = REPO if name == "this tree" else args.baseline
+        files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_verl_*.py"))
+        files += ["tests/test_shared_ray.py"] if name == "this tree" else []
+        wall, out = _pytest(tree, tree, *files, "-q")
+        print(f"[bench] verl tests {name}: {wall:.1f} s: {out.strip().splitlines()[-1]}", flush=True)
+        return wall
+
+    best = {n: min(rs) for n, rs in _alternating(["before", "this tree"], args.repeat, run).items()}
+    print(
+        f"the verl part of make test: before {best['before']:.0f} s, this tree {best['this tree']:.0f} s: "
+        f"{best['this tree'] / best['before']:.2f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, required=True, help="a source tree of be718c3")
+    parser.add_argument("--tiny", type=Path, help="a source tree of 04b106a (grpo_tiny_cpu)")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--scenario", default="grpo_dp2_bf16_cpu")
+    parser.add_argument("--sections", default="check,failing")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="verl-cpu-bench-") as tmp:
-        project = Path(tmp) / "verl_cpu"
-        shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("golden", ".precision"))
-        committed = project / "scenarios" / f"{args.scenario}.yaml"
-        variant = _variant(committed)
-        results: dict[str, list[tuple[float, dict[int, dict[str, float]]]]] = {"committed": [], "variant": []}
-        for i in range(args.repeat):
-            order = [("committed", committed), ("variant", variant)]
-            for name, path in order if i % 2 == 0 else order[::-1]:
-                results[name].append(_run(project, path, Path(tmp) / f"run-{name}"))
-                wall, steps = results[name][-1]
-                seconds = [round(s["step"], 1) for s in steps.values()]
-                print(f"[bench] {name} run {i + 1}: {wall:.1f} s, steps {seconds}")
-    wall = min(w for w, _ in results["committed"])
-    step_sum = min(sum(s["step"] for s in steps.values()) for _, steps in results["committed"])
-    print(f"{args.scenario}: wall {wall:.1f} s; the steps {step_sum:.1f} s; start-up share {1 - step_sum / wall:.2f}")
-    for timer in ("step", "old_log_prob", "ref", "update_actor"):
-        dumped = min(steps[2][timer] for _, steps in results["committed"] if timer in steps.get(2, {}))
-        plain = min(steps[2][timer] for _, steps in results["variant"] if timer in steps.get(2, {}))
-        share = 1 - plain / dumped
-        print(f"  step 2 {timer:<13} dumped {dumped:6.2f} s, not dumped {plain:6.2f} s: dump share {share:.2f}")
+    with tempfile.TemporaryDirectory(prefix="verl-bench-") as tmp:
+        for section in args.sections.split(","):
+            {"check": check, "failing": failing, "tests": tests}[section](args, Path(tmp))
 
 
 if __name__ == "__main__":
