@@ -80,6 +80,12 @@ def _start_up_share(project: Path, scenario: str, wall: float) -> tuple[float, s
     return 1 - sum(steps.values()) / wall, profile_line(profile) if profile else ""
 
 
+def _passed(out: str) -> bool:
+    """pytest's last line says passed, and nothing failed or errored."""
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return " passed" in last and not re.search(r"\b\d+ (failed|errors?)\b", last)
+
+
 @functools.cache
 def _l1_project(tmp: Path) -> Path:
     """This tree's example at L1, its L1 golden of the scenario recorded by this tree (untimed)."""
@@ -88,7 +94,7 @@ def _l1_project(tmp: Path) -> Path:
     for path in (project / "scenarios").glob("*.yaml"):
         path.write_text(path.read_text().replace("level: auto", "level: L1"))
     _, out = _pytest(REPO, project, f"scenarios/{SCENARIO}.yaml", "--precision-golden", "update")
-    if " failed" in out or " error" in out:
+    if not _passed(out):
         sys.exit(f"recording the L1 golden failed:\n{out[-3000:]}")
     return project
 
@@ -119,7 +125,7 @@ def check(args: argparse.Namespace, tmp: Path) -> None:
         tree, project = trees[name]
         scenario = "grpo_tiny_cpu" if "tiny" in name else SCENARIO
         wall, out = _pytest(tree, project, f"scenarios/{scenario}.yaml")
-        if " failed" in out or " error" in out:
+        if not _passed(out):
             sys.exit(f"{name}: the check did not pass:\n{out[-3000:]}")
         share, line = _start_up_share(project, scenario, wall)
         print(f"[bench] check {name}: {wall:.1f} s, start-up share {share:.2f} {line}", flush=True)
