@@ -325,8 +325,9 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
     """verl's GRPO advantages x (1 + 1e-4) in every verl process (tests/hooks ``advantages``), checked against a
     copy of the golden whose manifest says it was recorded on another CPU. actor_update[step_1]'s verdict leads
     with where the change entered, upstream of actor_update (its input, the advantages, is the first value that
-    differs), and names the environment only after the evidence, as not explaining the drift alone: the run's
-    other stage dumps are bit-identical to their goldens on this machine. No replay: nothing to judge at an API.
+    differs: at level auto the stage input Stage.advantages, at L1 in its localisation the loss's input), and names
+    the environment only after the evidence, as not explaining the drift alone: the run's other stage dumps are
+    bit-identical to their goldens on this machine. No replay: nothing to judge at an API.
     """
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     example = tmp_path / "verl_cpu"
@@ -350,9 +351,16 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
     out = proc.stdout
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("actor_update @ step_1, rank0 ("))
+    # level auto: the L0 verdict's first differing value is the stage input the gate takes from verl's batch
     assert lines[head + 1].startswith(
-        "  change entered    the change is upstream of actor_update: its input Tensor.__mul__.23.forward.input.0 is "
-        "the first value that differs"
+        "  change entered    the change is upstream of actor_update: its input Stage.advantages.0.forward.input.0 "
+        "is the first value that differs"
+    ), out[-4000:]
+    # and its L1 localisation names the first API input that differs: the advantages entering the loss
+    localized = next(i for i, line in enumerate(lines) if line.startswith("  localized at L1 (rerun to step_1, "))
+    assert lines[localized + 2].startswith(
+        "    change entered    the change is upstream of actor_update: its input Tensor.__mul__.23.forward.input.0 "
+        "is the first value that differs"
     ), out[-4000:]
     verdict = lines[head : next(i for i in range(head, len(lines)) if lines[i].startswith("  rerun "))]
     environment = next(i for i, line in enumerate(verdict) if line.startswith("  environment differs"))
