@@ -20,10 +20,10 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from pytest_timing import timed_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 HOOKS = REPO / "tests" / "hooks"
@@ -32,24 +32,7 @@ PLANT = "linear_bf16"
 
 def _pytest(project: Path, *args: str) -> float:
     """Wall time of ``pytest ARGS`` in ``project`` with the plant; exits unless the gate failed (exit 1)."""
-    path = os.pathsep.join([str(HOOKS), str(REPO), str(REPO / "plugins")])
-    env = {**os.environ, "PYTHONPATH": path, "PRECISION_TEST_PLANT": PLANT}
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 1:
-        sys.exit(
-            f"pytest {' '.join(args)} exited {proc.returncode} in {project} (a failing gate expected):\n"
-            f"{proc.stdout[-3000:]}"
-        )
-    return wall
+    return timed_pytest(project, list(args), paths=[HOOKS], env={"PRECISION_TEST_PLANT": PLANT}, expect=1, timeout=3600)
 
 
 def _judged(project: Path) -> dict[str, float]:

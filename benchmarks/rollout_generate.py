@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from pytest_timing import timed_pytest
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = "rollout_generate"
@@ -28,20 +27,7 @@ STAGE = "rollout_generate"
 
 def _pytest(project: Path, *args: str) -> float:
     """Wall time of ``pytest ARGS`` in ``project``; exits on a failing run."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")])}
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.exit(f"pytest {' '.join(args)} failed in {project}:\n{proc.stdout[-3000:]}")
-    return wall
+    return timed_pytest(project, list(args), paths=[], env={}, expect=0, timeout=900)
 
 
 def _rollout_seconds(project: Path, name: str) -> float:
