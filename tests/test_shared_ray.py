@@ -31,7 +31,8 @@ wait_ready()  # what the CPU extension does in verl's driver before ray.init
 run = pathlib.Path(os.environ["PRECISION_DUMP_DIR"])
 job = json.loads(os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]["env_vars"]
 seen = {"address": os.environ["RAY_ADDRESS"], "workdir": job["PRECISION_WORKDIR"], "mode": os.environ["FAKE_MODE"],
-        "mark_in_job": job["PRECISION_RUN_ID"] == os.environ["PRECISION_RUN_ID"]}
+        "mark_in_job": job["PRECISION_RUN_ID"] == os.environ["PRECISION_RUN_ID"],
+        "ray_folder": str(pathlib.Path(os.environ["PRECISION_RAY_READY"]).parent)}
 with open(pathlib.Path(__file__).parent / "seen.jsonl", "a") as fh:
     fh.write(json.dumps(seen) + "\\n")
 mode = os.environ["FAKE_MODE"]
@@ -96,6 +97,14 @@ def _left_in(project: Path, grace: float = 10.0) -> list[str]:
         time.sleep(0.5)
 
 
+def _gone_after(folder: Path, grace: float = 20.0) -> list[str]:
+    """What is still in ``folder`` after ``grace`` seconds (nothing, once it is removed)."""
+    deadline = time.monotonic() + grace
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
 def _seen(project: Path) -> list[dict]:
     return [json.loads(line) for line in (project / "seen.jsonl").read_text().splitlines()]
 
@@ -123,7 +132,8 @@ def test_a_shared_ray_that_dies_fails_its_run_in_one_line_and_the_next_run_start
 
 @pytest.mark.slow
 def test_ctrl_c_of_a_session_sharing_one_ray_leaves_nothing_behind(tmp_path: Path) -> None:
-    """SIGINT to pytest while a verl run hangs on the shared instance: the run and the instance both go."""
+    """SIGINT to pytest while a verl run hangs on the shared instance: the run and the instance both go, and the
+    instance's temp folder (``/tmp/prray-*``) with them."""
     project = _project(tmp_path / "p", {"hangs": "hang"})
     proc = _gate(project, "--precision-golden", "update")
     deadline = time.monotonic() + 300
@@ -133,6 +143,8 @@ def test_ctrl_c_of_a_session_sharing_one_ray_leaves_nothing_behind(tmp_path: Pat
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert not _left_in(project)
+    (seen,) = _seen(project)
+    assert not _gone_after(Path(seen["ray_folder"]))
 
 
 @pytest.mark.slow
@@ -146,20 +158,23 @@ def test_a_run_past_its_timeout_on_the_shared_ray_is_one_line_and_leaves_nothing
 
 @pytest.mark.slow
 def test_the_shared_ray_goes_with_the_process_that_started_it_however_it_ends(tmp_path: Path) -> None:
-    """The gate process killed outright (no chance to take Ray down): the watcher notices and takes Ray down."""
+    """The gate process killed outright (no chance to take Ray down): the watcher notices, takes Ray down and
+    removes the instance's temp folder."""
     work = tmp_path / "w"
     work.mkdir()
     code = (
         "import time\nfrom precision_harness.runs import shared_ray\nfrom precision_harness.runs.ray_head import "
         "wait_ready\nwith shared_ray.shared().lease() as lease:\n    wait_ready(str(lease.ready))\n"
-        "    print('up', flush=True)\n    time.sleep(600)\n"
+        "    print(lease.ready.parent, flush=True)\n    time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=work, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "up"
+    folder = Path(proc.stdout.readline().strip())
+    assert folder.name.startswith("prray-") and (folder / "ready").is_file()
     assert _left_in(work, grace=0)  # Ray is there
     proc.kill()
     proc.wait()
     assert not _left_in(work, grace=20)
+    assert not _gone_after(folder)
 
 
 def test_a_lease_hands_a_driver_the_run_variables_and_verl_keeps_its_own() -> None:

@@ -5,8 +5,9 @@ Started by :class:`precision_harness.runs.shared_ray.SharedRay` (the gate's proc
 owner ends (any way: a finished session, Ctrl-C, a kill) or the watcher is told to stop (SIGTERM,
 SIGINT, SIGHUP), it kills every process of that Ray instance: each carries the instance's
 ``PRECISION_RUN_ID`` mark in its environment (GCS, raylet, agents and workers inherit it), and the
-mark finds them (:func:`precision_harness.runs.processes.reap`). So no Ray process outlives the
-gate process that started it, even one killed before it could tear Ray down itself.
+mark finds them (:func:`precision_harness.runs.processes.reap`); then it removes the instance's temp folder
+(``/tmp/prray-*``: sockets, logs, the ready file). So no Ray process, and no file of it, outlives the gate
+process that started it, even one killed before it could tear Ray down itself.
 
 :func:`wait_ready` is what a verl driver does before ``ray.init`` (the CPU extension calls it): the
 driver's imports and Ray's start-up overlap.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stop and os.getppid() == args.owner:
             time.sleep(0.2)
     take_down(args.mark, args.ready.parent)
+    # the owner removes the folder when it stops Ray itself; killed, or interrupted mid-teardown, it cannot
+    shutil.rmtree(args.ready.parent, ignore_errors=True)
     return 0
 
 
