@@ -19,14 +19,19 @@ Sections (``--sections``, default all):
 - ``tests``: the verl part of ``make test`` (``tests/test_verl_*.py``, this tree's ``tests/test_shared_ray.py``)
   in this tree and in the baseline.
 
-``--tiny PATH`` adds the check of ``grpo_tiny_cpu`` from a checkout of 04b106a (one rank, the scenario
-the issue first measured) to the ``check`` section, for reference. Every tree runs with this
+- ``tiny`` (``--tiny PATH``, a checkout of 04b106a): the issue's own pairing, ``grpo_tiny_cpu`` (one rank, fp32,
+  rollouts pinned, the scenario the issue first measured at 121 s) checked alone in 04b106a (L1, verl's
+  own Ray, 8 agent-loop and 8 reward workers) and in this tree at ``auto`` and at L1 (04b106a's scenario
+  file in a throwaway copy of this tree's example, the gate-owned ``rollout.tensor_model_parallel_size``
+  dropped; its golden recorded by this tree first, untimed).
+
+Every tree runs with this
 interpreter and its own source first on ``PYTHONPATH`` (the tree and its ``plugins/``), verl's processes
 too. Runs alternate which tree goes first; each figure is the minimum of ``--repeat`` runs. Nothing is
 asserted.
 
 Usage: python benchmarks/verl_cpu.py --baseline /path/to/be718c3 [--tiny /path/to/04b106a] [--repeat N]
-       [--sections check,failing,tests] (default check,failing)
+       [--sections check,failing,tests,tiny] (default check,failing; tiny needs --tiny)
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ def _l1_project(tmp: Path) -> Path:
 
 def _trees(args: argparse.Namespace, tmp: Path) -> dict[str, tuple[Path, Path]]:
     """``{name: (tree, project)}`` of the three checks."""
+    if not args.baseline:
+        sys.exit("the check, failing and tests sections need --baseline PATH (a source tree of be718c3)")
     return {
         "before": (args.baseline, args.baseline / "examples" / "verl_cpu"),
         "L1": (REPO, _l1_project(tmp)),
@@ -116,20 +123,65 @@ def _alternating(names: list[str], repeat: int, run) -> dict[str, list]:
     return results
 
 
+TINY = "grpo_tiny_cpu"
+
+
+def _tiny_project(tmp: Path, old_tree: Path, level: str) -> Path:
+    """This tree's example with 04b106a's ``grpo_tiny_cpu`` at ``level``, its golden recorded by this tree (untimed)."""
+    project = tmp / f"verl_cpu_tiny_{level}"
+    shutil.copytree(REPO / "examples" / "verl_cpu", project, ignore=shutil.ignore_patterns("golden", ".precision"))
+    for path in (project / "scenarios").glob("*.yaml"):
+        path.unlink()
+    text = (old_tree / "examples" / "verl_cpu" / "scenarios" / f"{TINY}.yaml").read_text()
+    lines = [ln for ln in text.splitlines() if "rollout.tensor_model_parallel_size" not in ln]
+    (project / "scenarios" / f"{TINY}.yaml").write_text("\n".join(lines).replace("level: L1", f"level: {level}") + "\n")
+    _, out = _pytest(REPO, project, f"scenarios/{TINY}.yaml", "--precision-golden", "update")
+    if not _passed(out):
+        sys.exit(f"recording {TINY}'s golden at {level} with this tree failed:\n{out[-3000:]}")
+    return project
+
+
+def _check_once(name: str, tree: Path, project: Path, scenario: str, *extra: str) -> tuple[float, float, str]:
+    wall, out = _pytest(tree, project, f"scenarios/{scenario}.yaml", *extra)
+    if not _passed(out):
+        sys.exit(f"{name}: the check did not pass:\n{out[-3000:]}")
+    share, line = _start_up_share(project, scenario, wall)
+    print(f"[bench] check {name}: {wall:.1f} s, start-up share {share:.2f} {line}", flush=True)
+    return wall, share, line
+
+
+def tiny(args: argparse.Namespace, tmp: Path) -> None:
+    if not args.tiny:
+        sys.exit("the tiny section needs --tiny PATH (a source tree of 04b106a)")
+    # 04b106a's example had no pytest.ini: its tests named the golden folder (and kept the default timeout)
+    old = (args.tiny / "examples" / "verl_cpu").resolve()
+    trees = {
+        "04b106a": (args.tiny, old, "-o", f"precision_golden_dir={old / 'golden'}"),
+        "this tree, L1": (REPO, _tiny_project(tmp, args.tiny, "L1")),
+        "this tree, auto": (REPO, _tiny_project(tmp, args.tiny, "auto")),
+    }
+
+    def run(name: str) -> tuple[float, float, str]:
+        tree, project, *extra = trees[name]
+        return _check_once(name, tree, project, TINY, *extra)
+
+    results = _alternating(list(trees), args.repeat, run)
+    best = {n: min(r[0] for r in rs) for n, rs in results.items()}
+    print(f"passing check of {TINY} alone (min of {args.repeat}):")
+    for name, wall in best.items():
+        print(f"  {name:<16} {wall:6.1f} s  start-up share {min(r[1] for r in results[name]):.2f}")
+    print(
+        f"  auto / 04b106a {best['this tree, auto'] / best['04b106a']:.2f}   "
+        f"L1 / 04b106a {best['this tree, L1'] / best['04b106a']:.2f}"
+    )
+
+
 def check(args: argparse.Namespace, tmp: Path) -> None:
     trees = _trees(args, tmp)
-    if args.tiny:
-        trees["04b106a grpo_tiny_cpu"] = (args.tiny, args.tiny / "examples" / "verl_cpu")
 
     def run(name: str) -> tuple[float, float, str]:
         tree, project = trees[name]
-        scenario = "grpo_tiny_cpu" if "tiny" in name else SCENARIO
-        wall, out = _pytest(tree, project, f"scenarios/{scenario}.yaml")
-        if not _passed(out):
-            sys.exit(f"{name}: the check did not pass:\n{out[-3000:]}")
-        share, line = _start_up_share(project, scenario, wall)
-        print(f"[bench] check {name}: {wall:.1f} s, start-up share {share:.2f} {line}", flush=True)
-        return wall, share, line
+        return _check_once(name, tree, project, SCENARIO)
 
     results = _alternating(list(trees), args.repeat, run)
     best = {n: min(r[0] for r in rs) for n, rs in results.items()}
@@ -164,6 +216,9 @@ def failing(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def tests(args: argparse.Namespace, tmp: Path) -> None:
+    if not args.baseline:
+        sys.exit("the tests section needs --baseline PATH (a source tree of be718c3)")
+
     def run(name: str) -> float:
         tree = REPO if name == "this tree" else args.baseline
         files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_verl_*.py"))
@@ -181,14 +236,14 @@ def tests(args: argparse.Namespace, tmp: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", type=Path, required=True, help="a source tree of be718c3")
+    parser.add_argument("--baseline", type=Path, help="a source tree of be718c3 (check, failing, tests)")
     parser.add_argument("--tiny", type=Path, help="a source tree of 04b106a (grpo_tiny_cpu)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--sections", default="check,failing")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="verl-bench-") as tmp:
         for section in args.sections.split(","):
-            {"check": check, "failing": failing, "tests": tests}[section](args, Path(tmp))
+            {"check": check, "failing": failing, "tests": tests, "tiny": tiny}[section](args, Path(tmp))
 
 
 if __name__ == "__main__":
