@@ -8,23 +8,21 @@ debugger dumps, it copies what the stage reads from verl's batch and records wha
 - the run's set-up: the variable that turns the capture on, the localisation variant (it runs in the
   original scenario's folder, stops at the step, dumps one stage at L1);
 - the capture itself, on a stand-in worker in a subprocess (the pytest process never imports torch);
-- end to end (slow): verl's advantage estimators planted in every process (``PRECISION_TEST_PLANT=advantages``)
-  fail ``actor_update[step_1]``, first at the advantages the update read, and the verdict is localised at L1
-  to the first divergent API. The committed goldens' L1 records are today's L1 goldens, byte for byte
+- end to end, in tests/test_verl_cpu_users_config.py (one verl run and its localisation serve both): verl's
+  advantage estimators planted in every process (``PRECISION_TEST_PLANT=advantages``) fail
+  ``actor_update[step_1]``, first at the advantages the update read, and the verdict is localised at L1 to the
+  first divergent API. The committed goldens' L1 records are today's L1 goldens, byte for byte
   (tests/test_verl_cpu.py reads them).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import hooks_env
 
 from precision_harness.errors import ScenarioError
 from precision_harness.runs import command_runner, kind_runners, verl_engine
@@ -174,29 +172,3 @@ def test_the_capture_writes_what_the_stage_read_and_returned_per_micro_and_mini_
     }
     assert restored  # the worker's own loss function is back
     assert logp == ["Stage.entropy.0.forward", "Stage.old_log_probs.0.forward"]
-
-
-def _gate(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args]
-    return subprocess.run(
-        argv, cwd=EXAMPLE, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800, check=False
-    )
-
-
-@pytest.mark.slow
-def test_e2e_the_verl_advantage_plant_fails_actor_update_at_step_1_localised_to_the_first_divergent_api() -> None:
-    """verl's advantage estimators scaled by 1+1e-4 in every process: the log-prob stages of step 1 pass, and
-    actor_update[step_1] fails first at the advantages it read (a stage input, invisible to its L0 dump), then
-    its rerun to step 1 at L1 names the first API of the update the advantages moved."""
-    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    proc = _gate(str(SCENARIO.relative_to(EXAMPLE)), "-k", "step_1", env=hooks_env(PRECISION_TEST_PLANT="advantages"))
-    out = proc.stdout
-    outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", out))
-    assert outcomes["actor_update[step_1]"] == "FAILED", out[-4000:]
-    for item in ("rollout_generate[step_1]", "actor_compute_log_prob[step_1]", "ref_compute_log_prob[step_1]"):
-        assert outcomes[item] == "PASSED", (item, out[-4000:])
-    assert re.search(r"first divergence\s+rank\d\s+Stage\.advantages\.0\.forward\.input\.0", out), out[-4000:]
-    localized = re.search(
-        r"localized at L1 \(rerun to step_1, [0-9.]+ s\):\n(.*\n){0,2}.*first divergence\s+(?:rank\d\s+)?(\S+)", out
-    )
-    assert localized and not localized.group(2).startswith("Stage."), out[-4000:]
