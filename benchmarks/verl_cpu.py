@@ -91,25 +91,40 @@ def _passed(out: str) -> bool:
     return " passed" in last and not re.search(r"\b\d+ (failed|errors?)\b", last)
 
 
+def _example_copy(project: Path) -> Path:
+    """A throwaway copy of this tree's example, without its goldens and artifacts."""
+    shutil.copytree(REPO / "examples" / "verl_cpu", project, ignore=shutil.ignore_patterns("golden", ".precision"))
+    return project
+
+
+def _recorded(project: Path, scenario: str) -> Path:
+    """``project`` once this tree has recorded ``scenario``'s golden there (untimed); exits if recording fails."""
+    _, out = _pytest(REPO, project, f"scenarios/{scenario}.yaml", "--precision-golden", "update")
+    if not _passed(out):
+        sys.exit(f"recording {scenario}'s golden in {project} failed:\n{out[-3000:]}")
+    return project
+
+
 @functools.cache
 def _l1_project(tmp: Path) -> Path:
     """This tree's example at L1, its L1 golden of the scenario recorded by this tree (untimed)."""
-    project = tmp / "verl_cpu_l1"
-    shutil.copytree(REPO / "examples" / "verl_cpu", project, ignore=shutil.ignore_patterns("golden", ".precision"))
+    project = _example_copy(tmp / "verl_cpu_l1")
     for path in (project / "scenarios").glob("*.yaml"):
         path.write_text(path.read_text().replace("level: auto", "level: L1"))
-    _, out = _pytest(REPO, project, f"scenarios/{SCENARIO}.yaml", "--precision-golden", "update")
-    if not _passed(out):
-        sys.exit(f"recording the L1 golden failed:\n{out[-3000:]}")
-    return project
+    return _recorded(project, SCENARIO)
+
+
+def _baseline(args: argparse.Namespace) -> Path:
+    if not args.baseline:
+        sys.exit("the check, failing and tests sections need --baseline PATH (a source tree of be718c3)")
+    return args.baseline
 
 
 def _trees(args: argparse.Namespace, tmp: Path) -> dict[str, tuple[Path, Path]]:
     """``{name: (tree, project)}`` of the three checks."""
-    if not args.baseline:
-        sys.exit("the check, failing and tests sections need --baseline PATH (a source tree of be718c3)")
+    baseline = _baseline(args)
     return {
-        "before": (args.baseline, args.baseline / "examples" / "verl_cpu"),
+        "before": (baseline, baseline / "examples" / "verl_cpu"),
         "L1": (REPO, _l1_project(tmp)),
         "auto": (REPO, REPO / "examples" / "verl_cpu"),
     }
@@ -128,17 +143,13 @@ TINY = "grpo_tiny_cpu"
 
 def _tiny_project(tmp: Path, old_tree: Path, level: str) -> Path:
     """This tree's example with 04b106a's ``grpo_tiny_cpu`` at ``level``, its golden recorded by this tree (untimed)."""
-    project = tmp / f"verl_cpu_tiny_{level}"
-    shutil.copytree(REPO / "examples" / "verl_cpu", project, ignore=shutil.ignore_patterns("golden", ".precision"))
+    project = _example_copy(tmp / f"verl_cpu_tiny_{level}")
     for path in (project / "scenarios").glob("*.yaml"):
         path.unlink()
     text = (old_tree / "examples" / "verl_cpu" / "scenarios" / f"{TINY}.yaml").read_text()
     lines = [ln for ln in text.splitlines() if "rollout.tensor_model_parallel_size" not in ln]
     (project / "scenarios" / f"{TINY}.yaml").write_text("\n".join(lines).replace("level: L1", f"level: {level}") + "\n")
-    _, out = _pytest(REPO, project, f"scenarios/{TINY}.yaml", "--precision-golden", "update")
-    if not _passed(out):
-        sys.exit(f"recording {TINY}'s golden at {level} with this tree failed:\n{out[-3000:]}")
-    return project
+    return _recorded(project, TINY)
 
 
 def _check_once(name: str, tree: Path, project: Path, scenario: str, *extra: str) -> tuple[float, float, str]:
@@ -216,11 +227,10 @@ def failing(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def tests(args: argparse.Namespace, tmp: Path) -> None:
-    if not args.baseline:
-        sys.exit("the tests section needs --baseline PATH (a source tree of be718c3)")
+    baseline = _baseline(args)
 
     def run(name: str) -> float:
-        tree = REPO if name == "this tree" else args.baseline
+        tree = REPO if name == "this tree" else baseline
         files = sorted(str(p.relative_to(tree)) for p in (tree / "tests").glob("test_verl_*.py"))
         files += ["tests/test_shared_ray.py"] if name == "this tree" else []
         wall, out = _pytest(tree, tree, *files, "-q")
