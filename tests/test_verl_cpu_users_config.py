@@ -249,6 +249,11 @@ def test_rollout_correction_measured_a_real_mismatch_and_the_rollouts_follow_the
 # --- end to end: planted regressions (verl's real trainer, about a minute each on 2 cores) -------------------
 
 
+def _outcomes(stdout: str) -> dict[str, str]:
+    """``{item: PASSED|FAILED|ERROR}`` from a ``pytest -v`` run's output."""
+    return dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", stdout))
+
+
 def _check(**plants: str) -> tuple[dict[str, str], str]:
     """Check the scenario from the example's folder with ``plants`` in every process: ``{item: outcome}``, stdout."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
@@ -261,7 +266,7 @@ def _check(**plants: str) -> tuple[dict[str, str], str]:
         timeout=1200,
         check=False,
     )
-    outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", proc.stdout))
+    outcomes = _outcomes(proc.stdout)
     assert len(outcomes) == 19, proc.stdout[-4000:]
     assert not left_behind(EXAMPLE / ".precision")
     return outcomes, proc.stdout
@@ -352,7 +357,7 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
         check=False,
     )
     out = proc.stdout
-    outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", out))
+    outcomes = _outcomes(out)
     failed = {item for item, outcome in outcomes.items() if outcome != "PASSED"}
     assert failed == {"actor_update[step_1]"}, out[-4000:]
     passed = {f"{item}[step_1]" for item in PIPELINE if item != "actor_update"}
