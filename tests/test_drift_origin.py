@@ -46,6 +46,20 @@ def test_data_no_api_of_the_stage_computed_is_upstream(dumps, tmp_path: Path) ->
     )
 
 
+def test_an_input_of_another_dtype_is_where_the_change_entered(dumps, tmp_path: Path) -> None:
+    """The linear's data input arrives as int64 with the golden's statistics (a mask where the golden had weights
+    of 1.0): the API did not compute differently, its input changed; msprobe's statistics alone cannot tell."""
+
+    def as_int(d):
+        d["Functional.linear.0.forward"]["input_args"][0].update(dtype="torch.int64")
+        d["Functional.linear.0.forward"]["output"][0].update(Max=3.5)
+
+    origin = _origin(dumps, tmp_path, as_int)
+    assert origin is not None and origin.kind is OriginKind.UPSTREAM
+    assert origin.row == "Functional.linear.0.forward.input.0" and origin.structural
+    assert origin.summary.endswith("; its dtype or shape differs from the golden's")
+
+
 def test_a_python_value_passed_to_an_api_is_upstream(dumps, tmp_path: Path) -> None:
     def lr(d):
         d["Tensor.add_.0.forward"] = api([tensor(), {"type": "float", "value": -0.11}], [tensor()])

@@ -190,6 +190,8 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
     t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
     if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
         v.problem(f"{row.name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
+        # it differs, whatever its statistics: where a change entered (check.drift_origin) must see it
+        v.profile.append((v.rank, row.order, row.name, math.inf))
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
     mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))

@@ -2,9 +2,10 @@
 
 A stage's first divergent row (the first statistic beyond tolerance, in execution order) is where
 the drift became visible. Where the change *entered* is the earliest row that differs at all
-(:attr:`~precision_harness.check.compare.StageVerdict.profile`: a worst ratio above 0), at or
-before it, on any rank: every recorded value before that row equals the golden's, so whatever
-made it differ did not come from an API of the stage msprobe recorded. Its place in the dump says
+(:attr:`~precision_harness.check.compare.StageVerdict.profile`: a worst ratio above 0, or another
+dtype or shape than the golden's, whose statistics may still match), at or before it, on any rank:
+every recorded value before that row equals the golden's, so whatever made it differ did not come
+from an API of the stage msprobe recorded. Its place in the dump says
 which of four kinds of change it is, checked in this order:
 
 =============  ===============================================================  ===============================
@@ -30,6 +31,7 @@ requires grad, as a weight (docs/triage.md, "When not to trust them").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -67,6 +69,7 @@ class DriftOrigin:
         stage: the stage's name (``actor_update``).
         first_divergence: the first row beyond tolerance (equal to ``row`` when the change passed
             tolerance where it entered).
+        structural: ``row``'s dtype or shape differs from the golden's (its statistics may not).
     """
 
     kind: OriginKind
@@ -75,17 +78,20 @@ class DriftOrigin:
     rank: str
     stage: str
     first_divergence: str
+    structural: bool = False
 
     @property
     def below_tolerance(self) -> bool:
         """The change entered within tolerance and passed it later (at :attr:`first_divergence`)."""
-        return self.row != self.first_divergence
+        return self.row != self.first_divergence and not self.structural
 
     @property
     def summary(self) -> str:
         """What the verdict's classification line says (after its label)."""
         text = _SUMMARIES[self.kind](self)
-        if self.below_tolerance:
+        if self.structural:
+            text += "; its dtype or shape differs from the golden's"
+        elif self.below_tolerance:
             text += "; within tolerance there, it passes tolerance at the first divergence below"
         return text
 
@@ -136,16 +142,17 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
     if first is None:
         return None
     changed = [
-        (order, rank, name) for rank, order, name, ratio in verdict.profile if ratio > 0 and order <= first.order
+        (order, rank, name, ratio) for rank, order, name, ratio in verdict.profile if ratio > 0 and order <= first.order
     ]
-    _, rank, name = min(changed, default=(first.order, first.rank, first.tensor))
+    _, rank, name, ratio = min(changed, default=(first.order, first.rank, first.tensor, first.ratio))
     table = rows(target.load(rank))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
         row, name, rank = {"api": _api_of(first.tensor), "state": "output"}, first.tensor, first.rank
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
-    return DriftOrigin(_kind(row, has_inputs=has_inputs), name, api, rank, verdict.stage, first.tensor)
+    kind = _kind(row, has_inputs=has_inputs)
+    return DriftOrigin(kind, name, api, rank, verdict.stage, first.tensor, structural=math.isinf(ratio))
 
 
 def _kind(row: dict[str, Any], *, has_inputs: bool) -> OriginKind:
