@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import multiprocessing.forkserver
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -74,6 +76,16 @@ def test_warm_worker_error_is_the_worker_s_one_line(tmp_path: Path) -> None:
     assert "scenario run failed: ValueError: data.max_prompt_length: prompt" in message
     assert message.endswith("worker.log)") and "\n" not in message
     assert "Traceback" in (tmp_path / "run" / "worker.log").read_text()
+
+
+def test_a_worker_ended_by_a_signal_is_named_with_its_last_log_line(tmp_path: Path) -> None:
+    """A crash writes no error.txt: the one line names the signal and keeps the log's last line (CI drops logs)."""
+    log = tmp_path / "worker.log"
+    crash = "import ctypes; print('step_2 actor_update', flush=True); print(); ctypes.string_at(0)"
+    with open(log, "wb") as fh:
+        code = subprocess.run([sys.executable, "-c", crash], stdout=fh, stderr=subprocess.STDOUT).returncode
+    assert launch.exit_reason(code, log) == "killed by SIGSEGV (exit code -11); last log line: step_2 actor_update"
+    assert launch.exit_reason(3, tmp_path / "absent.log") == "exit code 3"
 
 
 def test_warm_worker_past_its_timeout_is_killed_and_one_line(tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ with the worker's one-line reason and the log's path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -111,10 +113,26 @@ def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options
     wall = time.perf_counter() - t0
     if returncode != 0:
         error = out_dir / "error.txt"
-        reason = error.read_text(encoding="utf-8").strip() if error.is_file() else f"exit code {returncode}"
+        reason = error.read_text(encoding="utf-8").strip() if error.is_file() else exit_reason(returncode, log)
         raise RunFailedError(f"{display_path(scenario.path)}: scenario run failed: {reason} (log: {display_path(log)})")
     run_json = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
     return RunResult(scenario=scenario.name, run_dir=out_dir, run_json=run_json, wall_s=wall)
+
+
+def exit_reason(returncode: int, log: Path) -> str:
+    """Why a worker that wrote no ``error.txt`` failed, in one line: its exit code, the signal that ended it
+    (a negative code: a crash such as SIGSEGV, or a kill from outside), and the last line of its log, so the
+    reason survives a CI job whose artifacts are gone."""
+    why = f"exit code {returncode}"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            why = f"killed by {signal.Signals(-returncode).name} (exit code {returncode})"
+    try:
+        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        lines = []
+    last = next((line for line in reversed(lines) if line), "")
+    return f"{why}; last log line: {last[:300]}" if last else why
 
 
 def _command(scenario: Scenario, *, out_dir: Path, device: str, options: RunOptions, on_ray: bool) -> list[str]:
