@@ -10,6 +10,7 @@ agents or watcher (every process whose working directory is the session's projec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,11 +75,43 @@ def _project(root: Path, modes: dict[str, str]) -> Path:
     return root
 
 
-def _gate(project: Path, *args: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--precision-device", "cpu", *args]
-    return subprocess.Popen(
-        argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+def _default_sigint() -> None:
+    # a job a shell starts in the background inherits SIGINT ignored; a user's pytest takes Ctrl-C
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def gate() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start ``pytest ARGS`` in a project, as a user's session of its own; whatever a failed test left of it goes."""
+    started: list[subprocess.Popen] = []
+
+    def start(project: Path, *args: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--precision-device", "cpu", *args]
+        proc = subprocess.Popen(
+            argv,
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_for_hang(project: Path, proc: subprocess.Popen) -> None:
+    """Until the stand-in's run hangs on the shared instance (Ray up, the run started)."""
+    deadline = time.monotonic() + 300
+    while not (project / "hanging").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
 
 
 def _left_in(project: Path, grace: float = 10.0) -> list[str]:
@@ -110,12 +144,14 @@ def _seen(project: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_shared_ray_that_dies_fails_its_run_in_one_line_and_the_next_run_starts_a_fresh_one(tmp_path: Path) -> None:
+def test_a_shared_ray_that_dies_fails_its_run_in_one_line_and_the_next_run_starts_a_fresh_one(
+    tmp_path: Path, gate
+) -> None:
     """Two verl scenarios in one session: the first's run kills the shared instance under it and fails with a line
     saying so; the second runs on a fresh instance (another address) and is recorded. Each run's Ray workers get
     its variables and its working directory. Nothing is left when the session ends."""
     project = _project(tmp_path / "p", {"a_kills_ray": "kill_ray", "b_runs": "ok"})
-    proc = _gate(project, "--precision-golden", "update")
+    proc = gate(project, "--precision-golden", "update")
     out, _ = proc.communicate(timeout=600)
     assert re.search(
         r"a_kills_ray\.yaml: the session's shared Ray instance \(127\.0\.0\.1:\d+\) failed during the run: it stopped; "
@@ -131,15 +167,12 @@ def test_a_shared_ray_that_dies_fails_its_run_in_one_line_and_the_next_run_start
 
 
 @pytest.mark.slow
-def test_ctrl_c_of_a_session_sharing_one_ray_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_ctrl_c_of_a_session_sharing_one_ray_leaves_nothing_behind(tmp_path: Path, gate) -> None:
     """SIGINT to pytest while a verl run hangs on the shared instance: the run and the instance both go, and the
     instance's temp folder (``/tmp/prray-*``) with them."""
     project = _project(tmp_path / "p", {"hangs": "hang"})
-    proc = _gate(project, "--precision-golden", "update")
-    deadline = time.monotonic() + 300
-    while not (project / "hanging").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.5)
+    proc = gate(project, "--precision-golden", "update")
+    _wait_for_hang(project, proc)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert not _left_in(project)
@@ -148,9 +181,9 @@ def test_ctrl_c_of_a_session_sharing_one_ray_leaves_nothing_behind(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_run_past_its_timeout_on_the_shared_ray_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+def test_a_run_past_its_timeout_on_the_shared_ray_is_one_line_and_leaves_nothing(tmp_path: Path, gate) -> None:
     project = _project(tmp_path / "p", {"hangs": "hang"})
-    proc = _gate(project, "--precision-golden", "update", "-o", "precision_timeout=30")  # Ray is up in 5-15 s
+    proc = gate(project, "--precision-golden", "update", "-o", "precision_timeout=30")  # Ray is up in 5-15 s
     out, _ = proc.communicate(timeout=600)
     assert re.search(r"hangs\.yaml: command timed out after 30 s; no stage was reached", out), out[-3000:]
     (seen,) = _seen(project)  # the run got as far as the hang, on the shared instance
@@ -159,24 +192,19 @@ def test_a_run_past_its_timeout_on_the_shared_ray_is_one_line_and_leaves_nothing
 
 
 @pytest.mark.slow
-def test_the_shared_ray_goes_with_the_process_that_started_it_however_it_ends(tmp_path: Path) -> None:
-    """The gate process killed outright (no chance to take Ray down): the watcher notices, takes Ray down and
-    removes the instance's temp folder."""
-    work = tmp_path / "w"
-    work.mkdir()
-    code = (
-        "import time\nfrom precision_harness.runs import shared_ray\nfrom precision_harness.runs.ray_head import "
-        "wait_ready\nwith shared_ray.shared().lease() as lease:\n    wait_ready(str(lease.ready))\n"
-        "    print(lease.ready.parent, flush=True)\n    time.sleep(600)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=work, stdout=subprocess.PIPE, text=True)
-    folder = Path(proc.stdout.readline().strip())
-    assert folder.name.startswith("prray-") and (folder / "ready").is_file()
-    assert _left_in(work, grace=0)  # Ray is there
+def test_a_gate_process_killed_mid_run_leaves_no_ray_no_driver_and_no_folder(tmp_path: Path, gate) -> None:
+    """pytest killed outright while a verl run hangs (an OOM kill, a cancelled CI job): it cannot take anything
+    down, so the watcher notices, takes Ray down, kills the run's driver (in a session of its own, out of reach
+    of a signal to pytest's group) and removes the instance's temp folder."""
+    project = _project(tmp_path / "p", {"hangs": "hang"})
+    proc = gate(project, "--precision-golden", "update")
+    _wait_for_hang(project, proc)
+    assert len(_left_in(project, grace=0)) > 2  # pytest, the watcher, Ray's processes and the driver
     proc.kill()
-    proc.wait()
-    assert not _left_in(work, grace=20)
-    assert not _gone_after(folder)
+    proc.communicate()
+    assert not _left_in(project, grace=20)
+    (seen,) = _seen(project)
+    assert not _gone_after(Path(seen["ray_folder"]))
 
 
 def test_a_lease_hands_a_driver_the_run_variables_and_verl_keeps_its_own() -> None:

@@ -5,9 +5,11 @@ Started by :class:`precision_harness.runs.shared_ray.SharedRay` (the gate's proc
 owner ends (any way: a finished session, Ctrl-C, a kill) or the watcher is told to stop (SIGTERM,
 SIGINT, SIGHUP), it kills every process of that Ray instance: each carries the instance's
 ``PRECISION_RUN_ID`` mark in its environment (GCS, raylet, agents and workers inherit it), and the
-mark finds them (:func:`precision_harness.runs.processes.reap`); then it removes the instance's temp folder
-(``/tmp/prray-*``: sockets, logs, the ready file). So no Ray process, and no file of it, outlives the gate
-process that started it, even one killed before it could tear Ray down itself.
+mark finds them (:func:`precision_harness.runs.processes.reap`); it kills the verl drivers still
+running on it too (a gate killed mid-run cannot), found by the ready file in their environment;
+then it removes the instance's temp folder (``/tmp/prray-*``: sockets, logs, the ready file). So no
+Ray process, no verl driver of it, and no file of it outlives the gate process that started it, even
+one killed before it could tear Ray down itself.
 
 :func:`wait_ready` is what a verl driver does before ``ray.init`` (the CPU extension calls it): the
 driver's imports and Ray's start-up overlap.
@@ -105,12 +107,30 @@ def holders(folder: Path) -> list[int]:
     return found
 
 
+def drivers(ready: Path) -> list[int]:
+    """Live processes that were handed this instance (``$PRECISION_RAY_READY`` is ``ready``): the verl drivers of
+    the gate's runs. They carry their run's mark, not the instance's, and a gate killed mid-run cannot reap them."""
+    wanted, found = f"{ENV_READY}={ready}".encode(), []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
 def take_down(mark: str, folder: Path) -> list[int]:
-    """Kill every process of the Ray instance marked ``mark`` whose files are in ``folder``; return those left."""
+    """Kill every process of the Ray instance marked ``mark`` whose files are in ``folder``, and the drivers it was
+    handed to; return those left."""
     from precision_harness.runs.processes import reap
 
     left = reap(mark, grace_s=3.0)
-    for pid in holders(folder):  # an agent whose raylet died first is no one's descendant any more
+    # an agent whose raylet died first is no one's descendant any more; a driver is its run's, not Ray's
+    for pid in {*holders(folder), *drivers(folder / "ready")}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return left
