@@ -110,6 +110,17 @@ def gate_outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, d
     return outcomes, proc.stdout, root
 
 
+def verdicts(stdout: str, scenario: str) -> str:
+    """The FAILURES sections of ``scenario``'s items: what an unexpected outcome needs to be understood."""
+    kept, keep = [], False
+    for line in stdout.splitlines():
+        if line.startswith(("____", "====")):
+            keep = f" {scenario}::" in line
+        if keep:
+            kept.append(line)
+    return "\n".join(kept)[:8000]
+
+
 def step2_responses(root: Path, scenario: str) -> list[list[int]]:
     return json.loads((root / ".precision/artifacts" / scenario / "run/step_2/log_probs.json").read_text())["responses"]
 
@@ -128,7 +139,8 @@ def test_one_is_setting_fails_exactly_its_items(gate_outcomes, edit: str) -> Non
     if base == APPLIED and step2_responses(root, edit) != step2_responses(root, CONTROL):
         must_fail = must_fail | {"ref_compute_log_prob[step_2]"}
     failed = {item for item, result in outcomes[edit].items() if result == "FAILED"}
-    assert failed == must_fail, f"{edit}: failed {sorted(failed)}, expected {sorted(must_fail)}"
+    why = f"{edit}: failed {sorted(failed)}, expected {sorted(must_fail)}\n{verdicts(stdout, edit)}"
+    assert failed == must_fail, why
     # the verdict says which setting changed (numeric setting: drift, not a stale golden)
     assert f"setting changed  {setting}" in stdout or f"setting changed   {setting}" in stdout
     assert "golden is stale" not in stdout
