@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 #: marks every process a command run starts, so that none outlives it (:func:`reap`)
@@ -71,21 +72,30 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def marked_processes(run_id: str) -> list[int]:
-    """The ids of live processes whose environment holds ``PRECISION_RUN_ID=run_id`` (Linux /proc), and of their
-    descendants: Ray's raylet starts its agents with an environment of their own, without the mark."""
-    mark = f"{ENV_RUN_ID}={run_id}".encode()
-    parents = _parents()
+def with_variable(name: str, value: str, pids: Iterable[int] | None = None) -> set[int]:
+    """The ids of live processes (``pids``, default all; never this one) whose environment holds ``name=value``
+    (Linux /proc)."""
+    wanted = f"{name}={value}".encode()
+    if pids is None:
+        pids = (int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()) if Path("/proc").is_dir() else ()
     found = set()
-    for pid in parents:
+    for pid in pids:
         if pid == os.getpid():
             continue
         try:
             environ = (Path("/proc") / str(pid) / "environ").read_bytes()
         except OSError:
             continue
-        if mark in environ.split(b"\0"):
+        if wanted in environ.split(b"\0"):
             found.add(pid)
+    return found
+
+
+def marked_processes(run_id: str) -> list[int]:
+    """The ids of live processes whose environment holds ``PRECISION_RUN_ID=run_id`` (Linux /proc), and of their
+    descendants: Ray's raylet starts its agents with an environment of their own, without the mark."""
+    parents = _parents()
+    found = with_variable(ENV_RUN_ID, run_id, parents)
     grown = True
     while grown:  # children of marked processes, then theirs
         more = {pid for pid, parent in parents.items() if parent in found and pid != os.getpid()} - found

@@ -107,20 +107,12 @@ def holders(folder: Path) -> list[int]:
     return found
 
 
-def drivers(ready: Path) -> list[int]:
+def drivers(ready: Path) -> set[int]:
     """Live processes that were handed this instance (``$PRECISION_RAY_READY`` is ``ready``): the verl drivers of
     the gate's runs. They carry their run's mark, not the instance's, and a gate killed mid-run cannot reap them."""
-    wanted, found = f"{ENV_READY}={ready}".encode(), []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    from precision_harness.runs.processes import with_variable
+
+    return with_variable(ENV_READY, str(ready))
 
 
 def take_down(mark: str, folder: Path) -> list[int]:
