@@ -369,12 +369,17 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
         "  change entered    the change is upstream of actor_update: its input Stage.advantages.0.forward.input.0 "
         "is the first value that differs"
     ), out[-4000:]
+    assert re.search(r"first divergence\s+rank\d\s+Stage\.advantages\.0\.forward\.input\.0", out), out[-4000:]
     # and its L1 localisation names the first API input that differs: the advantages entering the loss
     localized = next(i for i, line in enumerate(lines) if line.startswith("  localized at L1 (rerun to step_1, "))
     assert lines[localized + 2].startswith(
         "    change entered    the change is upstream of actor_update: its input Tensor.__mul__.23.forward.input.0 "
         "is the first value that differs"
     ), out[-4000:]
+    first_at_l1 = re.search(
+        r"localized at L1 \(rerun to step_1, [0-9.]+ s\):\n(.*\n){0,2}.*first divergence\s+(?:rank\d\s+)?(\S+)", out
+    )
+    assert first_at_l1 and not first_at_l1.group(2).startswith("Stage."), out[-4000:]
     verdict = lines[head : next(i for i in range(head, len(lines)) if lines[i].startswith("  rerun "))]
     environment = next(i for i, line in enumerate(verdict) if line.startswith("  environment differs"))
     assert environment > next(i for i, line in enumerate(verdict) if line.startswith("  first divergence "))
