@@ -109,23 +109,24 @@ def test_shape_change_fails(dumps, tmp_path: Path) -> None:
 
 
 def test_api_only_in_golden_fails(dumps, tmp_path: Path) -> None:
-    """msprobe drops golden-only rows silently (docs/msprobe.md#compare); the key-set check catches it."""
+    """msprobe drops golden-only rows silently (docs/msprobe.md#compare); the gate sees a removed call whose result
+    the run computes nowhere (the softmax's output is not its input)."""
     v = run(*dumps(tmp_path, lambda d: d.pop("Functional.softmax.0.forward")))
     assert not v.passed
-    assert any("missing from this run, first Functional.softmax.0.forward" in p for p in map(str, v.problems))
+    [change] = v.failing_code_paths
+    assert change.block.golden == ("Functional.softmax.0.forward",) and not change.block.target
+    assert "computed nowhere in this run" in change.evidence
+    assert "code path         Functional.softmax -> (nothing)" in stage_text(v)
 
 
 def test_api_only_in_target_fails(dumps, tmp_path: Path) -> None:
-    v = run(
-        *dumps(
-            tmp_path,
-            lambda d: d.update(
-                {"Functional.gelu.0.forward": {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor()]}}
-            ),
-        )
-    )
+    """An inserted call whose output is not its input (a gelu that computes something) fails."""
+    gelu = {"input_args": [tensor()], "input_kwargs": {}, "output": [tensor(Max=0.8, Min=-0.2)]}
+    v = run(*dumps(tmp_path, lambda d: d.update({"Functional.gelu.0.forward": gelu})))
     assert not v.passed
-    assert any("not in the golden, first Functional.gelu.0.forward" in p for p in map(str, v.problems))
+    [change] = v.failing_code_paths
+    assert change.block.target == ("Functional.gelu.0.forward",) and change.row == "Functional.gelu.0.forward.output.0"
+    assert "(nothing) -> Functional.gelu" in stage_text(v)
 
 
 def test_rank_missing_fails(dumps, tmp_path: Path) -> None:

@@ -1,11 +1,16 @@
 """Compare one stage (or a metrics.jsonl) against its golden and return a typed verdict; no file I/O.
 
 The rows are msprobe's (:func:`precision_harness.dumps.rows.rows`, the parser behind ``msprobe
-compare``); the tolerance is ours. msprobe's Result column only looks at Norm and lets a 5 % output
-change pass, so it is not the gate: every Max/Min/Mean/Norm is checked with
-:class:`~precision_harness.check.tolerance.TolerancePolicy`, and the checks msprobe misses are added: API
-key sets (msprobe silently drops golden-only rows), dtype/shape changes, NaN/Inf where the golden is
-finite, a rank missing on either side.
+compare``); the tolerance is ours. The run's calls are paired with the golden's by aligning the two
+call streams (:func:`precision_harness.dumps.pairing.pair_calls`), not by msprobe's per-type call
+index: a call inserted, removed or replaced by an upgrade forms a changed block
+(:class:`~precision_harness.check.code_path.CodePathChange`) and shifts no other pairing.
+
+msprobe's Result column only looks at Norm and lets a 5 % output change pass, so it is not the gate:
+every Max/Min/Mean/Norm is checked with :class:`~precision_harness.check.tolerance.TolerancePolicy`,
+and the checks msprobe misses are added: the row key sets of each paired call (msprobe silently drops
+golden-only rows), dtype/shape changes, NaN/Inf where the golden is finite, a rank missing on either
+side, dumps too different to align.
 
 A rank whose digest equals the golden's is identical statistic for statistic; a stage whose every
 rank is identical passes without the table (``StageVerdict.identical``), which keeps the common,
@@ -16,11 +21,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
+from precision_harness.dumps.call_site import call_sites
+from precision_harness.dumps.pairing import Pairing, aligned_golden, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, to_float
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import relative_change
@@ -79,6 +88,8 @@ class RankVerdict(_Verdict):
     drifts: list[Drift] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
+    #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
+    code_paths: list[CodePathChange] = field(default_factory=list)
     _nan_reported: bool = field(default=False, repr=False)
 
     def problem(self, text: str) -> None:
@@ -101,12 +112,28 @@ class StageVerdict(_Verdict):
     #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift
     #: profile a report plots (empty for identical dumps).
     profile: list[ProfilePoint] = field(default_factory=list)
+    #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
+    code_paths: list[CodePathChange] = field(default_factory=list)
+    #: any changed block fails the stage (the scenario's ``tolerance.code_path: fail``), even one whose
+    #: values match the golden's
+    strict_code_path: bool = False
+
+    @property
+    def passed(self) -> bool:
+        """Nothing drifted, nothing always fails, and every changed block passes (its values match, not strict)."""
+        return super().passed and not self.failing_code_paths
+
+    @property
+    def failing_code_paths(self) -> list[CodePathChange]:
+        """The changed blocks that fail the stage: those whose values differ, or every one under ``strict``."""
+        return [c for c in self.code_paths if self.strict_code_path or not c.matches]
 
     @property
     def worst_ratio(self) -> float:
         """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
         worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
-        return math.inf if self.problems else worst
+        worst = max([worst] + [c.ratio for c in self.code_paths])
+        return math.inf if self.problems or self.failing_code_paths else worst
 
     @property
     def first_divergence(self) -> Drift | None:
@@ -122,6 +149,7 @@ class StageVerdict(_Verdict):
     def failing_ranks(self) -> list[str]:
         """Ranks with a drift or an always-failure, sorted (``rank2`` before ``rank10``)."""
         ranks = {d.rank for d in self.drifts} | {p.rank for p in self.problems if p.rank is not None}
+        ranks |= {c.rank for c in self.failing_code_paths}
         return sorted(ranks, key=lambda r: (len(r), r))
 
     @property
@@ -134,6 +162,7 @@ class StageVerdict(_Verdict):
         self.drifts += rank.drifts
         self.problems += rank.problems
         self.profile += rank.profile
+        self.code_paths += rank.code_paths
 
 
 def compare_rank(
@@ -147,28 +176,39 @@ def compare_rank(
         ProbeUnavailableError: msprobe (its row parser) is not installed.
     """
     verdict = RankVerdict(rank)
-    _check_api_keys(verdict, t_dump["data"], g_dump["data"])
-    t_rows, g_rows = rows(t_dump), rows(g_dump)
+    pairing = pair_calls(t_dump, g_dump)
+    if not pairing.alignable:
+        verdict.problem(_too_different(pairing))
+        return verdict
+    t_rows, g_rows = rows(t_dump), rows(aligned_golden(g_dump, pairing))
+    in_blocks = {api for block in pairing.blocks for api in block.target}
+    first_row: dict[str, int] = {}
     for order, (name, t_item) in enumerate(t_rows.items()):
+        first_row.setdefault(str(t_item["api"]), order)
+        if t_item["api"] in in_blocks:
+            continue
         g_item = g_rows.get(name)
-        if g_item is None:
-            if t_item["api"] in g_dump["data"]:  # same API, different tensors: a structural change
-                verdict.problem(f"{name}: not in the golden")
+        if g_item is None:  # a paired call with other tensors: a structural change
+            verdict.problem(f"{name}: not in the golden")
             continue
         _compare_row(verdict, _Row(name, order, t_item, g_item), policy=policy, stage=stage)
-    for name, g_item in g_rows.items():
-        if name not in t_rows and g_item["api"] in t_dump["data"]:
+    for name in g_rows:
+        if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
+    block_rows = BlockRows(by_call(t_rows), by_call(rows(g_dump)), policy, stage)
+    for block in pairing.blocks:
+        at = block.target[0] if block.target else (block.after[0] if block.after else None)
+        order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
+        verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
     return verdict
 
 
-def _check_api_keys(verdict: RankVerdict, target: dict[str, Any], golden: dict[str, Any]) -> None:
-    only_golden = [a for a in golden if a not in target]
-    only_target = [a for a in target if a not in golden]
-    if only_golden:
-        verdict.problem(f"{len(only_golden)} API(s) in the golden are missing from this run, first {only_golden[0]}")
-    if only_target:
-        verdict.problem(f"{len(only_target)} API(s) not in the golden, first {only_target[0]}")
+def _too_different(pairing: Pairing) -> str:
+    larger = max(pairing.golden_calls, pairing.target_calls)
+    return (
+        f"stale: only {len(pairing.pairs)} of {larger} API calls pair with the golden's, too different to align "
+        "(another model, level or scenario, not a changed code path); re-record the golden"
+    )
 
 
 @dataclass(frozen=True)
@@ -228,6 +268,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     """
     policy = settings.policy
     verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
+    verdict.strict_code_path = policy.strict_code_path
     t_ranks, g_ranks = set(target.ranks()), set(golden.ranks())
     verdict.ranks = sorted(t_ranks | g_ranks)
     if not t_ranks:
@@ -244,7 +285,21 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     for rank in shared:
         verdict.add(compare_rank(target.load(rank), golden.load(rank), policy=policy, stage=golden.name, rank=rank))
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
+    verdict.code_paths = _placed(verdict.code_paths, target)
     return verdict
+
+
+def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePathChange]:
+    """``changes`` with the place in the code each run block was called from, where the run's folder says."""
+    folder = getattr(target, "path", None)  # a run's folder (DirStage); a golden keeps no stack.json
+    if not changes or folder is None:
+        return changes
+    placed = []
+    for rank in sorted({c.rank for c in changes}):
+        mine = [c for c in changes if c.rank == rank]
+        sites = call_sites(Path(folder) / "step0" / rank, [c.api for c in mine])
+        placed += [replace(c, site=sites.get(c.api)) for c in mine]
+    return sorted(placed, key=lambda c: (c.order, c.rank))
 
 
 # ------------------------------------------------------------------------------------- metrics

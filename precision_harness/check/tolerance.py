@@ -79,6 +79,8 @@ class TolerancePolicy:
     #: calibrated noise: stage -> statistic -> largest relative change observed between reruns
     noise: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     noise_k: float = 0.0
+    #: ``report``: a changed code path whose values match the golden's passes, reported; ``fail``: it fails
+    code_path: str = "report"
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
@@ -91,6 +93,7 @@ class TolerancePolicy:
             statistics=dict(section.get("statistics", {})),
             apis=dict(section.get("apis", {})),
             metrics=dict(section.get("metrics", {})),
+            code_path=section.get("code_path", "report"),
         )
 
     def with_noise(self, noise: Mapping[str, Any] | None) -> TolerancePolicy:
@@ -138,11 +141,16 @@ class TolerancePolicy:
         ``cross_device`` rules when the golden was recorded on another device), widened by the
         golden's calibrated ``noise``."""
         base = cls.cross_device_from_config(section) if cross_device else cls.from_config(section)
-        return base.with_noise(noise)
+        return replace(base, code_path=(section or {}).get("code_path", "report")).with_noise(noise)
 
     @property
     def exact(self) -> bool:
         return self.mode == "exact"
+
+    @property
+    def strict_code_path(self) -> bool:
+        """Any changed code path fails its stage (``tolerance.code_path: fail``)."""
+        return self.code_path == "fail"
 
     def for_tensor(self, *, dtype: str, stage: str, statistic: str, api: str) -> Tol:
         """Tolerance for one statistic of one tensor.
