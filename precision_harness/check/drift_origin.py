@@ -21,7 +21,15 @@ kind           the earliest differing row is                                    
 ``unrecorded`` a backward input (the gradient reaching an API) that no          the change entered through
                recorded API produced; an output of an entry that records no     values msprobe does not record
                inputs (``rollout_generate``'s log-prob rows)
+``code_path``  a changed block of the call stream (calls inserted, removed or   the code path changed there
+               replaced: :mod:`precision_harness.check.code_path`) whose
+               values differ from the golden's, before any differing row
 =============  ===============================================================  ===============================
+
+A changed block whose values match the golden's is not where a change entered: the rows after it are
+compared as usual, so a numeric change further on is named where it is. A stage that fails on
+structure alone (a dtype or shape changed, every statistic within tolerance) is classified from its
+earliest structural row.
 
 The earliest differing row cannot be an input an earlier recorded API produced: that API's output
 would have differed first. What the rule cannot see: a value computed inside the stage by an op
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
 from precision_harness.dumps.rows import rows
 from precision_harness.dumps.stage import StageSource
@@ -55,6 +64,7 @@ class OriginKind(str, Enum):
     WEIGHTS = "weights"
     API = "api"
     UNRECORDED = "unrecorded"
+    CODE_PATH = "code_path"
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class DriftOrigin:
         first_divergence: the first row beyond tolerance (equal to ``row`` when the change passed
             tolerance where it entered).
         structural: ``row``'s dtype or shape differs from the golden's (its statistics may not).
+        code_path: the changed block where the change entered (``kind`` ``code_path``).
     """
 
     kind: OriginKind
@@ -79,11 +90,12 @@ class DriftOrigin:
     stage: str
     first_divergence: str
     structural: bool = False
+    code_path: CodePathChange | None = None
 
     @property
     def below_tolerance(self) -> bool:
         """The change entered within tolerance and passed it later (at :attr:`first_divergence`)."""
-        return self.row != self.first_divergence and not self.structural
+        return self.row != self.first_divergence and not self.structural and self.code_path is None
 
     @property
     def summary(self) -> str:
@@ -123,6 +135,13 @@ _SUMMARIES = {
         f"through values msprobe does not record: {o.row} is the first that differs, and no recorded value "
         "it was computed from differs"
     ),
+    OriginKind.CODE_PATH: lambda o: (
+        f"the code path changed in {o.stage}: {o.code_path.summary}, and the values leaving it differ from "
+        f"the golden's ({o.code_path.evidence})"
+        if o.code_path is not None and not o.code_path.matches
+        else f"the code path changed in {o.stage}: {o.code_path.summary if o.code_path else o.api} "
+        "(tolerance.code_path: fail makes any changed code path fail)"
+    ),
 }
 
 
@@ -138,21 +157,46 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
         GoldenCorruptError: the target's dump is unreadable.
         ProbeUnavailableError: msprobe (its row parser) is not installed.
     """
-    first = verdict.first_divergence
-    if first is None:
-        return None
-    changed = [
-        (order, rank, name, ratio) for rank, order, name, ratio in verdict.profile if ratio > 0 and order <= first.order
-    ]
-    _, rank, name, ratio = min(changed, default=(first.order, first.rank, first.tensor, first.ratio))
+    shown = _shown(verdict)
+    if shown is None:  # nothing differs row by row: a changed block may still fail the stage
+        return _code_path_origin(verdict, None)
+    changed = [(o, rank, name, ratio) for rank, o, name, ratio in verdict.profile if ratio > 0 and o <= shown[0]]
+    earliest = min(changed, default=shown)
+    block = _code_path_origin(verdict, earliest)
+    if block is not None:
+        return block
+    _, rank, name, ratio = earliest
     table = rows(target.load(rank))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
-        row, name, rank = {"api": _api_of(first.tensor), "state": "output"}, first.tensor, first.rank
+        row, name, rank = {"api": _api_of(shown[2]), "state": "output"}, shown[2], shown[1]
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
-    return DriftOrigin(kind, name, api, rank, verdict.stage, first.tensor, structural=math.isinf(ratio))
+    return DriftOrigin(kind, name, api, rank, verdict.stage, shown[2], structural=math.isinf(ratio))
+
+
+#: ``(order, rank, row, ratio)`` of one compared row, ordered as execution goes
+_Point = tuple[int, str, str, float]
+
+
+def _shown(verdict: StageVerdict) -> _Point | None:
+    """Where the stage shows its change: the first divergence, or on a stage that fails on structure alone
+    (a dtype or shape changed, every statistic within tolerance), its earliest structural row."""
+    first = verdict.first_divergence
+    if first is not None:
+        return first.order, first.rank, first.tensor, first.ratio
+    return min(((o, r, n, x) for r, o, n, x in verdict.profile if math.isinf(x)), default=None)
+
+
+def _code_path_origin(verdict: StageVerdict, earliest: _Point | None) -> DriftOrigin | None:
+    """The failing changed block at or before ``earliest`` (the earliest differing row), if any."""
+    blocks = [c for c in verdict.failing_code_paths if earliest is None or (c.order, c.rank) <= earliest[:2]]
+    if not blocks:
+        return None
+    block = min(blocks, key=lambda c: (c.order, c.rank))
+    first = earliest[2] if earliest is not None else block.row
+    return DriftOrigin(OriginKind.CODE_PATH, block.row, block.api, block.rank, verdict.stage, first, code_path=block)
 
 
 def _kind(row: dict[str, Any], *, has_inputs: bool) -> OriginKind:

@@ -67,6 +67,12 @@ ORDER: dict[str, str] = {
     "determinism_env": "determinism env",
 }
 
+#: the software stack a code path comes from: an upgrade of one of these can insert, remove or replace calls
+SOFTWARE = frozenset(
+    ORDER[k]
+    for k in ("torch", "torch_npu", "cann", "cuda", "cudnn", "transformers", "verl", "vllm", "vllm-ascend", "sglang")
+)
+
 #: the key naming the accelerator model of each device (a golden is not reused across models silently)
 MODEL_KEYS = {"cuda": "gpu", "npu": "npu_chip"}
 
@@ -139,6 +145,11 @@ class EnvironmentDiff:
             return None  # another device type: cross-device already
         models = {ORDER[k] for k in MODEL_KEYS.values()}
         return next((c for c in self.changes if c.what in models and c.recorded), None)
+
+    @property
+    def software(self) -> list[Change]:
+        """The recorded changes of the software stack (:data:`SOFTWARE`): what can change a code path."""
+        return [c for c in self.changes if c.recorded and c.what in SOFTWARE]
 
     def headline(self) -> str | None:
         """The line a failing verdict puts first after its headline (None: nothing differs)."""

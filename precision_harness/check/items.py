@@ -10,6 +10,7 @@ and ``precision-harness compare`` both call it, so both give the same verdicts, 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -27,7 +28,8 @@ from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.check.judgement import Judgement
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.dumps import sampled_tokens
-from precision_harness.dumps.files import METRICS, read_metrics
+from precision_harness.dumps.files import DUMP, METRICS, load_dump, read_metrics
+from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.goldens.churn import ChurnRow
@@ -168,14 +170,16 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     verdict = compare_stage(target, golden, settings)
     if verdict.passed:
         kind = OutcomeKind.IDENTICAL if verdict.identical else OutcomeKind.COMPARED
-        return Outcome(True, verdict_text.stage_text(verdict), kind, verdict, seconds=time.perf_counter() - t0)
+        passing = verdict_text.Reading(environment=settings.environment)
+        text = verdict_text.stage_text(verdict, passing, rerecord=settings.rerecord)
+        return Outcome(True, text, kind, verdict, seconds=time.perf_counter() - t0)
     artifacts = settings.item_artifacts(golden.step, golden.name)
     answer = None
-    if settings.msprobe and artifacts is not None:
-        _write_tables(target, golden, verdict, artifacts)
-        if target.ranks():
-            plain = golden.plain_dir(artifacts / "golden")  # msprobe's tools read plain files
-            answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
+    if settings.msprobe and artifacts is not None and target.ranks():
+        # msprobe's tools read plain files, and pair by name: the golden goes to them aligned to the run's calls
+        plain = aligned_golden_dir(target.plain_dir(artifacts), golden.plain_dir(artifacts / "golden"), artifacts)
+        _write_tables(target, plain, verdict, artifacts)
+        answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
     shown = settings.shown(artifacts) if artifacts is not None else None
     origin = classify(verdict, target) if target.ranks() else None
     reading = verdict_text.Reading(
@@ -204,15 +208,41 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     )
 
 
-def _write_tables(target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path) -> list[Path]:
+def _write_tables(target: StageSource, golden_dir: Path, verdict: StageVerdict, artifacts: Path) -> list[Path]:
     """msprobe's own compare table of each failing rank both sides hold, for reading beside our verdict."""
-    failing, shared = set(verdict.failing_ranks), set(target.ranks()) & set(golden.ranks())
     tables = []
-    for rank in sorted(failing & shared):
-        t_dump = target.plain_dir(artifacts) / "step0" / rank / "dump.json"
-        g_dump = golden.plain_dir(artifacts / "golden") / "step0" / rank / "dump.json"
-        tables.append(write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{rank}.csv"))
+    for rank in verdict.failing_ranks:
+        t_dump, g_dump = target.plain_dir(artifacts) / "step0" / rank / DUMP, golden_dir / "step0" / rank / DUMP
+        if t_dump.is_file() and g_dump.is_file():
+            tables.append(write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{rank}.csv"))
     return tables
+
+
+def aligned_golden_dir(target_dir: Path, golden_dir: Path, artifacts: Path) -> Path:
+    """``golden_dir`` (a plain stage folder) as msprobe's tools should read it beside ``target_dir``: where some
+    rank's calls pair under other names (:func:`~precision_harness.dumps.pairing.pair_calls`), every rank's golden
+    dump.json aligned to the run's names under ``<artifacts>/golden_aligned``; else ``golden_dir`` itself."""
+    ranks = sorted(
+        p.parent.name
+        for p in golden_dir.glob(f"step0/rank*/{DUMP}")
+        if (target_dir / "step0" / p.parent.name / DUMP).is_file()
+    )
+    aligned = {}
+    for rank in ranks:
+        g_dump = load_dump(golden_dir / "step0" / rank / DUMP)
+        pairing = pair_calls(load_dump(target_dir / "step0" / rank / DUMP), g_dump)
+        aligned[rank] = (aligned_golden(g_dump, pairing), pairing.blocks or any(t != g for t, g in pairing.pairs))
+    if not any(renamed for _, renamed in aligned.values()):
+        return golden_dir
+    out = artifacts / "golden_aligned"
+    for rank, (dump, _) in aligned.items():
+        rank_dir = out / "step0" / rank
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        (rank_dir / DUMP).write_text(json.dumps(dump), encoding="utf-8")
+        for extra in (golden_dir / "step0" / rank).glob("*.json"):
+            if extra.name != DUMP:
+                shutil.copyfile(extra, rank_dir / extra.name)
+    return out
 
 
 def check_metrics(target: list[dict[str, Any]], golden: list[dict[str, Any]], settings: CheckSettings) -> Outcome:

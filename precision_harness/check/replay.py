@@ -1,7 +1,10 @@
 """The replay of a failing stage whose change entered at an API: capture its tensors, confirm, replay, judge.
 
-Only for a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose
-inputs match the golden's gives other outputs. :func:`judge_outcome`
+For a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose inputs
+match the golden's gives other outputs; and for one classified ``code_path`` whose changed block is
+one run call that replaced golden calls (a fused op for a decomposition) with inputs equal to the
+golden block's: that call is judged against the golden block's output it is nearest to
+(:func:`block_rows`), else the judgement says why not (:func:`block_not_replayable`). :func:`judge_outcome`
 
 1. picks the calls to judge (:func:`calls_to_judge`): that API, then the next few divergent APIs
    whose inputs all match (where the first cannot be replayed: a collective, an RNG op), replayable
@@ -29,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
 from precision_harness.check.item_key import ItemKey
@@ -36,13 +40,16 @@ from precision_harness.check.items import Outcome
 from precision_harness.check.judgement import Judgement, judge
 from precision_harness.check.verdict_text import with_judgement as text_with_judgement
 from precision_harness.dumps.files import load_dump
-from precision_harness.dumps.rows import row_statistics, rows
+from precision_harness.dumps.pairing import aligned_golden, pair_calls
+from precision_harness.dumps.rows import numel, row_statistics, rows
 from precision_harness.dumps.stage import StageSource
 from precision_harness.errors import PrecisionError
 from precision_harness.runs.api_replay import launch, names
 from precision_harness.runs.kind_runners import Run
 from precision_harness.scenarios.scenario import Scenario
 
+#: the kinds of change a replay judges: an API whose inputs match, a changed code path (one run call)
+_JUDGED = (OriginKind.API, OriginKind.CODE_PATH)
 #: calls captured and judged per stage at most: the API where the change entered and the next ones
 MAX_CALLS = 3
 #: where the capture keeps its tensors beside each rank's dump.json (msprobe's folder)
@@ -123,9 +130,16 @@ def judge_outcome(out: Outcome, request: JudgeRequest, *, claim: Callable[[], It
     """
     judged = judged_outcome(out)
     origin, verdict = judged.origin, judged.verdict
-    if origin is None or origin.kind is not OriginKind.API or not isinstance(verdict, StageVerdict):
+    if origin is None or origin.kind not in _JUDGED or not isinstance(verdict, StageVerdict):
         return out
-    calls = [c for c in calls_to_judge(verdict, origin, request.pair.target) if names.why_not_replayable(c.api) is None]
+    if origin.code_path is not None:
+        why = block_not_replayable(origin.code_path, request.pair)
+        if why is not None:
+            return with_judgement(out, Judgement.undecided(origin.api, why))
+        calls = [Call(origin.api, origin.row)]
+    else:
+        calls = calls_to_judge(verdict, origin, request.pair.target)
+    calls = [c for c in calls if names.why_not_replayable(c.api) is None]
     if not calls:
         return with_judgement(out, Judgement.undecided(origin.api, names.why_not_replayable(origin.api) or "no replay"))
     first = claim()
@@ -150,7 +164,7 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
     result = settings.run(variant, settings.out_dir / "run")
     rank_dir = result.run_dir / f"step_{key.step}" / key.stage / "step0" / origin.rank
     captured = rows(load_dump(rank_dir / "dump.json"))
-    checked, golden = rows(pair.target.load(origin.rank)), rows(pair.golden.load(origin.rank))
+    checked, golden = _paired_rows(pair, origin)
     reasons: dict[str, str] = {}
     confirmed = []
     for call in calls:
@@ -179,6 +193,67 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
     _keep_tensors(rank_dir, None)
     why = reasons.get(origin.api) or names.why_not_replayable(origin.api) or next(iter(reasons.values()), None)
     return Judgement.undecided(origin.api, why or "not replayed")
+
+
+def _paired_rows(pair: StagePair, origin: DriftOrigin) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checked run's rows and the golden's, the golden's named as the run's calls they pair with; for a
+    changed block (one run call), its rows named after the golden rows they match (:func:`block_rows`)."""
+    target, golden = pair.target.load(origin.rank), pair.golden.load(origin.rank)
+    checked, paired = rows(target), rows(aligned_golden(golden, pair_calls(target, golden)))
+    if origin.code_path is not None:
+        paired.update(block_rows(origin.code_path, checked, rows(golden))[0])
+    return checked, paired
+
+
+def block_rows(change: CodePathChange, checked: dict, golden: dict) -> tuple[dict[str, Any], str | None]:
+    """The golden rows a changed block's one run call is judged against, named as that call's rows: each input
+    the golden block's input with equal dtype, size and statistics, the differing output the golden's nearest
+    (:attr:`CodePathChange.match`). Second: why the block cannot be judged that way (None: it can)."""
+    (api,) = change.block.target
+    g_inputs = [r for name, r in golden.items() if r["api"] in change.block.golden and r.get("state") == "input"]
+    found: dict[str, Any] = {}
+    for name, row in checked.items():
+        if row["api"] != api or row.get("state") != "input":
+            continue
+        same = next((g for g in g_inputs if _same_tensor(row, g)), None)
+        if same is None:
+            return found, f"its input {name} equals none of the golden block's inputs: no common float64 reference"
+        found[name] = same
+    if change.match is None or change.match not in golden:
+        return found, f"its output {change.row} has no golden output of the same dtype and size to judge against"
+    found[change.row] = golden[change.match]
+    return found, None
+
+
+def _same_tensor(row: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Equal dtype, size and statistics (a value msprobe records of a tensor, never the whole tensor)."""
+    return (
+        row.get("dtype") == other.get("dtype")
+        and numel(row.get("shape")) == numel(other.get("shape"))
+        and row_statistics(row) == row_statistics(other)
+    )
+
+
+def block_not_replayable(change: CodePathChange, pair: StagePair) -> str | None:
+    """Why a changed block cannot be judged by replaying the run's side in float64; None when it can be tried.
+
+    It can when the run's side is one replayable call whose every input equals an input of the golden's
+    block, so that one float64 reference serves both sides' outputs.
+    """
+    block = change.block
+    if not change.matches and len(block.target) == 1 and block.golden:
+        why = names.why_not_replayable(block.target[0])
+        if why is not None:
+            return f"the code path changed to {block.target[0]}: {why}"
+        target, golden = pair.target.load(change.rank), pair.golden.load(change.rank)
+        why = block_rows(change, rows(target), rows(golden))[1]
+        return None if why is None else f"the code path changed ({block.what}) and {why}"
+    if change.matches:
+        return f"the code path changed ({block.what}); its values match the golden's (tolerance.code_path: fail)"
+    return (
+        f"the code path changed ({block.what}): a changed block is replayed only as one run call that replaced "
+        f"golden calls, and this one has {len(block.target)} run call(s) for {len(block.golden)} of the golden's"
+    )
 
 
 def _unconfirmed(api: str, captured: dict, checked: dict, golden: dict) -> str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check.code_path import describe
 from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
@@ -25,6 +26,8 @@ from precision_harness.check.msprobe_tools import MsprobeAnswer
 MAX_PROBLEMS = 5
 #: the label of the judgement's line (right after the ``change entered`` line)
 JUDGEMENT_LABEL = "judgement"
+#: the label of the line that reports a changed code path (:mod:`precision_harness.check.code_path`)
+CODE_PATH_LABEL = "code path"
 
 
 #: significant digits a verdict value starts at; more are added only where a pair needs them
@@ -111,8 +114,12 @@ class Reading:
     @property
     def environment_explains(self) -> bool:
         """Whether the environment is a first suspect: it differs, nothing exonerates it, and the change entered
-        in the stage itself (an API computing differently), not in what the stage was given."""
-        inside = self.origin is None or self.origin.kind in (OriginKind.API, OriginKind.UNRECORDED)
+        in the stage itself (an API computing differently, a changed code path), not in what the stage was given."""
+        inside = self.origin is None or self.origin.kind in (
+            OriginKind.API,
+            OriginKind.UNRECORDED,
+            OriginKind.CODE_PATH,
+        )
         return self.environment.differs and not self.exonerates_environment and inside
 
 
@@ -126,20 +133,24 @@ def stage_text(
     *,
     artifacts: Path | None = None,
     rerun: str | None = None,
+    rerecord: str | None = None,
 ) -> str:
     """The verdict of one stage, as in the README's "A failing stage reads like this".
 
     After the headline, the lines go by what explains the drift: a changed setting, where the change
     entered (``change entered``) and its judgement, the environment when it is a first suspect, then
-    the evidence (first divergence, largest drift, always-failures), msprobe's answer where it adds
-    something, the environment when it does not explain the drift alone, artifacts and the rerun line.
+    the evidence (first divergence, largest drift, always-failures, changed code paths), msprobe's
+    answer where it adds something, the environment when it does not explain the drift alone,
+    artifacts and the rerun line. A passing stage whose code path changed says so (``rerecord``: the
+    command that refreshes the golden).
     """
     reading = reading or Reading()
     ranks = ", ".join(v.ranks) or "rank0"
     where = f"{v.stage} @ step_{v.step}, {ranks}"
     if v.passed:
         how = "identical to the golden (sha256)" if v.identical else f"within tolerance ({v.tolerance})"
-        return f"{where}: {v.checked} statistics {how}"
+        line = code_path_line(v, reading.environment, rerecord=rerecord)
+        return f"{where}: {v.checked} statistics {how}" + (f"\n{_label(CODE_PATH_LABEL, line)}" if line else "")
     if len(v.ranks) > 1 and v.failing_ranks:
         # multi-rank: name the rank that diverged first, then every rank that differs
         first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
@@ -149,8 +160,12 @@ def stage_text(
     n = len({(d.rank, d.tensor, d.statistic) for d in v.drifts})
     if v.drifts:
         lines = [f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
-    else:
+    elif v.problems:
         lines = [f"{where}: {len(v.problems)} structural difference(s) from the golden"]
+    else:
+        lines = [
+            f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
+        ]
     lines += _explanations(reading)
     lines += _evidence(v)
     lines += [_label(label, text) for label, text in msprobe_rows(reading)]
@@ -167,12 +182,16 @@ def stage_text(
 def _explanations(reading: Reading) -> list[str]:
     """A changed setting, where the change entered and its judgement, the environment when it is a first suspect."""
     lines = [_label("setting changed", line) for line in reading.changed]
+    environment = reading.environment_line()
+    # a changed code path comes from the software stack: the environment's difference is named before it
+    code_path = reading.origin is not None and reading.origin.kind is OriginKind.CODE_PATH
+    if environment and reading.environment_explains and code_path:
+        lines.append(f"  {environment}")
     if reading.origin is not None:
         lines.append(_label(ORIGIN_LABEL, reading.origin.summary))
     if reading.judgement:
         lines.append(_label(JUDGEMENT_LABEL, reading.judgement))
-    environment = reading.environment_line()
-    if environment and reading.environment_explains:
+    if environment and reading.environment_explains and not code_path:
         lines.append(f"  {environment}")
     return lines
 
@@ -189,7 +208,34 @@ def _evidence(v: StageVerdict) -> list[str]:
     lines += [_label("always fails", str(problem)) for problem in v.problems[:MAX_PROBLEMS]]
     if len(v.problems) > MAX_PROBLEMS:
         lines.append(_label("", f"... and {len(v.problems) - MAX_PROBLEMS} more"))
+    failing = v.failing_code_paths
+    for change in failing[:MAX_PROBLEMS]:
+        rank = f"{change.rank}: " if multi else ""
+        lines.append(_label(CODE_PATH_LABEL, f"{rank}{change.summary}: {change.evidence}"))
+    matching = [c for c in v.code_paths if c not in failing]
+    if matching:
+        lines.append(
+            _label(CODE_PATH_LABEL, f"{len(matching)} other changed block(s) whose values match: {describe(matching)}")
+        )
     return lines
+
+
+def code_path_line(v: StageVerdict, environment: EnvironmentDiff, *, rerecord: str | None = None) -> str | None:
+    """What a passing stage says of its changed code paths: the likely cause (the software that differs from the
+    golden's), what changed and where, how its paired values compare, how to refresh. None: nothing changed."""
+    if not v.code_paths:
+        return None
+    software = "; ".join(map(str, environment.software))
+    cause = f"{software} changed the code path" if software else "the code path changed"
+    paired = max((p[3] for p in v.profile), default=0.0)
+    leaving = max(c.ratio for c in v.code_paths)
+    values = f"every paired value {_within(paired)}, the values leaving the changed calls {_within(leaving)}"
+    again = f": {rerecord}" if rerecord else ""
+    return f"{cause}: {describe(v.code_paths)}; {values}; re-record to refresh{again}"
+
+
+def _within(ratio: float) -> str:
+    return "identical" if ratio == 0 else f"within tolerance (worst {ratio:.3g}x)"
 
 
 def msprobe_rows(reading: Reading) -> list[tuple[str, str]]:

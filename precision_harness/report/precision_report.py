@@ -20,6 +20,7 @@ from typing import Any
 from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.environment import EnvironmentDiff, grouped
 from precision_harness.check.items import Outcome, OutcomeKind
+from precision_harness.check.verdict_text import code_path_line
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.report_md import judgement_line
 from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, STAGES
@@ -74,6 +75,20 @@ def _localized_json(local: Outcome | None) -> dict[str, Any] | None:
     }
 
 
+def _code_path_json(v: StageVerdict, environment: EnvironmentDiff) -> dict[str, Any] | None:
+    """The report's view of a stage's changed code paths (None: its call streams pair one to one)."""
+    if not v.code_paths:
+        return None
+    return {
+        "line": code_path_line(v, environment) or "",
+        "count": len(v.code_paths),
+        "failing": len(v.failing_code_paths),
+        "what": sorted({c.block.what for c in v.code_paths}),
+        "cause": "; ".join(map(str, environment.software)),
+        "changes": [_plain(c.to_json()) for c in v.code_paths[:MAX_RECORD_PROBLEMS]],
+    }
+
+
 @dataclass
 class ItemRecord:
     """One item's result as the report keeps it (schema ``report``, ``items``).
@@ -111,6 +126,8 @@ class ItemRecord:
     origin: dict[str, Any] | None = None
     #: a failing stage whose change entered at an API: ``{"verdict", "api", "reason", "figures"}`` (check.judgement)
     judgement: dict[str, Any] | None = None
+    #: the stage's changed code paths: ``{"line", "count", "failing", "what", "cause", "changes"}`` (check.code_path)
+    code_path: dict[str, Any] | None = None
 
     @classmethod
     def from_outcome(
@@ -150,6 +167,8 @@ class ItemRecord:
         origin = local.origin if local is not None and local.origin is not None else outcome.origin
         rec.origin = origin.to_json() if origin is not None else None
         rec.judgement = _plain(outcome.judgement.to_json()) if outcome.judgement is not None else None
+        if isinstance(outcome.verdict, StageVerdict):
+            rec.code_path = _code_path_json(outcome.verdict, outcome.environment)
         return rec
 
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
@@ -198,6 +217,8 @@ class ItemRecord:
             props.append(("precision_origin", f"{self.origin['kind']} {self.origin['row']}"))
         if self.judgement is not None:
             props.append(("precision_judgement", judgement_line(self.judgement)))
+        if self.code_path is not None:
+            props.append(("precision_code_path", self.code_path["line"]))
         return props
 
 
@@ -250,6 +271,7 @@ class PrecisionReport:
             )
             yield f"{self.num_items} precision items: {', '.join(counts)}, {self.num_failed} failed"
         yield from self._environment_lines()
+        yield from self._code_path_lines()
         yield from self._run_lines()
         for u in self.unused:
             yield f"golden unused: {u['path']} (no collected scenario {u['scenario']}; remove with --precision-prune)"
@@ -283,6 +305,23 @@ class PrecisionReport:
         for env, names in grouped(rows):
             failed = sum(not r.passed for n in names for r in by_scenario[n])
             yield environment_line(env, scenarios=names if names != checked else None, failed=failed)
+
+    def _code_path_lines(self) -> Iterator[str]:
+        """One line per distinct changed code path (usually one for the whole run: an upgrade), never one per item."""
+        groups: dict[tuple[str, tuple[str, ...]], list[ItemRecord]] = {}
+        for r in self.records:
+            if r.code_path is not None:
+                groups.setdefault((r.code_path["cause"], tuple(r.code_path["what"])), []).append(r)
+        for (cause, what), records in groups.items():
+            names = sorted({r.scenario for r in records})
+            more = len(names) - MAX_NAMED_SCENARIOS
+            whom = ", ".join(names[:MAX_NAMED_SCENARIOS]) + (f" and {more} more" if more > 0 else "")
+            failing = sum(not r.passed for r in records)
+            how = (
+                f"{failing} failed item(s) name it" if failing else "their values match the golden's, the items passed"
+            )
+            head = f"{cause} changed the code path" if cause else "the code path changed"
+            yield f"{head} in {len(records)} stage dump(s) of {whom}: {'; '.join(what)} ({how}; re-record to refresh)"
 
     def _run_lines(self) -> Iterator[str]:
         for name, records in self._by_scenario().items():

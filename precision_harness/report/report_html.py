@@ -184,6 +184,19 @@ def environment_section(doc: dict[str, Any]) -> str:
     return f'<section id="environment"><h2>Environment against the golden\'s</h2><ul>{rows}</ul></section>'
 
 
+def code_path_section(doc: dict[str, Any]) -> str:
+    """``#code-paths``: every stage whose code path changed (calls inserted, removed or replaced), passing or not."""
+    changed = [r for r in doc["items"] if r.get("code_path")]
+    if not changed:
+        return ""
+    rows = "".join(
+        f"<li><b>{html.escape(r['scenario'])} {html.escape(r['stage'])} @ step_{r['step']}</b> "
+        f"({'passed' if r['passed'] else 'failed'}): {html.escape(r['code_path']['line'])}</li>"
+        for r in changed
+    )
+    return f'<section id="code-paths"><h2>Changed code paths</h2><ul>{rows}</ul></section>'
+
+
 def _reading(record: dict[str, Any]) -> str:
     """Where a failing stage's change entered and its judgement, above its verdict ("" for neither)."""
     parts = []
@@ -226,6 +239,7 @@ def html_report(doc: dict[str, Any]) -> str:
             parts.append(heatmap(sc))
     parts.append("</section>")
     parts.append(environment_section(doc))
+    parts.append(code_path_section(doc))
     failing = [r for r in doc["items"] if not r["passed"]]
     if failing:
         parts.append('<section id="failures"><h2>Failures</h2>')

@@ -28,7 +28,8 @@ def ratio_text(r: float | None, passed: bool, kind: OutcomeKind, structural: boo
 
 def markdown_report(doc: dict[str, Any]) -> str:
     """report.md: a pull-request comment (summary, failing items, heatmaps, churn, unused goldens)."""
-    lines = _summary(doc) + _environment(doc) + _failures(doc) + _heatmaps(doc) + _churn(doc) + _goldens(doc)
+    lines = _summary(doc) + _environment(doc) + _code_paths(doc) + _failures(doc) + _heatmaps(doc)
+    lines += _churn(doc) + _goldens(doc)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -54,6 +55,18 @@ def _environment(doc: dict[str, Any]) -> list[str]:
     lines = ["### Environment " + ("differs from the golden's" if differs else "not fully recorded by the golden"), ""]
     for env, names in groups:
         lines.append(f"- {', '.join(names)}: {env.summary}")
+    return [*lines, ""]
+
+
+def _code_paths(doc: dict[str, Any]) -> list[str]:
+    """Every stage whose code path changed (calls inserted, removed or replaced), passing or not."""
+    changed = [r for r in doc["items"] if r.get("code_path")]
+    if not changed:
+        return []
+    lines = ["### Changed code paths", ""]
+    for r in changed:
+        how = "passed" if r["passed"] else "failed"
+        lines.append(f"- {r['scenario']} `{r['stage']}` step_{r['step']} ({how}): {r['code_path']['line']}")
     return [*lines, ""]
 
 

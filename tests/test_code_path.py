@@ -1,0 +1,147 @@
+"""A changed code path (calls inserted, removed or replaced) end to end through the compare, where the change
+entered, the verdict's text and the report, on dumps shaped like the transformers 5.10.4 -> 5.23.0 upgrade."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from harness_testing import api, tensor, write_dump
+from test_pairing import rope
+
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.code_path import Leaving
+from precision_harness.check.drift_origin import OriginKind
+from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.items import check_stage
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps.stage import DirStage
+from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+
+UPGRADE = EnvironmentDiff.between(
+    {"transformers": "5.10.4", "torch": "2.13.0+cpu"}, {"transformers": "5.23.0", "torch": "2.13.0+cpu"}
+)
+RERECORD = "pytest --precision-golden update"
+
+
+def check(tmp_path: Path, golden: dict, target: dict, policy: TolerancePolicy | None = None):
+    for side, dump in (("golden", golden), ("target", target)):
+        write_dump(tmp_path / side / "step_1" / "actor_compute_log_prob", dump["data"])
+    return recheck(tmp_path, policy)
+
+
+def recheck(tmp_path: Path, policy: TolerancePolicy | None = None):
+    """The check of the dumps :func:`check` wrote (and a test may have changed since)."""
+    golden, target = (DirStage(tmp_path / s / "step_1/actor_compute_log_prob", step=1) for s in ("golden", "target"))
+    settings = CheckSettings(
+        scenario="grpo_tiny", policy=policy or TolerancePolicy(), environment=UPGRADE, rerecord=RERECORD
+    )
+    return check_stage(target, golden, settings)
+
+
+def test_an_upgrade_that_replaces_a_call_with_the_same_values_passes_and_says_so(tmp_path: Path) -> None:
+    out = check(tmp_path, rope(new=False), rope(new=True))
+    assert out.passed
+    [change] = out.verdict.code_paths
+    assert change.leaving is Leaving.MATCH and change.ratio == 0
+    assert (
+        "code path         transformers 5.10.4 -> 5.23.0 changed the code path: Tensor.__matmul__ -> Tensor.__mul__ "
+        "(after Torch.where.0.forward, before Tensor.cos.0.forward); every paired value "
+        "identical, the values leaving the changed calls identical; "
+        f"re-record to refresh: {RERECORD}"
+    ) in out.text
+    out.environment = UPGRADE  # as check_items gives every item of the pair
+    record = ItemRecord.from_outcome(
+        out, nodeid="scenarios/grpo_tiny.yaml::actor_compute_log_prob[step_1]", scenario="grpo_tiny", step=1,
+        stage="actor_compute_log_prob",
+    )  # fmt: skip
+    assert record.code_path["what"] == ["Tensor.__matmul__ -> Tensor.__mul__"] and record.code_path["failing"] == 0
+    assert ("precision_code_path", record.code_path["line"]) in record.user_properties()
+    lines = list(PrecisionReport(mode="check", records=[record]).lines)
+    assert (
+        "transformers 5.10.4 -> 5.23.0 changed the code path in 1 stage dump(s) of grpo_tiny: "
+        "Tensor.__matmul__ -> Tensor.__mul__ (their values match the golden's, the items passed; re-record to refresh)"
+    ) in lines
+
+
+def test_tolerance_code_path_fail_makes_any_changed_code_path_fail(tmp_path: Path) -> None:
+    policy = TolerancePolicy.from_config({"code_path": "fail"})
+    out = check(tmp_path, rope(new=False), rope(new=True), policy)
+    assert not out.passed
+    assert out.origin.kind is OriginKind.CODE_PATH and out.origin.api == "Tensor.__mul__.0.forward"
+    assert "tolerance.code_path: fail" in out.text
+
+
+def test_a_replaced_call_whose_values_differ_is_where_the_change_entered(tmp_path: Path) -> None:
+    """A fused op that rounds differently: the stage fails at the block, the software difference named first."""
+    target = rope(new=True)
+    target["data"]["Tensor.__mul__.0.forward"]["output"][0]["Norm"] = 64.5
+    target["data"]["Tensor.cos.0.forward"]["input_args"][0]["Norm"] = 3.0  # what reads it moves too
+    out = check(tmp_path, rope(new=False), target)
+    assert not out.passed
+    assert out.origin.kind is OriginKind.CODE_PATH and out.origin.row == "Tensor.__mul__.0.forward.output.0"
+    lines = out.text.splitlines()
+    env = next(i for i, line in enumerate(lines) if "environment differs from the golden's" in line)
+    entered = next(i for i, line in enumerate(lines) if line.lstrip().startswith("change entered"))
+    assert env < entered, out.text
+    assert "the code path changed in actor_compute_log_prob: Tensor.__matmul__ -> Tensor.__mul__" in lines[entered]
+    assert "upstream" not in out.text
+
+
+def test_a_numeric_change_after_a_matching_block_is_named_where_it_is(tmp_path: Path) -> None:
+    """A replaced call plus a numeric change downstream: the change entered at the downstream API, not the block."""
+    golden, target = rope(new=False), rope(new=True)
+    target["data"]["Tensor.sin.0.forward"]["output"][0]["Max"] = 0.6
+    out = check(tmp_path, golden, target)
+    assert not out.passed
+    assert out.origin.kind is OriginKind.API and out.origin.api == "Tensor.sin.0.forward"
+    assert out.verdict.code_paths[0].matches
+    assert "1 other changed block(s) whose values match: Tensor.__matmul__ -> Tensor.__mul__" in out.text
+
+
+def test_a_removed_no_op_passes(tmp_path: Path) -> None:
+    golden = rope(new=False)
+    same = tensor(shape=(4, 18, 8), Max=1.0)
+    data = list(golden["data"].items())
+    data.insert(2, ("Tensor.contiguous.0.forward", api([same], [same])))
+    out = check(tmp_path, {"data": dict(data)}, golden)
+    assert out.passed and out.verdict.code_paths[0].leaving is Leaving.MATCH
+    assert "Tensor.contiguous -> (nothing)" in out.text
+
+
+def test_dumps_too_different_to_align_are_stale_not_noise(tmp_path: Path) -> None:
+    golden = {"data": {f"Functional.linear.{i}.forward": api([tensor()], [tensor()]) for i in range(6)}}
+    target = {"data": {f"Functional.conv2d.{i}.forward": api([tensor()], [tensor()]) for i in range(6)}}
+    out = check(tmp_path, golden, target)
+    assert not out.passed
+    assert "stale: only 0 of 6 API calls pair with the golden's, too different to align" in out.text
+
+
+def test_a_stage_that_fails_on_structure_alone_says_where_the_change_entered(tmp_path: Path) -> None:
+    """A softmax whose output lost its float32 upcast: every statistic equal, the dtype narrower."""
+    golden = rope(new=False)
+    target = copy.deepcopy(golden)
+    target["data"]["Tensor.cos.0.forward"]["output"][0]["dtype"] = "torch.bfloat16"
+    out = check(tmp_path, golden, target)
+    assert not out.passed and not out.verdict.drifts
+    assert out.origin is not None and out.origin.row == "Tensor.cos.0.forward.output.0"
+    assert out.origin.kind is OriginKind.API and out.origin.structural
+    assert "change entered" in out.text
+
+
+def test_the_changed_call_is_placed_in_the_model_code_that_made_it(tmp_path: Path) -> None:
+    """msprobe's stack.json names the frames; the first one outside torch's module machinery is the place."""
+    frames = [
+        "File /venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1789, in _call_impl, \n return f()",
+        "File /venv/lib/python3.11/site-packages/transformers/models/qwen2/modeling_qwen2.py, line 89, in forward, \n"
+        " freqs = position_ids[..., None].float() * self.inv_freq",
+        "File /work/precision_harness/runs/runner/stages.py, line 41, in _forward_logits, \n out = model(x)",
+    ]
+    check(tmp_path, rope(new=False), rope(new=True))
+    stack = tmp_path / "target/step_1/actor_compute_log_prob/step0/rank0/stack.json"
+    stack.write_text(json.dumps({"0": [["Tensor.__mul__.0.forward"], frames]}))
+    out = recheck(tmp_path)
+    site = "at transformers/models/qwen2/modeling_qwen2.py:89 in forward: freqs = position_ids[..., None].float() * "
+    assert out.verdict.code_paths[0].site.startswith(site.removeprefix("at "))
+    assert site in out.text
