@@ -61,7 +61,8 @@ def test_an_upgrade_that_replaces_a_call_with_the_same_values_passes_and_says_so
     lines = list(PrecisionReport(mode="check", records=[record]).lines)
     assert (
         "transformers 5.10.4 -> 5.23.0 changed the code path in 1 stage dump(s) of grpo_tiny: "
-        "Tensor.__matmul__ -> Tensor.__mul__ (their values match the golden's, the items passed; re-record to refresh)"
+        "Tensor.__matmul__ -> Tensor.__mul__ (the values leaving the changed calls match the golden's; "
+        "re-record to refresh)"
     ) in lines
 
 

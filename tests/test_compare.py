@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -252,3 +253,15 @@ def test_metric_that_turns_null_fails() -> None:
     )
     assert v.problems == ["step 1: metric a: 1.0 -> None", "step 1: metric b: None -> 2.0"]
     assert v.checked == 1  # training/global_step
+
+
+def test_a_keyword_argument_has_one_row_name_whatever_the_task() -> None:
+    """msprobe's read_op names a tensor saved by task: tensor after its file (``<api>.kwargs.<key>``) and the same
+    argument under task: statistics ``<api>.input.<key>``: a capture rerun must pair with the checked run."""
+    mask = tensor(shape=(4, 1, 18, 18))
+    statistics = {"data": {"Torch.gather.0.forward": {"input_args": [], "input_kwargs": {"index": mask}, "output": []}}}
+    saved = copy.deepcopy(statistics)
+    saved["data"]["Torch.gather.0.forward"]["input_kwargs"]["index"]["data_name"] = (
+        "Torch.gather.0.forward.kwargs.index.pt"
+    )
+    assert list(rows(saved)) == list(rows(statistics)) == ["Torch.gather.0.forward.input.index"]

@@ -137,7 +137,7 @@ _SUMMARIES = {
     ),
     OriginKind.CODE_PATH: lambda o: (
         f"the code path changed in {o.stage}: {o.code_path.summary}, and the values leaving it differ from "
-        f"the golden's ({o.code_path.evidence})"
+        "the golden's (code path below)"
         if o.code_path is not None and not o.code_path.matches
         else f"the code path changed in {o.stage}: {o.code_path.summary if o.code_path else o.api} "
         "(tolerance.code_path: fail makes any changed code path fail)"

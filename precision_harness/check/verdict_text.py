@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.code_path import describe
+from precision_harness.check.code_path import CodePathChange, describe
 from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
@@ -209,9 +209,14 @@ def _evidence(v: StageVerdict) -> list[str]:
     if len(v.problems) > MAX_PROBLEMS:
         lines.append(_label("", f"... and {len(v.problems) - MAX_PROBLEMS} more"))
     failing = v.failing_code_paths
-    for change in failing[:MAX_PROBLEMS]:
-        rank = f"{change.rank}: " if multi else ""
-        lines.append(_label(CODE_PATH_LABEL, f"{rank}{change.summary}: {change.evidence}"))
+    groups: dict[str, list[CodePathChange]] = {}
+    for change in failing:
+        groups.setdefault(change.block.what, []).append(change)
+    for what, changes in list(groups.items())[:MAX_PROBLEMS]:
+        first = changes[0]
+        rank = f"{first.rank}: " if multi else ""
+        more = f" (x{len(changes)}, the first shown)" if len(changes) > 1 else ""
+        lines.append(_label(CODE_PATH_LABEL, f"{rank}{what}{more}: {first.evidence}"))
     matching = [c for c in v.code_paths if c not in failing]
     if matching:
         lines.append(

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 CONSTRUCT, STACK = "construct.json", "stack.json"
+#: characters of the frame's source line a verdict shows
+MAX_CODE = 60
 #: frames of the machinery between the model code and the call, never the place a reader wants
 _MACHINERY = ("/torch/nn/modules/", "/torch/utils/", "/torch/_", "/msprobe/", "/transformers/utils/")
 _FRAME = re.compile(r"File (?P<path>.+?), line (?P<line>\d+), in (?P<func>[^,]+),\s*\n?\s*(?P<code>.*)", re.S)
@@ -60,5 +62,6 @@ def _model_frame(frames: Any) -> str | None:
         path = re.split(r"(?:site|dist)-packages/", match["path"])[-1]
         path = "/".join(path.split("/")[-4:])  # the package's own path, not where it is installed
         code = " ".join(match["code"].split())
+        code = code if len(code) <= MAX_CODE else code[: MAX_CODE - 3] + "..."
         return f"{path}:{match['line']} in {match['func'].strip()}" + (f": {code}" if code else "")
     return None

@@ -51,15 +51,24 @@ def rows(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     ``NPU Name`` of msprobe's compare table, e.g. ``Functional.linear.7.forward.output.0``.
     Each row carries ``api`` (the dump.json key) besides msprobe's fields.
 
+    ``read_op`` names a tensor saved by ``task: tensor`` after its file (``data_name``), where a keyword
+    argument reads ``<api>.kwargs.<key>``; under ``task: statistics`` the same argument reads
+    ``<api>.input.<key>``. The statistics name is kept for both, so a capture rerun's rows pair with the
+    checked run's and the golden's.
+
     Raises:
         ProbeUnavailableError: msprobe is not installed.
     """
     read_op = _read_op()
     found: dict[str, dict[str, Any]] = {}
     for api, op_data in dump["data"].items():
+        kwargs = f"{api}.kwargs."
         for item in read_op(op_data, api):
             item["api"] = api
-            found[item["full_op_name"]] = item
+            name = item["full_op_name"]
+            if name.startswith(kwargs):  # one name whatever the task (docstring)
+                name = item["full_op_name"] = f"{api}.input.{name[len(kwargs) :]}"
+            found[name] = item
     return found
 
 

@@ -316,12 +316,15 @@ class PrecisionReport:
             names = sorted({r.scenario for r in records})
             more = len(names) - MAX_NAMED_SCENARIOS
             whom = ", ".join(names[:MAX_NAMED_SCENARIOS]) + (f" and {more} more" if more > 0 else "")
-            failing = sum(not r.passed for r in records)
-            how = (
-                f"{failing} failed item(s) name it" if failing else "their values match the golden's, the items passed"
-            )
+            differ = sum(r.code_path["failing"] > 0 for r in records)
+            if differ:
+                how = (
+                    f"in {differ} the values leaving the changed calls differ from the golden's: their verdicts say how"
+                )
+            else:
+                how = "the values leaving the changed calls match the golden's; re-record to refresh"
             head = f"{cause} changed the code path" if cause else "the code path changed"
-            yield f"{head} in {len(records)} stage dump(s) of {whom}: {'; '.join(what)} ({how}; re-record to refresh)"
+            yield f"{head} in {len(records)} stage dump(s) of {whom}: {'; '.join(what)} ({how})"
 
     def _run_lines(self) -> Iterator[str]:
         for name, records in self._by_scenario().items():

@@ -19,7 +19,11 @@ Two variables choose them; unset, every patched function does exactly what it di
   (the log-probs it returns are rounded through bfloat16, the tokens stay: a rollout kernel that stops
   computing log-probs in float32), ``rollout_stale_weights`` (it ignores the sync before step 2 and
   keeps step 1's weights). In the model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
-  variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast).
+  variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast); changed code paths:
+  ``rope_mul`` (RoPE's frequencies by a ``Tensor.__mul__`` where 5.10.4 records a ``Tensor.__matmul__``, as
+  transformers 5.23.0 computes them: the same values, another call) and ``fused_attention`` (eager attention
+  replaced by one ``scaled_dot_product_attention`` call whose kernel rounds q, k and v through bfloat16).
+  Several sites join with ``,`` (``rope_mul,linear_bf16``).
   In the built-in runner's portable matrix products (``precision_harness.runs.runner.cpu_kernels``), where
   msprobe records the API around them unchanged: ``linear_bf16`` (an fp32 product computed from its inputs
   rounded to bfloat16, as a bf16 GEMM mode would), ``sum_order`` (each product's k terms summed in blocks of
@@ -66,6 +70,8 @@ SITES = (
     "sum_order",
     "allreduce",
     "dropout_rng",
+    "rope_mul",
+    "fused_attention",
 )
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
@@ -82,7 +88,8 @@ PERTURB_SCALE = 1.0 + 1e-3
 
 
 def factor(site: str) -> float:
-    """:data:`PLANT_SCALE` when ``$PRECISION_TEST_PLANT`` names ``site``, else 1.0 (read at each call).
+    """:data:`PLANT_SCALE` when ``$PRECISION_TEST_PLANT`` names ``site`` (alone or among others joined by ``,``),
+    else 1.0 (read at each call).
 
     Raises:
         ValueError: the variable names no known site (a typo would otherwise plant nothing).
@@ -90,9 +97,10 @@ def factor(site: str) -> float:
     planted = os.environ.get(PLANT_ENV)
     if not planted:
         return 1.0
-    if planted not in SITES:
-        raise ValueError(f"{PLANT_ENV}={planted!r}: expected one of {', '.join(SITES)}")
-    return PLANT_SCALE if planted == site else 1.0
+    sites = planted.split(",")  # several plants at once: a changed code path and a numeric change after it
+    if any(s not in SITES for s in sites):
+        raise ValueError(f"{PLANT_ENV}={planted!r}: expected one of {', '.join(SITES)}, or several joined by ','")
+    return PLANT_SCALE if site in sites else 1.0
 
 
 def planted(site: str) -> bool:
@@ -238,6 +246,8 @@ def _patch_engine_workers(engine_workers: ModuleType) -> None:
 
 
 def _patch_qwen2(qwen2: ModuleType) -> None:
+    _patch_rope(qwen2)
+    _patch_attention(qwen2)
     norm = qwen2.Qwen2RMSNorm
     original = norm.forward
 
@@ -253,6 +263,43 @@ def _patch_qwen2(qwen2: ModuleType) -> None:
         return self.weight * hidden_states.to(input_dtype)
 
     norm.forward = forward
+
+
+def _patch_rope(qwen2: ModuleType) -> None:
+    """``rope_mul``: RoPE's frequencies formed with one ``Tensor.__mul__`` where transformers 5.10.4 records a
+    ``Tensor.__matmul__`` (transformers 5.23.0's code, line for line): the same values, another call."""
+    rope = qwen2.Qwen2RotaryEmbedding
+    original = rope.forward
+
+    def forward(self: Any, x: Any, position_ids: Any) -> Any:
+        if not planted("rope_mul"):
+            return original(self, x, position_ids)
+        import torch
+
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+    rope.forward = forward
+
+
+def _patch_attention(qwen2: ModuleType) -> None:
+    """``fused_attention``: eager attention (matmul, scale, mask, softmax, dropout, matmul) replaced by one
+    ``scaled_dot_product_attention`` call, transformers' own SDPA path, whose kernel rounds q, k and v through
+    bfloat16 under msprobe's wrapper (:func:`_patch_functional`): a fused op that rounds differently."""
+    eager = qwen2.eager_attention_forward
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kw: Any) -> Any:
+        if not planted("fused_attention"):
+            return eager(module, query, key, value, attention_mask, *args, **kw)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        scaling = args[0] if args else kw.pop("scaling", None)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
+
+    qwen2.eager_attention_forward = attention
 
 
 def _patch_cpu_kernels(cpu_kernels: ModuleType) -> None:
@@ -299,9 +346,30 @@ def _patch_distributed_c10d(c10d: ModuleType) -> None:
     c10d.all_reduce = planted_all_reduce
 
 
+def _in_replay() -> bool:
+    """Whether the judgement's CPU replay (precision_harness.runs.api_replay) is the caller: a device kernel's plant
+    stays on the device; the CPU reference that judges it computes what torch computes."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("precision_harness.runs.api_replay"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _patch_functional(functional: ModuleType) -> None:
-    """``dropout_rng``: the default generator reseeded before each dropout (no op msprobe records)."""
-    dropout = functional.dropout
+    """``dropout_rng``: the default generator reseeded before each dropout (no op msprobe records);
+    ``fused_attention``: SDPA computed from q, k and v rounded through bfloat16 (no op msprobe records)."""
+    dropout, sdpa = functional.dropout, functional.scaled_dot_product_attention
+
+    def planted_sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if planted("fused_attention") and not _in_replay():
+            import torch
+
+            query, key, value = (_unhooked_round(t, torch.bfloat16) for t in (query, key, value))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    functional.scaled_dot_product_attention = planted_sdpa
 
     def planted_dropout(*args: Any, **kwargs: Any) -> Any:
         if planted("dropout_rng"):
