@@ -14,8 +14,14 @@ $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.gate
+# the upgrade the tests gate: transformers 5.23.0 beside the pinned environment (tests/test_real_upgrade.py)
+UPGRADE := $(VENV)/transformers-5.23
+
+$(VENV)/.test: $(VENV)/.gate constraints/transformers-5.23.txt
 	$(PIP) -e ".[test,verl]"
+	rm -rf $(UPGRADE)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(UPGRADE) \
+		-r constraints/transformers-5.23.txt
 	touch $@
 
 gate: $(VENV)/.gate          ## the main job: every scenario against golden/, plus the invariants
