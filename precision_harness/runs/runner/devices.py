@@ -68,8 +68,8 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
             import torch_npu  # noqa: F401  (registers the npu device)
         except ImportError:
             raise RuntimeError(
-                "device npu: torch_npu is not installed; "
-                "pip install 'pytest-precision[npu]' or pick --precision-device cpu"
+                "device npu: torch_npu is not installed; install the torch_npu release that matches "
+                "your CANN and torch, or pick --precision-device cpu"
             ) from None
         try:
             from msprobe.pytorch import seed_all
