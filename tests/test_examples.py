@@ -179,3 +179,26 @@ def test_the_device_shapes_template_loads_with_qwen_7b_layer_shapes_and_stays_ou
     assert scenario.config["device"] == "npu" and scenario.level == "auto"
     testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert not any(path.is_relative_to(ROOT / p) for p in testpaths)  # never collected by the CPU gate
+
+
+def test_the_device_verl_example_names_its_device() -> None:
+    """A plain ``pytest`` runs it on the NPU (the CPU path refuses its rollout.name); cuda is named beside it."""
+    text = (VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml").read_text()
+    assert yaml.safe_load(text)["device"] == "npu"
+    assert re.search(r"^#.*\bcuda\b", text, re.M)
+
+
+def test_the_device_verl_example_without_its_variables_fails_collection_in_one_line_naming_both(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    (pytester.path / "scenarios").mkdir()
+    (pytester.path / "scenarios" / "qwen3_06b_grpo.yaml").write_text(
+        (VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml").read_text()
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--co", "scenarios")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    lines = [line for line in result.stdout.lines if "is not set" in line or "are not set" in line]
+    assert len(lines) == 1, result.stdout.str()
+    assert "DATA_DIR, MODEL_PATH are not set" in lines[0] and "qwen3_06b_grpo.yaml: inputs:" in lines[0]
