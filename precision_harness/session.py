@@ -477,6 +477,8 @@ class PrecisionSession:
             "timings": run.run_json.get("timings", {}),
             "timing": progress.timing_line(run.run_json, profiled=profiled),
             "run_dir": str(self.shown(run.run_dir)),
+            # a check that loaded the golden's rollouts never ran the rollout engine (report.not_exercised)
+            "rollouts_pinned": self.plan(scenario).pinned is not None,
         }
 
     def finish(self, *, scenario_dirs: list[str]) -> None:
