@@ -34,8 +34,9 @@ def _timeout(value: Any) -> float | None:
     return float(value or 0) or None
 
 
-def _jobs(value: Any) -> int:
-    return int(value) if value else max(1, os.cpu_count() or 1)
+def _jobs(value: Any) -> int | None:
+    """``--precision-jobs``, or None when the user did not set it (:meth:`PrecisionOptions.jobs_for` decides)."""
+    return int(value) if value else None
 
 
 def _same(value: Any) -> Any:
@@ -111,7 +112,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "jobs",
-        "scenario runs in parallel in this process (default: CPU count)",
+        "scenario runs in parallel in this process (default: the CPU count for cpu runs, 1 for npu and cuda "
+        "runs: a device run, verl's above all, takes the host's accelerators)",
         type=int,
         metavar="N",
         convert=_jobs,
@@ -203,7 +205,7 @@ class PrecisionOptions:
     golden_mode: str = field(default=_default("golden"))
     device: str = field(default=_default("device"))
     artifacts: Path = field(default=_default("artifacts"))
-    jobs: int = field(default=_default("jobs"))
+    jobs: int | None = field(default=_default("jobs"))  #: None: not set (:meth:`jobs_for` picks per device)
     report: Path | None = field(default=_default("report"))  #: directory for report.json/.md/.html
     prune: bool = field(default=_default("prune"))  #: remove unused goldens on a full run
     ray_address: str | None = field(default=_default("ray-address"))  #: None: local subprocess / local Ray
@@ -235,6 +237,14 @@ class PrecisionOptions:
     def from_cli(cls, args: argparse.Namespace) -> PrecisionOptions:
         """The options of parsed ``precision-harness`` arguments (options a subcommand lacks keep defaults)."""
         return cls(**{opt.target: opt.value(getattr(args, opt.dest, None)) for opt in OPTIONS})
+
+    def jobs_for(self, device: str) -> int:
+        """Runs on ``device`` at a time: ``--precision-jobs`` when set, else the CPU count on cpu and 1 on
+        npu or cuda (a verl run asks for every accelerator its ``trainer.n_gpus_per_node`` names, and two
+        built-in runs on one accelerator would race for its memory)."""
+        if self.jobs is not None:
+            return self.jobs
+        return max(1, os.cpu_count() or 1) if device == "cpu" else 1
 
     def device_for(self, scenario: Scenario) -> str:
         """Where ``scenario`` runs: ``--precision-device``, or the scenario's ``device`` key under ``auto``."""

@@ -2,8 +2,8 @@
 
 Each scenario's golden action is decided once, as one value (:meth:`PrecisionSession.plan`,
 :class:`~precision_harness.session_plan.Plan`): the only place the golden mode is read. Its run is
-started once (:meth:`~PrecisionSession.start`, on a thread pool, at most ``jobs`` at a time) however
-many of its items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The
+started once (:meth:`~PrecisionSession.start`, on a pool of :class:`~precision_harness.runs.pools.RunPools`)
+however many of its items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The
 runner that starts a run is a constructor argument
 (:func:`~precision_harness.runs.kind_runners.run_scenario` by default). The comparison itself is
 :func:`precision_harness.check.items.check_items`, the path ``precision-harness compare`` takes too.
@@ -34,7 +34,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from precision_harness.runs import device_availability
 from precision_harness.runs.kind_runners import Run, load_scenario, preflight, run_scenario
 from precision_harness.runs.kind_runners import stop as stop_runs
 from precision_harness.runs.launch import RunOptions, RunResult
+from precision_harness.runs.pools import RunPools
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session_plan import (
@@ -95,7 +96,7 @@ class PrecisionSession:
         self.report = PrecisionReport(mode=options.golden_mode)
         self.usage = GoldenUsage()  #: which scenarios were collected; why the run is partial
         self.on_progress: Callable[[str], None] | None = None  #: called with a line as each stage starts
-        self._executor: ThreadPoolExecutor | None = None
+        self._pools = RunPools(options)  #: one pool of --precision-jobs runs, else one per device
         self._states: dict[str, ScenarioState] = {}
 
     def _abs(self, p: Path) -> Path:
@@ -196,16 +197,13 @@ class PrecisionSession:
     def _submit(self, st: ScenarioState, plan: Plan) -> Future:
         if not msprobe_available():
             raise no_msprobe()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
+        executor = self._pools.pool(st.device)
         scenario, out_dir = plan.runs, self.run_dir(plan.runs)
         options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
         if scenario.localizes and plan.action is GoldenAction.RECORD:
             variants, run = self._variants(scenario), self._bound(st, options)
-            return self._executor.submit(
-                level_auto.run_recording, scenario, out_dir=out_dir, variants=variants, run=run
-            )
-        return self._executor.submit(self.runner, scenario, out_dir=out_dir, device=st.device, options=options)
+            return executor.submit(level_auto.run_recording, scenario, out_dir=out_dir, variants=variants, run=run)
+        return executor.submit(self.runner, scenario, out_dir=out_dir, device=st.device, options=options)
 
     def _run_options(self, **more: Any) -> RunOptions:
         return RunOptions(timeout=self.options.timeout, warm=self.options.worker == "warm", **more)
@@ -260,9 +258,7 @@ class PrecisionSession:
 
     def close(self) -> None:
         stop_runs()  # a run still in flight (Ctrl-C) and the shared Ray of verl runs: nothing outlives the session
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self._pools.close()
 
     # -------------------------------------------------------------------------------- outcomes
     def outcome(self, scenario: Scenario, key: ItemKey) -> Outcome:
@@ -466,6 +462,8 @@ class PrecisionSession:
             "timings": run.run_json.get("timings", {}),
             "timing": progress.timing_line(run.run_json, profiled=profiled),
             "run_dir": str(self.shown(run.run_dir)),
+            # a check that loaded the golden's rollouts never ran the rollout engine (report.not_exercised)
+            "rollouts_pinned": self.plan(scenario).pinned is not None,
         }
 
     def finish(self, *, scenario_dirs: list[str]) -> None:

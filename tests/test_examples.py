@@ -179,3 +179,64 @@ def test_the_device_shapes_template_loads_with_qwen_7b_layer_shapes_and_stays_ou
     assert scenario.config["device"] == "npu" and scenario.level == "auto"
     testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
     assert not any(path.is_relative_to(ROOT / p) for p in testpaths)  # never collected by the CPU gate
+
+
+def test_the_device_verl_example_names_its_device() -> None:
+    """A plain ``pytest`` runs it on the NPU (the CPU path refuses its rollout.name); cuda is named beside it."""
+    text = (VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml").read_text()
+    assert yaml.safe_load(text)["device"] == "npu"
+    assert re.search(r"^#.*\bcuda\b", text, re.M)
+
+
+def test_the_device_verl_example_without_its_variables_fails_collection_in_one_line_naming_both(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    (pytester.path / "scenarios").mkdir()
+    (pytester.path / "scenarios" / "qwen3_06b_grpo.yaml").write_text(
+        (VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml").read_text()
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--co", "scenarios")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    lines = [line for line in result.stdout.lines if "is not set" in line or "are not set" in line]
+    assert len(lines) == 1, result.stdout.str()
+    assert "DATA_DIR, MODEL_PATH are not set" in lines[0] and "qwen3_06b_grpo.yaml: inputs:" in lines[0]
+
+
+def _job_timeout_s(job: dict) -> int:
+    if "timeout-minutes" in job:
+        return int(job["timeout-minutes"]) * 60
+    m = re.fullmatch(r"(\d+)m", str(job["timeout"]))
+    assert m, job["timeout"]
+    return int(m.group(1)) * 60
+
+
+@pytest.mark.parametrize("path", [p for p, _ in CI_FILES], ids=["github", "gitlab"])
+def test_ci_job_timeouts_fit_the_runs_each_job_makes(path: Path) -> None:
+    """A check may rerun once to judge and once at L1 (3 runs); a recording with pinned rollouts runs verl
+    twice, three times at level auto: each job outlasts its runs at precision_timeout, with room for setup."""
+    jobs = yaml.safe_load(path.read_text())
+    jobs = jobs.get("jobs", jobs)
+    for name, runs in (("gate", 3), ("golden", 3)):
+        job = next(j for n, j in jobs.items() if name in n and isinstance(j, dict) and ("timeout" in str(j)))
+        precision_timeout = int(re.search(r"precision_timeout=(\d+)", yaml.safe_dump(job)).group(1))
+        assert _job_timeout_s(job) >= runs * precision_timeout + 10 * 60, (name, _job_timeout_s(job))
+
+
+def test_github_uploads_keep_the_hidden_precision_folder() -> None:
+    """upload-artifact 4.4+ leaves hidden paths out unless include-hidden-files is true."""
+    jobs = yaml.safe_load((CI / "github-actions.yml").read_text())["jobs"]
+    uploads = [s["with"] for j in jobs.values() for s in j["steps"] if "upload-artifact" in s.get("uses", "")]
+    hidden = [u for u in uploads if re.search(r"(^|/|\s)\.\w", u["path"])]
+    assert hidden and all(u.get("include-hidden-files") is True for u in hidden), uploads
+
+
+@pytest.mark.parametrize("path", [p for p, _ in CI_FILES], ids=["github", "gitlab"])
+def test_ci_jobs_set_the_example_scenarios_variables_and_install_without_an_index(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    env = doc.get("env") or doc.get("variables")
+    read = set(re.findall(r"\$\{oc\.env:(\w+)\}", (VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml").read_text()))
+    assert read == {"DATA_DIR", "MODEL_PATH"} and read <= set(env), env
+    assert env["PYTEST_PRECISION"].startswith("pytest-precision @ git+")
+    assert '"$PYTEST_PRECISION"' in path.read_text()

@@ -25,7 +25,7 @@ def test_npu_without_torch_npu_is_a_usage_error_naming_the_fix(pytester: pytest.
     _assert_one_line_usage_error(
         result,
         "ERROR: --precision-device npu: torch_npu is not installed; "
-        "install torch_npu *(pip install 'pytest-precision[[]npu[]]') or use --precision-device cpu",
+        "install the torch_npu release that matches your CANN and torch, or use --precision-device cpu",
     )
 
 

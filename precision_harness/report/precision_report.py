@@ -304,7 +304,9 @@ class PrecisionReport:
         checked = [n for n, rs in by_scenario.items() if any(r.kind is not OutcomeKind.RECORDED for r in rs)]
         for env, names in grouped(rows):
             failed = sum(not r.passed for n in names for r in by_scenario[n])
-            yield environment_line(env, scenarios=names if names != checked else None, failed=failed)
+            runs = [r.run for n in names for r in by_scenario[n] if r.run]
+            unseen = not_exercised(env, runs) if not failed else None
+            yield environment_line(env, scenarios=names if names != checked else None, failed=failed, unseen=unseen)
 
     def _code_path_lines(self) -> Iterator[str]:
         """One line per distinct changed code path (usually one for the whole run: an upgrade), never one per item."""
@@ -407,11 +409,38 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
     }
 
 
-def environment_line(env: EnvironmentDiff, *, scenarios: list[str] | None, failed: int) -> str:
+#: the rollout engines a golden's stack records (precision_harness.runs.stack.PACKAGES)
+ROLLOUT_ENGINES = ("vllm", "vllm-ascend", "sglang")
+
+
+def not_exercised(env: EnvironmentDiff, runs: list[dict[str, Any]]) -> str | None:
+    """What of the stack a passing check did not exercise, or None (every part it ran was checked).
+
+    ``runs`` are the records' ``run`` maps (``device``, ``rollouts_pinned``). With rollouts pinned the
+    check loads the golden's rollouts, so the rollout engine never ran: a change to it is named as
+    unseen, visible only through the log-prob parity metrics where verl computes them
+    (docs/consistency.md). Off the CPU, ``rollout_generate`` and ``weight_sync`` are refused, so
+    the sampled tokens and the weight sync went unchecked too (docs/triage.md, "What a device check
+    sees").
+    """
+    parts = []
+    if any(run.get("rollouts_pinned") for run in runs):
+        engines = [str(c) for c in env.changes if c.what in ROLLOUT_ENGINES]
+        changed = f": {'; '.join(engines)} unseen" if engines else ""
+        parts.append(f"the rollout engine (rollouts pinned{changed}; only log-prob parity metrics reach it)")
+    if any(run.get("device", "cpu") != "cpu" for run in runs):
+        parts.append("rollout_generate and weight_sync (refused off the CPU)")
+    return ", ".join(parts) or None
+
+
+def environment_line(
+    env: EnvironmentDiff, *, scenarios: list[str] | None, failed: int, unseen: str | None = None
+) -> str:
     """The terminal summary's line about an environment difference.
 
     ``scenarios`` names the scenarios it concerns (None: every checked scenario). A difference made
     only of fields the golden does not record (an older golden) is a plain note, not a warning.
+    ``unseen`` (:func:`not_exercised`) names, on a passing check, the parts of the stack it did not run.
     """
     whom = ""
     if scenarios:
@@ -420,6 +449,8 @@ def environment_line(env: EnvironmentDiff, *, scenarios: list[str] | None, faile
     if not env.differs:
         return f"environment not fully recorded{whom} (older goldens record less; a re-record adds it): {env.summary}"
     verdict = "checked, the goldens held" if not failed else f"{failed} failed item(s) name it"
+    if unseen and not failed:
+        verdict += f"; not exercised: {unseen}"
     return f"environment differs from the golden's{whom} ({env.summary}): {verdict}"
 
 

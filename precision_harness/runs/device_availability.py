@@ -17,9 +17,8 @@ import subprocess
 import sys
 from functools import cache
 
-NPU_FIX = (
-    "install torch_npu matching your CANN and torch (pip install 'pytest-precision[npu]') or use --precision-device cpu"
-)
+#: torch_npu is built per CANN and torch release (Ascend's version table), so no pip extra can pick it
+NPU_FIX = "install the torch_npu release that matches your CANN and torch, or use --precision-device cpu"
 CUDA_FIX = "install a CUDA build of torch on a machine with an NVIDIA GPU, or use --precision-device cpu"
 
 

@@ -10,10 +10,9 @@ framework picks one would open a context on device 0.
 What is read, and where from:
 
 - package versions (:data:`PACKAGES`): ``importlib.metadata`` of the interpreter that reads them;
-- CANN: ``version=`` of ``ascend_toolkit_install.info`` under ``$ASCEND_TOOLKIT_HOME``,
-  ``$ASCEND_HOME_PATH`` or the default install roots (``<root>/<arch>-linux/``, CANN's documented
-  check: "cat /usr/local/Ascend/ascend-toolkit/latest/<arch>-linux/ascend_toolkit_install.info").
-  HCCL ships inside CANN and has no version of its own;
+- CANN: :func:`cann_version`, from the toolkit's own files under ``$ASCEND_TOOLKIT_HOME``,
+  ``$ASCEND_HOME_PATH`` or the default install roots. HCCL ships inside CANN and has no version of
+  its own;
 - the NPU driver: ``Version=`` of ``/usr/local/Ascend/driver/version.info``;
 - the NPU chip model and count: the ``NPU Name`` rows of ``npu-smi info``;
 - NCCL: the ``nvidia-nccl-cu1x`` wheel torch depends on;
@@ -79,13 +78,51 @@ def key_value(text: str, key: str) -> str | None:
 
 
 def cann_version(environ: Mapping[str, str], arch: str | None = None) -> str | None:
-    """CANN's toolkit version (``8.0.RC3``) from the first ``ascend_toolkit_install.info`` found."""
+    """CANN's toolkit version (``8.0.RC3``, ``8.1.RC1``, ``8.0.0``) read from the toolkit's files, or None.
+
+    ``torch_npu.utils.get_cann_version`` answers only from CANN 8.1.RC1 on (torch_npu's docs: below
+    it, an empty string), so this reader is what an older CANN is recorded by. The roots tried, in
+    order: ``$ASCEND_TOOLKIT_HOME``, ``$ASCEND_HOME_PATH`` (both set by the toolkit's ``set_env.sh``),
+    ``/usr/local/Ascend/ascend-toolkit/latest`` (CANN 8.0 to 8.3) and ``/usr/local/Ascend/cann``
+    (CANN 8.5's layout). In each, the first file that answers:
+
+    1. ``<root>/<arch>-linux/ascend_toolkit_install.info``, its ``version=`` line (every layout from
+       CANN 8.0 on; CANN's install guide checks the version with ``cat .../latest/<arch>-linux/
+       ascend_toolkit_install.info``; vllm-ascend's ``collect_env`` prints it: ``package_name=
+       Ascend-cann-toolkit``, ``version=8.0.RC3``, ``innerversion=...``, ``path=...``); ``arm64-linux``
+       is the older name of ``aarch64-linux``;
+    2. ``<root>/version.cfg``, the CANN release after the colon of ``toolkit_running_version=
+       [7.6.0.1.220:8.0.0]`` (or of ``runtime_running_version``, which HCCL's own version check
+       reads): the CANN 8.0 toolkit root's summary of its components.
+
+    Returns None when no root holds either (never the root's path: a path is not a version).
+    """
     arch = arch or platform.machine()
+    arch_dirs = [f"{arch}-linux", *(["arm64-linux"] if arch == "aarch64" else [])]
     roots = [environ.get("ASCEND_TOOLKIT_HOME"), environ.get("ASCEND_HOME_PATH"), *ASCEND_ROOTS]
-    for root in filter(None, roots):
-        text = _read(Path(root) / f"{arch}-linux" / "ascend_toolkit_install.info")
-        if text is not None:
+    for root in dict.fromkeys(filter(None, roots)):
+        version = _toolkit_info_version(Path(root), arch_dirs) or _version_cfg_release(Path(root))
+        if version:
+            return version
+    return None
+
+
+def _toolkit_info_version(root: Path, arch_dirs: list[str]) -> str | None:
+    for arch_dir in arch_dirs:
+        text = _read(root / arch_dir / "ascend_toolkit_install.info")
+        if text is not None and key_value(text, "version"):
             return key_value(text, "version")
+    return None
+
+
+def _version_cfg_release(root: Path) -> str | None:
+    """The CANN release of ``version.cfg``: ``8.0.0`` of ``toolkit_running_version=[7.6.0.1.220:8.0.0]``."""
+    text = _read(root / "version.cfg")
+    for key in ("toolkit_running_version", "runtime_running_version"):
+        value = key_value(text or "", key)
+        m = re.fullmatch(r"\[[^:\]]*:([^\]]+)\]", value or "")
+        if m:
+            return m.group(1).strip()
     return None
 
 

@@ -50,6 +50,12 @@ CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
 CHECKED_VERSION = "0.9.1"
 #: the verl versions the CPU support (precision_harness.runs.verl_cpu, its patches) was checked against
 SUPPORTED_VERSIONS = ("0.9.1",)
+#: what a missing verl asks for: verl itself, installed as verl's guide says for the device (on an NPU with
+#: vllm-ascend and torch_npu); never the [verl] extra, which pins the CPU path's verl over a device stack
+VERL_FIX = (
+    f"install verl itself as verl's installation guide says for your device (the gate was checked with verl "
+    f'{CHECKED_VERSION}), or on the CPU use the CPU path\'s environment (docs/scenarios.md, "verl on CPU")'
+)
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl_rank_stack"
@@ -82,15 +88,12 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
     """verl must be installed, and dump every declared stage.
 
     Raises:
-        VerlMissingError: verl is missing (names the extra; pytest skips the scenario).
+        VerlMissingError: verl is missing (says to install verl itself; pytest skips the scenario).
         ScenarioError: a declared stage is one verl does not dump.
     """
     version = installed_version()
     if version is None:
-        raise VerlMissingError(
-            f"{scenario_path}: engine: verl needs verl installed in this environment; "
-            "pip install 'pytest-precision[verl]' (or your own verl build)"
-        )
+        raise VerlMissingError(f"{scenario_path}: engine: verl needs verl installed in this environment; {VERL_FIX}")
     missing = [s for s in stages if s not in DUMPED_STAGES + CPU_STAGES]
     if missing:
         raise ScenarioError(
@@ -370,7 +373,7 @@ def config_dir() -> Path:
     """verl's own ``trainer/config`` folder, found without importing verl."""
     spec = importlib.util.find_spec("verl")
     if spec is None or spec.origin is None:
-        raise ScenarioError("verl is not installed: pip install 'pytest-precision[verl]'")
+        raise ScenarioError(f"verl is not installed: {VERL_FIX}")
     return Path(spec.origin).parent / "trainer" / "config"
 
 

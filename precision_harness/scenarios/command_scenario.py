@@ -117,6 +117,27 @@ def input_path(path: Path, rel: str) -> Path:
     return path.parent / _ENV_REF.sub(value, rel)
 
 
+def _require_variables(path: Path, inputs: list[str]) -> None:
+    """Raise one ScenarioError naming every entry and every ``${oc.env:NAME}`` they read that is not set.
+
+    A scenario whose inputs read several variables (the verl example's ``DATA_DIR`` and ``MODEL_PATH``)
+    says all of them at once, rather than one per attempt.
+    """
+    rels = [rel for rel in inputs if any(n not in os.environ for n in _ENV_REF.findall(rel))]
+    names = list(dict.fromkeys(n for rel in rels for n in _ENV_REF.findall(rel) if n not in os.environ))
+    if not names:
+        return
+    reads = ", ".join(f"${{oc.env:{n}}}" for n in names)
+    verb, be, them = ("reads", "is", "it") if len(rels) == 1 else ("read", "are", "them")
+    be = be if len(names) == 1 else "are"
+    them = them if len(names) == 1 else "them"
+    raise ScenarioError(
+        f"{path}: inputs: {', '.join(map(repr, rels))} {verb} {reads} but {', '.join(names)} {be} not set; "
+        f"set {them} to {'the folder' if len(names) == 1 else 'the folders'} the run reads, or list the file "
+        "relative to the scenario's folder"
+    )
+
+
 def input_digests(path: Path, inputs: list[str]) -> dict[str, str]:
     """``{entry as listed: sha256}`` of each file under ``inputs`` (:func:`input_path`).
 
@@ -125,6 +146,7 @@ def input_digests(path: Path, inputs: list[str]) -> dict[str, str]:
     Raises:
         ScenarioError: an input is missing or not a file, or uses a variable that is not set (names it).
     """
+    _require_variables(path, inputs)
     out = {}
     for rel in inputs:
         target = input_path(path, rel)

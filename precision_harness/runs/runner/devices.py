@@ -68,8 +68,8 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
             import torch_npu  # noqa: F401  (registers the npu device)
         except ImportError:
             raise RuntimeError(
-                "device npu: torch_npu is not installed; "
-                "pip install 'pytest-precision[npu]' or pick --precision-device cpu"
+                "device npu: torch_npu is not installed; install the torch_npu release that matches "
+                "your CANN and torch, or pick --precision-device cpu"
             ) from None
         try:
             from msprobe.pytorch import seed_all
@@ -178,7 +178,7 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
     - cuda: ``gpu`` (device name), ``gpu_capability`` (``"9.0"``), ``cuda`` (runtime), ``cudnn``,
       ``cuda_driver``; npu: ``npu_chip`` (``torch_npu.npu.get_device_name``), ``torch_npu``,
       ``cann`` and ``npu_driver`` (``torch_npu.utils.get_cann_version``, CANN >= 8.1; ``cann``
-      falls back to ``ASCEND_TOOLKIT_HOME``).
+      falls back to the toolkit's files, :func:`precision_harness.runs.stack.cann_version`).
 
     Every device call is guarded and gives None when it fails. The cuda and npu keys were written
     against the libraries' documentation and have not run on a GPU or an NPU (none was available).
@@ -241,7 +241,14 @@ def _cuda_fingerprint(torch: Any) -> dict[str, Any]:
 
 
 def _npu_fingerprint() -> dict[str, Any]:
-    """Ascend chip, torch_npu, CANN and driver versions (untested on hardware; every call guarded)."""
+    """Ascend chip, torch_npu, CANN and driver versions (untested on hardware; every call guarded).
+
+    ``cann`` is ``torch_npu.utils.get_cann_version(module="CANN")`` where it answers (CANN >= 8.1.RC1),
+    else :func:`precision_harness.runs.stack.cann_version` from the toolkit's files (None when none
+    is found, so the stack's own reading is not overridden).
+    """
+    from precision_harness.runs import stack
+
     try:
         import torch_npu
     except ImportError:
@@ -250,6 +257,7 @@ def _npu_fingerprint() -> dict[str, Any]:
     return {
         "torch_npu": _version("torch_npu"),
         "npu_chip": _guarded(lambda: torch_npu.npu.get_device_name(0)),
-        "cann": _guarded(lambda: get_cann(module="CANN")) or os.environ.get("ASCEND_TOOLKIT_HOME"),
+        # torch_npu answers "" below CANN 8.1.RC1: the toolkit's files say which CANN it is
+        "cann": _guarded(lambda: get_cann(module="CANN")) or stack.cann_version(os.environ),
         "npu_driver": _guarded(lambda: get_cann(module="DRIVER")),
     }
