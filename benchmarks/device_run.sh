@@ -21,6 +21,7 @@
 # Environment (defaults are the GPU run's; tests/test_device_run.py runs it with DEVICE=cpu):
 #   DEVICE (cuda)  ITEMS ("2 3 4 5 6")  PYTHON (python3)  WHEELS (<repo>/.device-wheels)  WORK (a new
 #   temporary folder)  JOBS (nproc)  TRANSFORMERS (5.10.4: the version the import check demands)
+#   WORKER (warm: pytest's --precision-worker; fresh if forked workers misbehave on the GPU)
 #   GOLDEN_SCENARIOS  DET_SCENARIOS  CROSS_SCENARIOS  GATE_SCENARIO  PLANT  BENIGN  EXPECT_FIRST
 #   COST_SCENARIO  CALIBRATE_RUNS (4)  T_INSTALL T2 T3 T4 T5 T6: each step's limit in seconds.
 # Exit status: 0 when every item ran, 1 when one failed or timed out, 2 on bad usage or a failed install.
@@ -36,6 +37,7 @@ PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-$REPO/.device-wheels}
 JOBS=${JOBS:-$(nproc)}
 TRANSFORMERS=${TRANSFORMERS:-5.10.4}
+WORKER=${WORKER:-warm}
 # the single-rank built-in scenarios (ppo_dp2_tiny needs Ray, whose wheel is too big to travel)
 GOLDEN_SCENARIOS=${GOLDEN_SCENARIOS:-grpo_tiny ppo_gae_tiny grpo_is_token_truncate ppo_is_sequence_clip_veto \
 grpo_is_geometric grpo_is_metrics_only grpo_reward_model grpo_bf16_actor grpo_bf16_rollout}
@@ -52,11 +54,11 @@ EXPECT_FIRST=${EXPECT_FIRST:-actor_compute_log_prob[step_1]}
 COST_SCENARIO=${COST_SCENARIO:-benchmarks/scenarios/grpo_deep24.yaml}
 CALIBRATE_RUNS=${CALIBRATE_RUNS:-4}
 T_INSTALL=${T_INSTALL:-60} T2=${T2:-100} T3=${T3:-70} T4=${T4:-90} T5=${T5:-90} T6=${T6:-70}
-export DEVICE PYTHON WHEELS JOBS TRANSFORMERS GOLDEN_SCENARIOS DET_SCENARIOS CROSS_SCENARIOS GATE_SCENARIO
+export DEVICE PYTHON WHEELS JOBS TRANSFORMERS WORKER GOLDEN_SCENARIOS DET_SCENARIOS CROSS_SCENARIOS GATE_SCENARIO
 export PLANT BENIGN EXPECT_FIRST COST_SCENARIO CALIBRATE_RUNS
 
 # the gate loaded from this tree: -p no:precision drops an installed copy's entry point, if there is one
-PYTEST=("$PYTHON" -m pytest -p no:precision -p pytest_precision -p no:cacheprovider -q)
+PYTEST=("$PYTHON" -m pytest -p no:precision -p pytest_precision -p no:cacheprovider -q --precision-worker "$WORKER")
 CLI=("$PYTHON" -m precision_harness.cli)
 FIGURES=("$PYTHON" "$REPO/benchmarks/device_figures.py")
 
@@ -97,7 +99,8 @@ item_goldens() {
     mapfile -t files < <(paths "$GOLDEN_SCENARIOS")
     "${PYTEST[@]}" "${files[@]}" --precision-device "$DEVICE" --precision-golden update --precision-jobs "$JOBS" \
         --precision-artifacts "$WORK/artifacts2" --precision-report "$ITEM_DIR/report"
-    echo "pytest exit $?" >>"$ITEM_DIR/figures.txt"
+    local rc=$?
+    echo "pytest exit $rc" >>"$ITEM_DIR/figures.txt"
     "${FIGURES[@]}" manifests golden "$DEVICE" >>"$ITEM_DIR/figures.txt" || return 1
     local file name
     for file in "${files[@]}"; do
@@ -105,6 +108,7 @@ item_goldens() {
         [ -d "golden/$name/$DEVICE" ] || { echo "no golden/$name/$DEVICE was recorded"; return 1; }
         mkdir -p "$ITEM_DIR/golden/$name" && cp -r "golden/$name/$DEVICE" "$ITEM_DIR/golden/$name/"
     done
+    return $rc
 }
 
 item_determinism() {
@@ -134,8 +138,11 @@ item_cross() {
     mapfile -t files < <(paths "$CROSS_SCENARIOS")
     "${PYTEST[@]}" "${files[@]}" --precision-device cpu --precision-golden-device "$DEVICE" --precision-jobs "$JOBS" \
         --precision-artifacts "$WORK/artifacts4" --precision-report "$ITEM_DIR/report"
-    echo "pytest exit $? (1: drift beyond tolerance.cross_device)" >>"$ITEM_DIR/figures.txt"
-    "${FIGURES[@]}" report "$ITEM_DIR/report/report.json" >>"$ITEM_DIR/figures.txt"
+    local rc=$?
+    echo "pytest exit $rc (1: drift beyond tolerance.cross_device)" >>"$ITEM_DIR/figures.txt"
+    "${FIGURES[@]}" report "$ITEM_DIR/report/report.json" >>"$ITEM_DIR/figures.txt" || return 1
+    # 0 and 1 (drift) are both figures; anything else (usage, collection, internal error) is a failed item
+    [ $rc -le 1 ]
 }
 
 gate_check() {  # NAME PLANT: the gate scenario checked on DEVICE with PLANT planted; figures under NAME
