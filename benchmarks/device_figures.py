@@ -7,7 +7,7 @@ Subcommands, each over files the run wrote (none imports torch except ``cost``, 
   Mean against the RMS ``Norm / sqrt(numel)`` as the gate scales it; :mod:`precision_harness.dumps.statistics`).
 - ``report REPORT_JSON``: a gate's ``report.json`` per scenario and stage: the worst tolerance ratio over its
   steps, whether it passed, the first failing item in execution order, and every judgement line.
-- ``manifests GOLDEN_ROOT DEVICE``: each ``<GOLDEN_ROOT>/<scenario>/<DEVICE>/manifest.json``'s accelerator
+- ``manifests GOLDEN_ROOT DEVICE [NAME ...]``: each ``<GOLDEN_ROOT>/<NAME>/<DEVICE>/manifest.json``'s accelerator
   stack (GPU model, drivers, CUDA torch, CUDA, cuDNN, deterministic algorithms, determinism variables).
 - ``cost SCENARIO --device D --work DIR``: the scenario run without msprobe and at L0, L1 and ``auto``,
   each in a fresh worker: wall, wall per training step (the sum of ``run.json``'s step timings over the
@@ -124,10 +124,13 @@ def report(path: Path) -> list[str]:
     return head + table + lines
 
 
-def manifests(root: Path, device: str) -> list[str]:
-    """Lines: per golden of ``device`` under ``root``, the accelerator stack its manifest records."""
+def manifests(root: Path, device: str, names: list[str]) -> list[str]:
+    """Lines: per golden of ``device`` under ``root`` (of the scenarios ``names``; all when empty), the
+    accelerator stack its manifest records."""
     lines = []
     for manifest in sorted(root.glob(f"*/{device}/manifest.json")):
+        if names and manifest.parent.parent.name not in names:
+            continue
         env = json.loads(manifest.read_text()).get("env", {})
         stack = ", ".join(f"{k}={env.get(k)}" for k in STACK_KEYS if k in env or device == "cuda")
         lines.append(f"{manifest.parent.parent.name}: {stack}")
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("manifests")
     p.add_argument("root", type=Path)
     p.add_argument("device")
+    p.add_argument("names", nargs="*", help="scenario names (default: every golden of the device)")
     p = sub.add_parser("cost")
     p.add_argument("scenario", type=Path)
     p.add_argument("--device", default="cuda")
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "report":
         lines = report(args.report_json)
     elif args.command == "manifests":
-        lines = manifests(args.root, args.device)
+        lines = manifests(args.root, args.device, args.names)
     else:
         lines = cost(args.scenario, args.device, args.work)
     print("\n".join(lines))
