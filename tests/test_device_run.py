@@ -212,3 +212,35 @@ def test_cuda_fingerprint_records_tf32():
     assert env["tf32"] == "matmul off, cudnn on"
     assert env["gpu"] == "NVIDIA H100 80GB HBM3" and env["gpu_capability"] == "9.0" and env["cudnn"] == "91000"
     assert env["cuda_driver"] is None  # the private binding is missing: recorded as unknown, never a failure
+
+
+def test_a_pin_that_contradicts_a_requirement_stops_the_download(tmp_path, monkeypatch):
+    fake_wheel(tmp_path, "alpha", "1.0", ["beta>=2"])
+    fake_wheel(tmp_path, "beta", "1.0", [])
+    monkeypatch.setattr(device_wheels, "WANTED", ("alpha",))
+    monkeypatch.setattr(device_wheels, "download", lambda names, versions, dest: None)  # the folder is ready
+    with pytest.raises(SystemExit, match=r"cannot meet beta: alpha 1\.0 needs beta>=2, the folder has 1\.0"):
+        device_wheels.resolve(tmp_path, {"alpha": "1.0", "beta": "1.0"})
+
+
+def test_over_the_size_limit_fails_and_strays_are_removed(tmp_path, monkeypatch, capsys):
+    wheel = device_wheels.Wheel.read(fake_wheel(tmp_path, "alpha", "1.0", []))
+    stray = fake_wheel(tmp_path, "alpha", "0.9", [])
+    monkeypatch.setattr(device_wheels, "tracked_bytes", lambda repo: 0)
+    assert device_wheels.report({"alpha": wheel}, tmp_path, ROOT) == 0
+    assert not stray.exists()  # two versions of one package would stop the install
+    monkeypatch.setattr(device_wheels, "LIMIT", wheel.path.stat().st_size - 1)
+    assert device_wheels.report({"alpha": wheel}, tmp_path, ROOT) == 1
+    assert "exceed 64 MiB" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_another_transformers_fails_the_install(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    fake_wheel(wheels, "device_run_probe", "1.0", [], module="device_run_probe")
+    result = device_run(ROOT, tmp_path / "out", WHEELS=str(wheels), TRANSFORMERS="0.0.1", ITEMS="3")
+    assert result.returncode == 2, result.stdout + result.stderr
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## item 0 install: failed (exit 1)" in summary
+    assert re.search(r"transformers \S+ from \S+, not 0\.0\.1: the goldens' key sets need it", summary), summary
