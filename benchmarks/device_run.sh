@@ -24,7 +24,7 @@
 #   WORKER (warm: pytest's --precision-worker; fresh if forked workers misbehave on the GPU)
 #   GOLDEN_SCENARIOS  DET_SCENARIOS  CROSS_SCENARIOS  GATE_SCENARIO  PLANT  BENIGN  EXPECT_FIRST
 #   COST_SCENARIO  CALIBRATE_RUNS (4)  T_INSTALL T2 T3 T4 T5 T6: each step's limit in seconds.
-# Exit status: 0 when every item ran, 1 when one failed or timed out, 2 on bad usage or a failed install.
+# Exit status: 0 when every item succeeded, 1 when one failed or timed out, 2 on bad usage or a failed install.
 set -uo pipefail
 
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
