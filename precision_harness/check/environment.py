@@ -64,6 +64,7 @@ ORDER: dict[str, str] = {
     "cpu_kernels": "CPU kernels",
     "num_threads": "threads",
     "deterministic_algorithms": "deterministic algorithms",
+    "tf32": "TF32",
     "determinism_env": "determinism env",
 }
 

@@ -31,6 +31,13 @@ Two variables choose them; unset, every patched function does exactly what it di
   msprobe's wrapper (its recorded inputs stay the golden's): ``allreduce`` (``torch.distributed.all_reduce``
   scales its result by :data:`PLANT_SCALE`), ``dropout_rng`` (``torch.nn.functional.dropout`` draws from the
   default generator reseeded by :data:`DROPOUT_SEED_SHIFT`: another mask for the same input).
+  In the worker's CUDA settings (``precision_harness.runs.runner.devices``; no effect on other devices), for
+  ``benchmarks/device_run.sh``: ``tf32`` (fp32 matrix products and convolutions on TF32 tensor cores, what
+  ``torch.set_float32_matmul_precision("high")`` does: inputs rounded to 10 mantissa bits, the GPU's
+  ``linear_bf16``), ``cublas_workspace`` (``CUBLAS_WORKSPACE_CONFIG=`` :data:`OTHER_CUBLAS_WORKSPACE`, cuBLAS's
+  other documented deterministic setting: a change that must not matter), ``nondeterministic`` (no
+  ``CUBLAS_WORKSPACE_CONFIG``, deterministic algorithms off, cuDNN's autotuner on: the run without the
+  determinism environment).
 * ``PRECISION_TEST_PERTURB_RANK=<r>``: in a multi-rank run, rank ``r`` scales the advantages of its
   own shard by :data:`PERTURB_SCALE` (the built-in loop), or its policy loss, and so its gradients
   before they are reduced across ranks (verl's ``ppo_loss``), so a verdict must name the rank that
@@ -72,6 +79,9 @@ SITES = (
     "dropout_rng",
     "rope_mul",
     "fused_attention",
+    "tf32",
+    "cublas_workspace",
+    "nondeterministic",
 )
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
@@ -83,6 +93,8 @@ ROLLOUT_SAMPLING_SCALE = 0.2
 SUM_ORDER_BLOCK = 4
 #: ``dropout_rng``: how far the default generator's seed is moved before each dropout draws
 DROPOUT_SEED_SHIFT = 7919
+#: ``cublas_workspace``: the smaller of the two settings cuBLAS documents as deterministic
+OTHER_CUBLAS_WORKSPACE = ":16:8"
 PERTURB_ENV = "PRECISION_TEST_PERTURB_RANK"
 PERTURB_SCALE = 1.0 + 1e-3
 
@@ -381,6 +393,33 @@ def _patch_functional(functional: ModuleType) -> None:
     functional.dropout = planted_dropout
 
 
+def _patch_devices(devices: ModuleType) -> None:
+    """``tf32``, ``cublas_workspace`` and ``nondeterministic``: the CUDA settings a worker runs with."""
+    determinism_env, setup = devices.determinism_env, devices.setup
+
+    def planted_determinism_env(device: str, num_threads: int) -> dict[str, str]:
+        env = determinism_env(device, num_threads)
+        if device == "cuda" and planted("cublas_workspace"):
+            env["CUBLAS_WORKSPACE_CONFIG"] = OTHER_CUBLAS_WORKSPACE
+        if device == "cuda" and planted("nondeterministic"):
+            env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        return env
+
+    def planted_setup(device: str, **kwargs: Any) -> Any:
+        torch_device = setup(device, **kwargs)
+        if device == "cuda" and (planted("tf32") or planted("nondeterministic")):
+            import torch
+
+            if planted("tf32"):
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            else:
+                torch.use_deterministic_algorithms(False)
+                torch.backends.cudnn.benchmark = True
+        return torch_device
+
+    devices.determinism_env, devices.setup = planted_determinism_env, planted_setup
+
+
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runs.runner.weight_sync": _patch_weight_sync,
@@ -394,6 +433,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "precision_harness.runs.runner.cpu_kernels": _patch_cpu_kernels,
     "torch.distributed.distributed_c10d": _patch_distributed_c10d,
     "torch.nn.functional": _patch_functional,
+    "precision_harness.runs.runner.devices": _patch_devices,
 }
 
 

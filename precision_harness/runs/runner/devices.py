@@ -176,9 +176,10 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
       cuda ``nccl``, ``nvidia_driver``, ``gpu_count``; npu ``npu_count`` (and ``cann``, ``npu_driver``,
       ``npu_chip`` from files and ``npu-smi`` where torch_npu does not answer);
     - cuda: ``gpu`` (device name), ``gpu_capability`` (``"9.0"``), ``cuda`` (runtime), ``cudnn``,
-      ``cuda_driver``; npu: ``npu_chip`` (``torch_npu.npu.get_device_name``), ``torch_npu``,
-      ``cann`` and ``npu_driver`` (``torch_npu.utils.get_cann_version``, CANN >= 8.1; ``cann``
-      falls back to the toolkit's files, :func:`precision_harness.runs.stack.cann_version`).
+      ``cuda_driver``, ``tf32`` (``"matmul off, cudnn off"``: TF32 for fp32 products, as in force);
+      npu: ``npu_chip`` (``torch_npu.npu.get_device_name``), ``torch_npu``, ``cann`` and ``npu_driver``
+      (``torch_npu.utils.get_cann_version``, CANN >= 8.1; ``cann`` falls back to the toolkit's files,
+      :func:`precision_harness.runs.stack.cann_version`).
 
     Every device call is guarded and gives None when it fails. The cuda and npu keys were written
     against the libraries' documentation and have not run on a GPU or an NPU (none was available).
@@ -229,15 +230,23 @@ def _deterministic_algorithms(torch: Any) -> str:
 
 
 def _cuda_fingerprint(torch: Any) -> dict[str, Any]:
-    """GPU model, compute capability, CUDA runtime, cuDNN and driver (untested on hardware; guarded)."""
+    """GPU model, compute capability, CUDA runtime, cuDNN, driver and TF32 (untested on hardware; guarded)."""
     return {
         "cuda": torch.version.cuda,
         "gpu": _guarded(lambda: torch.cuda.get_device_name(0)),
         "gpu_capability": _guarded(lambda: ".".join(map(str, torch.cuda.get_device_capability(0)))),
         "cudnn": _guarded(torch.backends.cudnn.version),
         # torch has no public driver query; this private binding exists in CUDA builds (12040 = 12.4)
-        "cuda_driver": _guarded(torch._C._cuda_getDriverVersion),
+        "cuda_driver": _guarded(lambda: torch._C._cuda_getDriverVersion()),
+        # fp32 products on TF32 tensor cores round their inputs to 10 mantissa bits: a golden says which it had
+        "tf32": _guarded(
+            lambda: f"matmul {_on(torch.backends.cuda.matmul.allow_tf32)}, cudnn {_on(torch.backends.cudnn.allow_tf32)}"
+        ),
     }
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 def _npu_fingerprint() -> dict[str, Any]:
