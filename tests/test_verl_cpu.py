@@ -426,23 +426,3 @@ def test_e2e_a_timed_out_two_rank_run_is_one_line_and_leaves_no_process() -> Non
         proc.stdout,
     ), proc.stdout[-3000:]
     assert not left_behind(EXAMPLE / ".precision")
-
-
-def test_without_verl_a_verl_scenario_is_skipped_in_one_line(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """verl not installed: pytest skips the scenario with one line naming the extra (not a collection error)."""
-    monkeypatch.setattr(verl_engine, "installed_version", lambda: None)
-    (pytester.path / "scenarios").mkdir()
-    (pytester.path / "scenarios" / "v.yaml").write_text(
-        "engine: verl\nverl: {overrides: {algorithm.adv_estimator: grpo}}\n"
-        "global_profiler:\n  steps: [1]\n  global_tool_config:\n    precision_debugger: {stages: [actor_update]}\n"
-    )
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs", "scenarios")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(
-        [
-            "SKIPPED *scenarios/v.yaml: engine: verl needs verl installed in this environment; "
-            "pip install 'pytest-precision[[]verl]'*"  # [[] is fnmatch's literal [
-        ]
-    )

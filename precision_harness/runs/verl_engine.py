@@ -78,19 +78,27 @@ def installed_version() -> str | None:
         return None
 
 
+def missing_reason(scenario_path: Path) -> str | None:
+    """The one line saying verl is not installed for the scenario at ``scenario_path``, or None (it is)."""
+    if installed_version() is not None:
+        return None
+    return (
+        f"{scenario_path}: engine: verl needs verl installed in this environment; "
+        "pip install 'pytest-precision[verl]' (or your own verl build)"
+    )
+
+
 def check_engine(scenario_path: Path, stages: list[str]) -> None:
     """verl must be installed, and dump every declared stage.
 
     Raises:
-        VerlMissingError: verl is missing (names the extra; pytest skips the scenario).
+        VerlMissingError: verl is missing (names the extra; the scenario's items cannot run).
         ScenarioError: a declared stage is one verl does not dump.
     """
+    missing = missing_reason(scenario_path)
+    if missing is not None:
+        raise VerlMissingError(missing)
     version = installed_version()
-    if version is None:
-        raise VerlMissingError(
-            f"{scenario_path}: engine: verl needs verl installed in this environment; "
-            "pip install 'pytest-precision[verl]' (or your own verl build)"
-        )
     missing = [s for s in stages if s not in DUMPED_STAGES + CPU_STAGES]
     if missing:
         raise ScenarioError(
