@@ -54,7 +54,7 @@ def _check_verl(scenario: Scenario) -> None:
     """An ``engine: verl`` scenario needs verl installed, stages verl dumps, and overrides verl's config has.
 
     Raises:
-        VerlMissingError: verl is not installed (pytest skips the scenario).
+        VerlMissingError: verl is not installed (the scenario's items cannot run).
         ScenarioError: a stage verl does not dump, an override of a key the gate owns, or one Hydra rejects.
     """
     verl_engine.check_engine(scenario.path, list(scenario.stages))
