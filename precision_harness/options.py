@@ -141,7 +141,7 @@ OPTIONS: tuple[Option, ...] = (
         "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
         "scenarios run as local subprocesses, multi-rank ones on a local Ray instance",
         metavar="ADDRESS",
-        cli=("run",),
+        cli=("run", "calibrate"),
     ),
     Option(
         "golden-device",

@@ -207,7 +207,7 @@ class PrecisionSession:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.options.jobs, thread_name_prefix="precision-run")
         scenario, out_dir = plan.runs, self.run_dir(plan.runs)
-        options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
+        options = self._as_checked(plan)
         if scenario.localizes and plan.action is GoldenAction.RECORD:
             variants, run = self._variants(scenario), self._bound(st, options)
             return self._executor.submit(
@@ -217,6 +217,12 @@ class PrecisionSession:
 
     def _run_options(self, **more: Any) -> RunOptions:
         return RunOptions(timeout=self.options.timeout, warm=self.options.worker == "warm", **more)
+
+    def _as_checked(self, plan: Plan) -> RunOptions:
+        """How the scenario's run, and every rerun of it (level auto's L1 rerun, the judgement's capture rerun),
+        is started: on the same Ray address, with the same pinned rollouts (a verl check run's, from the golden).
+        A rerun that sampled its own rollouts would differ from the check by sampling noise."""
+        return self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
 
     def _bound(self, st: ScenarioState, options: RunOptions) -> Run:
         """The session's runner on the scenario's device with ``options``."""
@@ -369,7 +375,8 @@ class PrecisionSession:
         )
         where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
         warm = self.options.worker == "warm"
-        settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout, warm)
+        run = self._bound(st, self._as_checked(self.plan(st.scenario)))
+        settings = replay.ReplaySettings(where, run, self.options.timeout, warm)
 
         def claim() -> ItemKey | None:
             with st.lock:
@@ -415,7 +422,7 @@ class PrecisionSession:
                 golden,
                 settings,
                 out_dir=out_dir,
-                run=self._bound(st, self._run_options()),
+                run=self._bound(st, self._as_checked(self.plan(st.scenario))),
             ),
         )
 
