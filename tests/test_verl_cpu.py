@@ -149,7 +149,8 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert env["VERL_USE_EXTERNAL_MODULES"] == (
-        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack"
+        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack,"
+        "precision_harness.runs.verl_fsdp2_buffers"
     )
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_CPU_KERNELS"] == "portable"
@@ -205,8 +206,8 @@ def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
 
 def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> None:
     """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's modules (the CPU support on cpu,
-    the rank stack hook on every device), and never doubled."""
-    cpu, ranks = verl_engine.CPU_MODULE, verl_engine.RANK_STACK_MODULE
+    the rank stack hook and FSDP2's zero-filled buffers on every device), and never doubled."""
+    cpu, ranks = verl_engine.CPU_MODULE, f"{verl_engine.RANK_STACK_MODULE},{verl_engine.FSDP2_BUFFERS_MODULE}"
     assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks}"
     mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{cpu},other"}
     assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks},my_plugin,other"

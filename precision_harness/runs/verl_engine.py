@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import ScenarioError, VerlMissingError
-from precision_harness.runs import verl_profile
+from precision_harness.runs import fsdp2_buffers, verl_profile
 from precision_harness.runs.command_runner import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 
@@ -53,6 +53,9 @@ SUPPORTED_VERSIONS = ("0.9.1",)
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl_rank_stack"
+#: the module verl imports in each of its processes on every device: FSDP2's all-gather buffers zero-filled
+#: (precision_harness/runs/fsdp2_buffers.py)
+FSDP2_BUFFERS_MODULE = "precision_harness.runs.verl_fsdp2_buffers"
 #: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
 CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
 #: the platform and rollout replica that module registers
@@ -178,9 +181,11 @@ def check_cpu_version(scenario_path: Path) -> None:
 
 def external_modules(device: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``VERL_USE_EXTERNAL_MODULES`` for a run on ``device``: the CPU support first on cpu, then the rank stack
-    hook (every device), then the modules ``environ`` (default: this process's) already names, each once."""
+    hook and FSDP2's zero-filled buffers (every device), then the modules ``environ`` (default: this process's)
+    already names, each once."""
     own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
-    gate = [CPU_MODULE, RANK_STACK_MODULE] if device == "cpu" else [RANK_STACK_MODULE]
+    every = [RANK_STACK_MODULE, FSDP2_BUFFERS_MODULE]
+    gate = [CPU_MODULE, *every] if device == "cpu" else every
     modules = [*gate, *(m for m in own.split(",") if m and m not in gate)]
     return {"VERL_USE_EXTERNAL_MODULES": ",".join(modules)}  # verl/__init__.py imports each, in every process
 
@@ -411,8 +416,9 @@ def command_spec(
     gains verl's file logger. The log header lists every gate-owned override and variable.
 
     Raises:
-        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, or
-            on cpu an unsupported verl or an override of a CPU-owned key.
+        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, a torch
+            the FSDP2 buffer patch was not checked with (:mod:`~precision_harness.runs.fsdp2_buffers`), or on cpu
+            an unsupported verl or an override of a CPU-owned key.
     """
     verl = scenario.config["verl"]
     user = dict(verl["overrides"])
@@ -430,6 +436,9 @@ def command_spec(
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
     check_device_stages(scenario.path, list(scenario.stages), device)
     check_device_invariants(scenario, device)
+    unchecked = fsdp2_buffers.installed_refusal()
+    if unchecked is not None:
+        raise ScenarioError(f"{scenario.path}: {unchecked}")
     check_device_auto(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
