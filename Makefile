@@ -27,8 +27,10 @@ $(VENV)/.test: $(VENV)/.gate constraints/transformers-5.23.txt
 gate: $(VENV)/.gate          ## the main job: every scenario against golden/, plus the invariants
 	$(BIN)/pytest scenarios precision_tests
 
+# PRECISION_REQUIRE_VERL: the [verl] extra is installed here, so a verl that does not import fails the
+# parity tests (tests/test_verl_parity.py) instead of skipping them
 test: $(VENV)/.test          ## everything: gate, invariants, harness tests, verl parity
-	$(BIN)/pytest -p no:cacheprovider
+	PRECISION_REQUIRE_VERL=1 $(BIN)/pytest -p no:cacheprovider
 
 lint: $(VENV)/.test          ## ruff lint and format check, import contracts (configured in pyproject.toml)
 	$(BIN)/ruff check .

@@ -17,12 +17,13 @@ import pytest
 
 from precision_harness import options
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
-from precision_harness.errors import PrecisionError, VerlMissingError
+from precision_harness.check.items import OutcomeKind
+from precision_harness.errors import PrecisionError
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path
 from precision_harness.report.precision_report import ItemRecord
 from precision_harness.runs import device_availability
-from precision_harness.runs.kind_runners import load_scenario
+from precision_harness.runs.kind_runners import collect_scenario
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
@@ -311,9 +312,7 @@ class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         usage = self.config.stash[_SESSION_KEY].usage
         try:
-            scenario = load_scenario(self.path)
-        except VerlMissingError as exc:
-            pytest.skip(str(exc))
+            scenario = collect_scenario(self.path)  # without verl: collected, its items say they cannot run
         except PrecisionError as exc:
             usage.mark_partial(f"{self.path.name} failed to collect")
             raise self.CollectError(str(exc)) from None
@@ -354,13 +353,12 @@ class PrecisionItem(pytest.Item):
     def _verdict(self, key: ItemKey) -> None:
         __tracebackhide__ = True
         precision = self.config.stash[_SESSION_KEY]
-        reason = precision.device_unavailable(self.scenario)
-        if reason:
-            pytest.skip(f"{self.scenario.name}: {reason}")
         outcome = precision.outcome(self.scenario, key)
         record = precision.record(outcome, nodeid=self.nodeid, scenario=self.scenario, key=key)
         self.stash[_RECORD_KEY] = record.to_json()
         self.user_properties.extend(record.user_properties())
+        if outcome.kind is OutcomeKind.SKIPPED:  # cannot run here, and --precision-allow-skip was given
+            pytest.skip(outcome.text)
         if not outcome.passed:
             raise PrecisionFailure(outcome.text)
 

@@ -220,7 +220,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     def on_run(i, variation, run) -> None:
         _print(f"[precision] {scenario.name}: rerun {i + 1}/{args.runs} ({variation}) {run.wall_s:.1f} s")
 
-    run = bind(device, RunOptions(timeout=opts.timeout))
+    # as the check runs it: a verl scenario's reruns load the golden's pinned rollouts (rollouts each rerun sampled
+    # itself would differ by sampling noise, stored as device noise), on the same Ray cluster
+    pinned = golden if scenario.pins_rollouts else None
+    run = bind(device, RunOptions(timeout=opts.timeout, ray_address=opts.ray_address, pinned=pinned))
     results = reruns(scenario, runs=args.runs, work_dir=work, run=run, on_run=on_run, device=device)
     noise = calibrate(scenario, golden, results, k=args.k, device=device)
     changed = store.set_noise(scenario.name, device, noise)

@@ -34,7 +34,8 @@ class SchemaError(PrecisionError):
 
 
 class VerlMissingError(ScenarioError):
-    """An ``engine: verl`` scenario where verl is not installed: pytest skips it (one line naming the extra)."""
+    """An ``engine: verl`` scenario where verl is not installed (one line naming the extra): its items fail, or skip
+    under ``--precision-allow-skip``."""
 
 
 class GoldenError(PrecisionError):

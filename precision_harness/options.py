@@ -39,6 +39,11 @@ def _jobs(value: Any) -> int | None:
     return int(value) if value else None
 
 
+def _flag(value: Any) -> bool:
+    """A flag or its ini key: ``True``, or ``true``/``1``/``yes``/``on`` (any case) in the ini file."""
+    return value is True or str(value).strip().lower() in ("true", "1", "yes", "on")
+
+
 def _same(value: Any) -> Any:
     return value
 
@@ -47,7 +52,8 @@ def _same(value: Any) -> Any:
 class Option:
     """One option: its flag or ini key, its CLI subcommands, its :class:`PrecisionOptions` field.
 
-    ``pytest`` is ``"option"`` (``--precision-<name>``), ``"ini"`` (``precision_<name>``) or None.
+    ``pytest`` is ``"option"`` (``--precision-<name>``), ``"ini"`` (``precision_<name>``), ``"both"`` (the
+    flag, else the ini key) or None.
     ``default`` is the raw default (as typed); ``convert`` turns a raw value into the field's value.
     """
 
@@ -137,7 +143,7 @@ OPTIONS: tuple[Option, ...] = (
         "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
         "scenarios run as local subprocesses, multi-rank ones on a local Ray instance",
         metavar="ADDRESS",
-        cli=("run",),
+        cli=("run", "calibrate"),
     ),
     Option(
         "golden-device",
@@ -179,6 +185,15 @@ OPTIONS: tuple[Option, ...] = (
         choices=JUDGEMENT_MODES,
     ),
     Option(
+        "allow-skip",
+        "skip, instead of failing, the items of a scenario that cannot run here: its device is absent, verl is "
+        "not installed (engine: verl), or it has no golden in check mode; the summary says how many were skipped "
+        "and why. Without it such items fail the run (a gate that checked nothing is not green)",
+        flag=True,
+        pytest="both",
+        convert=_flag,
+    ),
+    Option(
         "timeout",
         "seconds a scenario run may take (0: no limit)",
         default="0",
@@ -215,6 +230,8 @@ class PrecisionOptions:
     timeout: float | None = field(default=_default("timeout"))
     worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm)
     judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
+    #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)
+    allow_skip: bool = field(default=_default("allow-skip"))
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None
@@ -226,6 +243,8 @@ class PrecisionOptions:
         for opt in OPTIONS:
             if opt.pytest == "option":
                 raw = config.getoption(f"precision_{opt.dest}")
+            elif opt.pytest == "both":
+                raw = config.getoption(f"precision_{opt.dest}") or config.getini(f"precision_{opt.dest}")
             elif opt.pytest == "ini":
                 raw = config.getini(f"precision_{opt.dest}")
             else:
@@ -255,8 +274,10 @@ class PrecisionOptions:
 def add_pytest_options(group: Any, parser: Any) -> None:
     """Register every option with a pytest ``OptionGroup`` / ``Parser``."""
     for opt in OPTIONS:
-        if opt.pytest == "option":
+        if opt.pytest in ("option", "both"):
             group.addoption(f"--precision-{opt.name}", dest=f"precision_{opt.dest}", **opt.argparse_kwargs())
+        if opt.pytest == "both":
+            parser.addini(f"precision_{opt.dest}", opt.help, type="bool", default=False)
         elif opt.pytest == "ini":
             parser.addini(f"precision_{opt.dest}", opt.help, default=opt.default)
 

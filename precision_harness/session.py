@@ -17,10 +17,11 @@ in this order:
 state      reached by                                              its items
 =========  ======================================================  ==========================================
 new        :meth:`~PrecisionSession.state`                         --
-planned    :meth:`~PrecisionSession.plan`: ``SKIP`` (its device    ``SKIP``: skip with the reason;
-           is not here), ``ERROR`` (golden missing, stale or        ``ERROR``: fail with the error's line,
-           corrupt in check mode; msprobe missing), ``RECORD``      no run; ``CHECK``/``RECORD``: wait
-           (update, or missing with no golden on disk), ``CHECK``
+planned    :meth:`~PrecisionSession.plan`: ``SKIP`` (cannot    ``SKIP``: fail with the reason, or skip
+           run here: its device is absent, verl is missing, no      under ``--precision-allow-skip``;
+           golden in check mode), ``ERROR`` (golden stale or        ``ERROR``: fail with the error's line,
+           corrupt; msprobe missing), ``RECORD`` (update, or        no run; ``CHECK``/``RECORD``: wait
+           missing with no golden on disk), ``CHECK``
 running    :meth:`~PrecisionSession.start`: the gate's up-front    wait for the run
            :meth:`~PrecisionSession.schedule` (``CHECK``/``RECORD``),
            a first item, or ``precision_run`` (any plan)
@@ -48,7 +49,7 @@ from precision_harness.check.items import Outcome, OutcomeKind, check_items, ide
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import settings_changed
 from precision_harness.dumps.stage import DirStage
-from precision_harness.errors import GoldenDeviceModelError, PrecisionError, ScenarioError
+from precision_harness.errors import GoldenDeviceModelError, GoldenMissingError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
@@ -56,7 +57,7 @@ from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 from precision_harness.runs import device_availability
-from precision_harness.runs.kind_runners import Run, load_scenario, preflight, run_scenario
+from precision_harness.runs.kind_runners import Run, engine_missing, load_scenario, preflight, run_scenario
 from precision_harness.runs.kind_runners import stop as stop_runs
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.runs.pools import RunPools
@@ -129,15 +130,16 @@ class PrecisionSession:
         """The one reading of the golden mode. An explicit ``--precision-device`` was checked at start-up
         (a usage error), and a Ray cluster (``--precision-ray-address``) is trusted to have the device."""
         scenario, mode = st.scenario, self.options.golden_mode
-        if self.options.device == "auto" and not self.options.ray_address:
-            reason = device_availability.unavailable_reason(st.device)
-            if reason:
-                return Plan(GoldenAction.SKIP, scenario, reason=reason)
+        reason = self._cannot_run(st)
+        if reason:
+            return Plan(GoldenAction.SKIP, scenario, reason=reason)
         if mode == "update" or (mode == "missing" and not self.store.exists(scenario.name, st.device)):
             plan = Plan(GoldenAction.RECORD, scenario)
         else:
             try:
                 golden = self.store.load(scenario, st.golden_device)
+            except GoldenMissingError as exc:
+                return Plan(GoldenAction.SKIP, scenario, reason=str(exc))
             except PrecisionError as exc:
                 return Plan(GoldenAction.ERROR, scenario, error=exc)
             pinned = golden if scenario.pins_rollouts and mode == "check" else None
@@ -145,6 +147,17 @@ class PrecisionSession:
         if not msprobe_available():
             return Plan(GoldenAction.ERROR, scenario, error=no_msprobe())
         return plan
+
+    def _cannot_run(self, st: ScenarioState) -> str | None:
+        """Why the scenario cannot run here, before its golden is read (one line naming the scenario): its engine
+        (verl) is not installed, or its own ``device:`` is absent (``--precision-device auto`` only), else None."""
+        missing = engine_missing(st.scenario)
+        if missing:
+            return missing
+        if self.options.device == "auto" and not self.options.ray_address:
+            reason = device_availability.unavailable_reason(st.device)
+            return f"{st.scenario.name}: {reason}" if reason else None
+        return None
 
     def _runs(self, scenario: Scenario, golden: Golden) -> Scenario:
         """The scenario as a check runs it: a ``level: auto`` scenario whose golden was recorded at L1
@@ -156,11 +169,6 @@ class PrecisionSession:
             f"{golden.level}. Re-record for auto with: {update_command(scenario)}"
         )
         return level_auto.at_localize_level(scenario, self._variants(scenario))
-
-    def device_unavailable(self, scenario: Scenario) -> str | None:
-        """Why the scenario's own ``device:`` cannot run here (``--precision-device auto`` only), else None."""
-        plan = self.plan(scenario)
-        return plan.reason if plan.action is GoldenAction.SKIP else None
 
     # ----------------------------------------------------------------------------------- runs
     def run_dir(self, scenario: Scenario) -> Path:
@@ -199,7 +207,7 @@ class PrecisionSession:
             raise no_msprobe()
         executor = self._pools.pool(st.device)
         scenario, out_dir = plan.runs, self.run_dir(plan.runs)
-        options = self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
+        options = self._as_checked(plan)
         if scenario.localizes and plan.action is GoldenAction.RECORD:
             variants, run = self._variants(scenario), self._bound(st, options)
             return executor.submit(level_auto.run_recording, scenario, out_dir=out_dir, variants=variants, run=run)
@@ -207,6 +215,12 @@ class PrecisionSession:
 
     def _run_options(self, **more: Any) -> RunOptions:
         return RunOptions(timeout=self.options.timeout, warm=self.options.worker == "warm", **more)
+
+    def _as_checked(self, plan: Plan) -> RunOptions:
+        """How the scenario's run, and every rerun of it (level auto's L1 rerun, the judgement's capture rerun),
+        is started: on the same Ray address, with the same pinned rollouts (a verl check run's, from the golden).
+        A rerun that sampled its own rollouts would differ from the check by sampling noise."""
+        return self._run_options(ray_address=self.options.ray_address, pinned=plan.pinned)
 
     def _bound(self, st: ScenarioState, options: RunOptions) -> Run:
         """The session's runner on the scenario's device with ``options``."""
@@ -270,7 +284,7 @@ class PrecisionSession:
         try:
             plan = self.plan(scenario)
             if plan.action is GoldenAction.SKIP:
-                return Outcome(False, f"{scenario.name}: {plan.reason}", OutcomeKind.ERROR)
+                return self._not_run(scenario, plan)
             run = self._settle(scenario, plan)
             st = self.state(scenario)
             if key.stage in INVARIANTS:
@@ -280,6 +294,12 @@ class PrecisionSession:
             return self._check(st, plan, run, key)
         except PrecisionError as exc:
             return Outcome.error(exc)
+
+    def _not_run(self, scenario: Scenario, plan: Plan) -> Outcome:
+        """The item of a scenario that cannot run here: a failure naming why (a gate that checked nothing is not
+        green), or a skip under ``--precision-allow-skip`` (the summary counts it)."""
+        kind = OutcomeKind.SKIPPED if self.options.allow_skip else OutcomeKind.ERROR
+        return Outcome(False, plan.reason, kind)
 
     def _settle(self, scenario: Scenario, plan: Plan) -> RunResult:
         """Wait for the run and take it in once: undeclared stages noted, and RECORD's promotion.
@@ -351,7 +371,8 @@ class PrecisionSession:
         )
         where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
         warm = self.options.worker == "warm"
-        settings = replay.ReplaySettings(where, self._bound(st, self._run_options()), self.options.timeout, warm)
+        run = self._bound(st, self._as_checked(self.plan(st.scenario)))
+        settings = replay.ReplaySettings(where, run, self.options.timeout, warm)
 
         def claim() -> ItemKey | None:
             with st.lock:
@@ -397,7 +418,7 @@ class PrecisionSession:
                 golden,
                 settings,
                 out_dir=out_dir,
-                run=self._bound(st, self._run_options()),
+                run=self._bound(st, self._as_checked(self.plan(st.scenario))),
             ),
         )
 

@@ -35,7 +35,9 @@ class GoldenAction(str, Enum):
 
     CHECK = "check"  #: run, then compare every item against the golden
     RECORD = "record"  #: run, then promote the run to the golden (update, or missing with none on disk)
-    SKIP = "skip"  #: the scenario's device is not here: its items skip
+    #: the scenario cannot run here (device absent, verl missing, no golden in check mode): its items fail with
+    #: the reason, or skip under --precision-allow-skip
+    SKIP = "skip"
     ERROR = "error"  #: no usable golden (or no msprobe): its items fail with the error, nothing runs
 
 
@@ -47,7 +49,7 @@ class Plan:
     runs: Scenario  #: the scenario as it runs (an auto one whose golden predates auto: at L1)
     golden: Golden | None = None  #: CHECK: the golden compared against
     error: PrecisionError | None = None  #: ERROR: what every item reports
-    reason: str = ""  #: SKIP: why
+    reason: str = ""  #: SKIP: why it cannot run here (one line)
     pinned: Golden | None = None  #: a verl scenario's golden whose rollouts a check run loads
 
     @property

@@ -1,17 +1,17 @@
 """A changed code path, end to end through the gate: planted changes of the call sequence (tests/hooks).
 
-=====================  =================================================  =============================================
+=====================  ==================================================  ============================================
 case                   plant (``PRECISION_TEST_PLANT``), grpo_tiny against  verdict
                        its committed golden
-=====================  =================================================  =============================================
-same values            the real upgrade, transformers 5.23.0's RoPE         passes, reported (tests/test_real_upgrade.py)
+=====================  ==================================================  ============================================
+same values            the real upgrade, transformers 5.23.0's RoPE         passes, reported (test_real_upgrade.py)
 fused, rounds apart    ``fused_attention``: eager attention's six calls     fails at that block; judged ``regression``
                        replaced by one SDPA call rounding q, k, v through   from the captured call replayed in float64
                        bfloat16
 replaced + numeric     ``rope_mul,linear_bf16``: 5.23.0's RoPE, and the     fails at the first product, named where the
                        products from bf16-rounded inputs                    change entered; the RoPE block reported as
                                                                             matching
-=====================  =================================================  =============================================
+=====================  ==================================================  ============================================
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_ci_job_gates_publishes_and_keeps_golden_updates_manual(path: Path) -> N
     assert "--precision-golden update" not in gate_text and "--precision-golden update" in update_text
     assert "manual" in update_text or "workflow_dispatch" in update_text
     flags = set(re.findall(r"--precision-[a-z-]+", text))
-    known = {f"--precision-{o.name}" for o in OPTIONS if o.pytest == "option"}
+    known = {f"--precision-{o.name}" for o in OPTIONS if o.pytest in ("option", "both")}
     assert flags and flags <= known, flags - known
 
 

@@ -1,4 +1,5 @@
-"""--precision-device and --precision-golden-device: clear errors or skips for missing devices, cross-device goldens."""
+"""--precision-device and --precision-golden-device: clear errors (opted-in skips) for missing devices, cross-device
+goldens."""
 
 from __future__ import annotations
 
@@ -40,14 +41,18 @@ def test_cuda_without_a_gpu_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.skipif(device_availability._has_module("torch_npu"), reason="torch_npu is installed here")
-def test_scenario_device_npu_skips_under_auto(pytester: pytest.Pytester) -> None:
-    """A suite written for Ascend, run on a CPU box: its items skip with the reason instead of failing."""
+def test_scenario_device_npu_fails_under_auto_or_skips_when_allowed(pytester: pytest.Pytester) -> None:
+    """A suite written for Ascend, run on a CPU box: its items fail naming the reason (a CANN upgrade that broke
+    ``import torch_npu`` must not go green); ``--precision-allow-skip`` skips them."""
     make_project(pytester.path)
     path = pytester.path / "scenarios/tiny_ppo.yaml"
     path.write_text("device: npu\n" + path.read_text())
-    result = pytester.runpytest_subprocess("-rs")
-    result.assert_outcomes(skipped=11)
-    result.stdout.fnmatch_lines(["SKIPPED [[]*[]] *: tiny_ppo: device npu: torch_npu is not installed; *"])
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=11)
+    result.stdout.fnmatch_lines(["tiny_ppo: device npu: torch_npu is not installed; *"])
+    allowed = pytester.runpytest_subprocess("-rs", "--precision-allow-skip")
+    allowed.assert_outcomes(skipped=11)
+    allowed.stdout.fnmatch_lines(["SKIPPED [[]*[]] *: tiny_ppo: device npu: torch_npu is not installed; *"])
     assert not (pytester.path / ".precision/artifacts/tiny_ppo/run").exists()
 
 

@@ -76,4 +76,7 @@ def test_every_shared_option_is_a_pytest_flag(pytester: pytest.Pytester) -> None
 
     out = pytester.runpytest_subprocess("--help").stdout.str()
     for opt in OPTIONS:
-        assert (f"--precision-{opt.name}" if opt.pytest == "option" else f"precision_{opt.dest}") in out, opt.name
+        if opt.pytest in ("option", "both"):
+            assert f"--precision-{opt.name}" in out, opt.name
+        if opt.pytest in ("ini", "both"):
+            assert f"precision_{opt.dest}" in out, opt.name

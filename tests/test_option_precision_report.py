@@ -60,6 +60,7 @@ def test_report_json_validates(lr_changed: dict) -> None:
         "items": 11,
         "passed": 6,
         "failed": 5,
+        "skipped": 0,
         "identical": 6,
         "recorded": 0,
     }

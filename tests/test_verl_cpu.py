@@ -149,7 +149,8 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert env["VERL_USE_EXTERNAL_MODULES"] == (
-        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack"
+        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack,"
+        "precision_harness.runs.verl_fsdp2_buffers"
     )
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_CPU_KERNELS"] == "portable"
@@ -205,8 +206,8 @@ def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
 
 def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> None:
     """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's modules (the CPU support on cpu,
-    the rank stack hook on every device), and never doubled."""
-    cpu, ranks = verl_engine.CPU_MODULE, verl_engine.RANK_STACK_MODULE
+    the rank stack hook and FSDP2's zero-filled buffers on every device), and never doubled."""
+    cpu, ranks = verl_engine.CPU_MODULE, f"{verl_engine.RANK_STACK_MODULE},{verl_engine.FSDP2_BUFFERS_MODULE}"
     assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks}"
     mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{cpu},other"}
     assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks},my_plugin,other"
@@ -426,23 +427,3 @@ def test_e2e_a_timed_out_two_rank_run_is_one_line_and_leaves_no_process() -> Non
         proc.stdout,
     ), proc.stdout[-3000:]
     assert not left_behind(EXAMPLE / ".precision")
-
-
-def test_without_verl_a_verl_scenario_is_skipped_in_one_line(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """verl not installed: pytest skips the scenario with one line saying to install verl itself (no extra)."""
-    monkeypatch.setattr(verl_engine, "installed_version", lambda: None)
-    (pytester.path / "scenarios").mkdir()
-    (pytester.path / "scenarios" / "v.yaml").write_text(
-        "engine: verl\nverl: {overrides: {algorithm.adv_estimator: grpo}}\n"
-        "global_profiler:\n  steps: [1]\n  global_tool_config:\n    precision_debugger: {stages: [actor_update]}\n"
-    )
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rs", "scenarios")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(
-        [
-            "SKIPPED *scenarios/v.yaml: engine: verl needs verl installed in this environment; "
-            "install verl itself as verl's installation guide says for your device*"
-        ]
-    )

@@ -94,6 +94,12 @@ def _check_weight_sync(run_dir: Path, step: int, where: str) -> Verdict:
     if isinstance(record, Verdict):
         return record
     params, dtype = record["parameters"], record["rollout_dtype"]
+    if not params:  # nothing compared is a finding, not a pass
+        return Verdict(
+            False,
+            f"{where}: weight_sync.json lists 0 parameters: no weight was compared; the sync ran on a model without "
+            "parameters, or recorded none (runs/runner/weight_sync.py)",
+        )
     bad = [p for p in params if p["actor"] is None or p["rollout"] is None or p["actor"] != p["rollout"]]
     if not bad:
         return Verdict(True, f"{where}: {len(params)} parameters bit-identical to the actor's cast to {dtype} (sha256)")

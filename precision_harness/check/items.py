@@ -39,12 +39,14 @@ from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
 
 
 class OutcomeKind(str, Enum):
-    """What an item's outcome is: compared within/beyond tolerance, identical, a recorded golden, or an error."""
+    """What an item's outcome is: compared within/beyond tolerance, identical, a recorded golden, an error,
+    or skipped (its scenario cannot run here, under ``--precision-allow-skip``)."""
 
     COMPARED = "compared"
     IDENTICAL = "identical"
     RECORDED = "recorded"
     ERROR = "error"
+    SKIPPED = "skipped"
 
 
 @dataclass

@@ -78,8 +78,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_metrics(content: bytes, *, shown: str) -> list[dict[str, Any]]:
-    """Parse the bytes of a ``metrics.jsonl``; raise GoldenCorruptError naming ``shown`` and the line."""
-    rows = []
+    """Parse the bytes of a ``metrics.jsonl``; raise GoldenCorruptError naming ``shown`` and the line, also for a
+    step (``training/global_step``) logged twice: a compare keeps one row per step, and which row that would be
+    is no choice to make silently."""
+    rows, lines_of = [], {}
     try:
         lines = content.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
@@ -93,6 +95,13 @@ def parse_metrics(content: bytes, *, shown: str) -> list[dict[str, Any]]:
             raise GoldenCorruptError(f"{shown}:{lineno}: not a JSON object ({exc.msg})") from None
         if not isinstance(row, dict):
             raise GoldenCorruptError(f"{shown}:{lineno}: expected a JSON object per line")
+        step = row.get("training/global_step")
+        if step is not None and step in lines_of:
+            raise GoldenCorruptError(
+                f"{shown}:{lineno}: training/global_step {step} again (first at line {lines_of[step]}); expected one "
+                "row per step: a resumed or restarted run logged it twice, rerun it from the start"
+            )
+        lines_of.setdefault(step, lineno)
         rows.append(row)
     return rows
 

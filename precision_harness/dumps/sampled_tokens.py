@@ -56,20 +56,34 @@ def first_change(run: list[list[int]], golden: list[list[int]]) -> str | None:
 def compare_stage(run_stage: Path, golden: Any, step: int, stage: str) -> str | None:
     """The first changed token of a ``rollout_generate`` stage against ``golden``, per rank, or None.
 
-    ``golden`` is a :class:`~precision_harness.goldens.golden.Golden`; a golden without the file (or a run
-    rank without it) has nothing to compare. Returns ``<stage> @ step_<n>: [rank<r>: ]<first_change>``.
+    ``golden`` is a :class:`~precision_harness.goldens.golden.Golden`; a golden without the file (recorded
+    before the gate kept it) has nothing to compare. A run rank without the file the golden has is a finding:
+    its tokens were not compared. Returns ``<stage> @ step_<n>: [rank<r>: ]<first_change or what is missing>``.
 
     Raises:
         GoldenCorruptError: a file is not JSON with ``responses`` (or the golden's fails its sha256).
     """
-    ranks = sorted(p.parent.name for p in Path(run_stage).glob(f"step0/rank*/{SAMPLED_TOKENS}"))
+    prefix = f"step_{step}/{stage}/step0/"
+    ranks = sorted(
+        {p.parent.name for p in Path(run_stage).glob(f"step0/rank*/{SAMPLED_TOKENS}")}
+        | {
+            n[len(prefix) :].split("/")[0]
+            for n in golden.contents
+            if n.startswith(prefix) and n.endswith(SAMPLED_TOKENS)
+        }
+    )
     for rank in ranks:
-        name = f"step_{step}/{stage}/step0/{rank}/{SAMPLED_TOKENS}"
+        name = f"{prefix}{rank}/{SAMPLED_TOKENS}"
         if name not in golden.contents:
             continue
+        where = f"{stage} @ step_{step}: {rank}: " if len(ranks) > 1 else f"{stage} @ step_{step}: "
         path = Path(run_stage) / "step0" / rank / SAMPLED_TOKENS
+        if not path.is_file():
+            return (
+                f"{where}the run wrote no {SAMPLED_TOKENS} where the golden has one: its sampled tokens were not "
+                "compared (the rollout recorded none; a command scenario writes it with precision_harness.stage)"
+            )
         change = first_change(_responses(path.read_bytes(), str(path)), _responses(golden.read(name), name))
         if change is not None:
-            where = f"{rank}: " if len(ranks) > 1 else ""
-            return f"{stage} @ step_{step}: {where}{change}"
+            return f"{where}{change}"
     return None

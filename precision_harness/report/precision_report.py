@@ -240,7 +240,12 @@ class PrecisionReport:
 
     @property
     def num_failed(self) -> int:
-        return sum(not r.passed for r in self.records)
+        return sum(not r.passed and r.kind is not OutcomeKind.SKIPPED for r in self.records)
+
+    @property
+    def num_skipped(self) -> int:
+        """Items whose scenario cannot run here, skipped under ``--precision-allow-skip``."""
+        return self._count(OutcomeKind.SKIPPED)
 
     @property
     def num_identical(self) -> int:
@@ -269,7 +274,9 @@ class PrecisionReport:
                 if self.num_recorded
                 else [f"{self.num_identical} identical to golden", f"{self.num_compared} within tolerance or compared"]
             )
-            yield f"{self.num_items} precision items: {', '.join(counts)}, {self.num_failed} failed"
+            skipped = f", {self.num_skipped} skipped" if self.num_skipped else ""
+            yield f"{self.num_items} precision items: {', '.join(counts)}, {self.num_failed} failed{skipped}"
+        yield from self._skipped_lines()
         yield from self._environment_lines()
         yield from self._code_path_lines()
         yield from self._run_lines()
@@ -296,6 +303,15 @@ class PrecisionReport:
                 unavailable = unavailable or next((r.creep["unavailable"] for r in rows if _unavailable(r)), None)
         if unavailable:
             yield unavailable
+
+    def _skipped_lines(self) -> Iterator[str]:
+        """One line per reason a scenario could not run (``--precision-allow-skip``): how many items it skipped."""
+        reasons: dict[str, int] = {}
+        for r in self.records:
+            if r.kind is OutcomeKind.SKIPPED:
+                reasons[r.text] = reasons.get(r.text, 0) + 1
+        for reason, count in sorted(reasons.items()):
+            yield f"skipped (--precision-allow-skip): {count} item{'s' if count != 1 else ''}, not checked: {reason}"
 
     def _environment_lines(self) -> Iterator[str]:
         """One line per distinct environment difference (usually one for the whole run), never one per item."""
@@ -349,8 +365,9 @@ class PrecisionReport:
             "mode": self.mode,
             "summary": {
                 "items": self.num_items,
-                "passed": self.num_items - self.num_failed,
+                "passed": self.num_items - self.num_failed - self.num_skipped,
                 "failed": self.num_failed,
+                "skipped": self.num_skipped,
                 "identical": self.num_identical,
                 "recorded": self.num_recorded,
             },

@@ -218,7 +218,7 @@ def html_report(doc: dict[str, Any]) -> str:
         f"<style>{CSS}</style></head><body>",
         f"<h1>pytest-precision ({html.escape(doc['mode'])}): {html.escape(head)}</h1>",
         f"<p>{s['items']} items: {s['identical']} identical to golden, {s['recorded']} recorded, "
-        f"{s['failed']} failed.</p>",
+        f"{s['failed']} failed, {s['skipped']} skipped.</p>",
         '<section id="heatmap"><h2>Drift heatmap: worst tolerance ratio, stage x step (&gt; 1 fails)</h2>',
         '<p class="legend">'
         + "".join(
@@ -240,7 +240,7 @@ def html_report(doc: dict[str, Any]) -> str:
     parts.append("</section>")
     parts.append(environment_section(doc))
     parts.append(code_path_section(doc))
-    failing = [r for r in doc["items"] if not r["passed"]]
+    failing = [r for r in doc["items"] if not r["passed"] and r["kind"] != OutcomeKind.SKIPPED.value]
     if failing:
         parts.append('<section id="failures"><h2>Failures</h2>')
         for r in failing:

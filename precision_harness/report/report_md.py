@@ -16,11 +16,13 @@ def judgement_line(judgement: dict[str, Any]) -> str:
 
 def ratio_text(r: float | None, passed: bool, kind: OutcomeKind, structural: bool = True) -> str:
     """A heatmap cell's or a failure row's text: the worst tolerance ratio, or why there is none
-    (``error``, ``recorded``, ``structural``, ``inf``; ``-``: passed without a ratio)."""
+    (``error``, ``recorded``, ``skipped``, ``structural``, ``inf``; ``-``: passed without a ratio)."""
     if kind is OutcomeKind.ERROR:
         return "error"
     if kind is OutcomeKind.RECORDED:
         return "recorded"
+    if kind is OutcomeKind.SKIPPED:
+        return "skipped"
     if r is None:
         return ("structural" if structural else "inf") if not passed else "-"
     return "0" if r == 0 else f"{r:.2g}"
@@ -37,12 +39,18 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     s = doc["summary"]
     head = "passed" if not s["failed"] else f"{s['failed']} of {s['items']} failed"
     within = s["passed"] - s["identical"] - s["recorded"]
+    skipped = [r["text"] for r in doc["items"] if r["kind"] == OutcomeKind.SKIPPED.value]
     return [
         f"## pytest-precision ({doc['mode']}): {head}",
         "",
         f"{s['items']} items: {s['identical']} identical to golden, {within} within tolerance, "
-        f"{s['recorded']} recorded, {s['failed']} failed",
+        f"{s['recorded']} recorded, {s['failed']} failed, {s['skipped']} skipped",
         "",
+        *(
+            f"- skipped (--precision-allow-skip): {skipped.count(t)} items, not checked: {t}"
+            for t in sorted({*skipped})
+        ),
+        *([""] if skipped else []),
     ]
 
 
@@ -72,7 +80,7 @@ def _code_paths(doc: dict[str, Any]) -> list[str]:
 
 def _failures(doc: dict[str, Any]) -> list[str]:
     """A table row per failing item, then each verdict's full text in a collapsed block."""
-    failing = [r for r in doc["items"] if not r["passed"]]
+    failing = [r for r in doc["items"] if not r["passed"] and r["kind"] != OutcomeKind.SKIPPED.value]
     if not failing:
         return []
     lines = [
@@ -126,7 +134,7 @@ def _heatmaps(doc: dict[str, Any]) -> list[str]:
 def _cell(c: dict[str, Any] | None) -> str:
     if c is None:
         return ""
-    mark = "❌ " if not c["passed"] else ""
+    mark = "❌ " if not c["passed"] and c["kind"] != OutcomeKind.SKIPPED.value else ""
     return mark + ratio_text(c["ratio"], c["passed"], OutcomeKind(c["kind"]), c["structural"])
 
 

@@ -6,8 +6,9 @@
   because importing torch here would break the "pytest never imports torch" rule.
 
 Each function returns ``None`` when the device is usable, else one line saying what is missing and
-what to do; the plugin turns it into a usage error (device asked for on the command line) or a
-skip (device asked for by a scenario's ``device:`` key under ``--precision-device auto``).
+what to do; the plugin turns it into a usage error (device asked for on the command line) or, for a
+scenario's own ``device:`` key under ``--precision-device auto``, the failure of each of its items (a skip
+under ``--precision-allow-skip``).
 """
 
 from __future__ import annotations

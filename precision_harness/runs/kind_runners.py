@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from precision_harness.errors import RunFailedError
+from precision_harness.errors import RunFailedError, VerlMissingError
 from precision_harness.paths import display_path
 from precision_harness.runs import command_runner, launch, processes, shared_ray, verl_engine
 from precision_harness.runs.command_runner import CommandSpec
@@ -39,6 +39,8 @@ class KindRunner:
     command: Callable[[Scenario, dict[str, str], Path, str, bool], CommandSpec] | None = None
     #: checks that need the engine the kind runs on, made when a scenario is loaded to be run
     preflight: Callable[[Scenario], None] = _nothing_to_check
+    #: why the engine the kind runs on is not installed here (one line), else None
+    engine_missing: Callable[[Scenario], str | None] = lambda scenario: None
 
 
 def _argv_as_written(
@@ -52,7 +54,7 @@ def _check_verl(scenario: Scenario) -> None:
     """An ``engine: verl`` scenario needs verl installed, stages verl dumps, and overrides verl's config has.
 
     Raises:
-        VerlMissingError: verl is not installed (pytest skips the scenario).
+        VerlMissingError: verl is not installed (the scenario's items cannot run).
         ScenarioError: a stage verl does not dump, an override of a key the gate owns, or one Hydra rejects.
     """
     verl_engine.check_engine(scenario.path, list(scenario.stages))
@@ -92,7 +94,12 @@ def _run_verl(scenario: Scenario, *, out_dir: Path, device: str, options: RunOpt
 RUNNERS: dict[str, KindRunner] = {
     "builtin": KindRunner(run=launch.run_worker),
     "command": KindRunner(run=_run_command, command=_argv_as_written),
-    "verl": KindRunner(run=_run_verl, command=verl_engine.command_spec, preflight=_check_verl),
+    "verl": KindRunner(
+        run=_run_verl,
+        command=verl_engine.command_spec,
+        preflight=_check_verl,
+        engine_missing=lambda scenario: verl_engine.missing_reason(scenario.path),
+    ),
 }
 
 
@@ -153,6 +160,26 @@ def load_scenario(path: str | Path) -> Scenario:
             :func:`preflight` (VerlMissingError where an ``engine: verl`` scenario finds no verl).
     """
     return preflight(Scenario.load(path))
+
+
+def collect_scenario(path: str | Path) -> Scenario:
+    """:func:`load_scenario` for collection: a scenario whose engine is not installed here (verl) loads without
+    the engine's checks, so its items exist and each says it cannot run (:func:`engine_missing`).
+
+    Raises:
+        ScenarioError: as :func:`load_scenario`, except VerlMissingError.
+    """
+    scenario = Scenario.load(path)
+    try:
+        return preflight(scenario)
+    except VerlMissingError:
+        return scenario
+
+
+def engine_missing(scenario: Scenario) -> str | None:
+    """Why ``scenario``'s engine is not installed here (one line naming the fix), or None (its kind needs none,
+    or it is installed)."""
+    return RUNNERS[scenario.kind].engine_missing(scenario)
 
 
 def stop() -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import ScenarioError, VerlMissingError
-from precision_harness.runs import verl_profile
+from precision_harness.runs import fsdp2_buffers, verl_profile
 from precision_harness.runs.command_runner import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 
@@ -59,6 +59,9 @@ VERL_FIX = (
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl_rank_stack"
+#: the module verl imports in each of its processes on every device: FSDP2's all-gather buffers zero-filled
+#: (precision_harness/runs/fsdp2_buffers.py)
+FSDP2_BUFFERS_MODULE = "precision_harness.runs.verl_fsdp2_buffers"
 #: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
 CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
 #: the platform and rollout replica that module registers
@@ -84,16 +87,24 @@ def installed_version() -> str | None:
         return None
 
 
+def missing_reason(scenario_path: Path) -> str | None:
+    """The one line saying verl is not installed for the scenario at ``scenario_path``, or None (it is)."""
+    if installed_version() is not None:
+        return None
+    return f"{scenario_path}: engine: verl needs verl installed in this environment; {VERL_FIX}"
+
+
 def check_engine(scenario_path: Path, stages: list[str]) -> None:
     """verl must be installed, and dump every declared stage.
 
     Raises:
-        VerlMissingError: verl is missing (says to install verl itself; pytest skips the scenario).
+        VerlMissingError: verl is missing (says to install verl itself; the scenario's items cannot run).
         ScenarioError: a declared stage is one verl does not dump.
     """
+    missing = missing_reason(scenario_path)
+    if missing is not None:
+        raise VerlMissingError(missing)
     version = installed_version()
-    if version is None:
-        raise VerlMissingError(f"{scenario_path}: engine: verl needs verl installed in this environment; {VERL_FIX}")
     missing = [s for s in stages if s not in DUMPED_STAGES + CPU_STAGES]
     if missing:
         raise ScenarioError(
@@ -173,9 +184,11 @@ def check_cpu_version(scenario_path: Path) -> None:
 
 def external_modules(device: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``VERL_USE_EXTERNAL_MODULES`` for a run on ``device``: the CPU support first on cpu, then the rank stack
-    hook (every device), then the modules ``environ`` (default: this process's) already names, each once."""
+    hook and FSDP2's zero-filled buffers (every device), then the modules ``environ`` (default: this process's)
+    already names, each once."""
     own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
-    gate = [CPU_MODULE, RANK_STACK_MODULE] if device == "cpu" else [RANK_STACK_MODULE]
+    every = [RANK_STACK_MODULE, FSDP2_BUFFERS_MODULE]
+    gate = [CPU_MODULE, *every] if device == "cpu" else every
     modules = [*gate, *(m for m in own.split(",") if m and m not in gate)]
     return {"VERL_USE_EXTERNAL_MODULES": ",".join(modules)}  # verl/__init__.py imports each, in every process
 
@@ -406,8 +419,9 @@ def command_spec(
     gains verl's file logger. The log header lists every gate-owned override and variable.
 
     Raises:
-        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, or
-            on cpu an unsupported verl or an override of a CPU-owned key.
+        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, a torch
+            the FSDP2 buffer patch was not checked with (:mod:`~precision_harness.runs.fsdp2_buffers`), or on cpu
+            an unsupported verl or an override of a CPU-owned key.
     """
     verl = scenario.config["verl"]
     user = dict(verl["overrides"])
@@ -425,6 +439,9 @@ def command_spec(
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
     check_device_stages(scenario.path, list(scenario.stages), device)
     check_device_invariants(scenario, device)
+    unchecked = fsdp2_buffers.installed_refusal()
+    if unchecked is not None:
+        raise ScenarioError(f"{scenario.path}: {unchecked}")
     check_device_auto(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)

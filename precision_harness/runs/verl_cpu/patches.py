@@ -1,4 +1,4 @@
-"""Every patch of verl (and one of torch) internals the CPU run needs, in one place, for verl 0.9.1 only.
+"""Every patch of verl internals the CPU run needs, in one place, for verl 0.9.1 only (patch 6 is elsewhere).
 
 Each entry names the verl function or table it replaces and why. :func:`apply` refuses any other
 verl version (the package's ``__init__`` already did, in one line); a new verl version must be read
@@ -30,14 +30,10 @@ again, each patch re-checked, and added to :data:`precision_harness.runs.verl_en
    without trl reports any failure as "not a value head model". Replaced by its first branch,
    ``AutoModelForTokenClassification.from_pretrained`` with the same arguments and ``"sdpa"``; when
    that fails, verl's own function runs (and reports).
-6. torch's FSDP2 all-gather buffer (``DefaultAllocMixin.allocate`` in
-   ``torch.distributed.fsdp._fully_shard._fsdp_collectives``, torch :data:`CHECKED_TORCH`), on the CPU only:
-   with two or more ranks, ``all_gather_copy_in`` takes ``Tensor.narrow`` of a buffer ``torch.empty`` just
-   allocated, before anything is copied in; msprobe's L1 dump records that call, so every multi-rank
-   dump held statistics of uninitialised memory (189 ``Tensor.narrow`` rows differed between two
-   otherwise identical runs, NaN and 3e38 among them). Allocated with ``torch.zeros`` on the CPU
-   instead, those rows read zeros. What the all-gather computes is unchanged. Another torch version
-   is left unpatched, with one line in the worker log saying so.
+6. (applied on every device, not only here) torch's FSDP2 all-gather buffer zero-filled, so a multi-rank L1 dump
+   records no uninitialised memory at ``Tensor.narrow``: :mod:`precision_harness.runs.fsdp2_buffers`, which verl
+   loads in each process through :data:`precision_harness.runs.verl_engine.FSDP2_BUFFERS_MODULE`, with its own
+   torch version guard.
 7. ``PrecisionDebuggerProfiler.annotate`` in ``verl.utils.profiler.precision_debugger_profile``: the wrapper it
    returns (start the debugger, run the stage, stop it) runs inside :func:`.stage_window.observe`, which
    times the stage for the run's profile and, at ``level: auto``, records what the stage read from verl's
@@ -64,8 +60,6 @@ from precision_harness.runs.verl_cpu import on_import, stage_window, timeline
 from precision_harness.runs.verl_engine import SUPPORTED_VERSIONS, unsupported_version_message
 
 CPU_BACKEND = "cpu:gloo"
-#: the torch versions patch 6 was read against
-CHECKED_TORCH = ("2.13.0",)
 
 
 def _process_group(original: Any) -> Any:
@@ -150,36 +144,6 @@ def _valuehead_loader(original: Any) -> Any:
 
     load_valuehead_model.__precision_patched__ = True
     return load_valuehead_model
-
-
-def _zeroed_allocate(original: Any) -> Any:
-    import torch
-
-    @functools.wraps(original)
-    def allocate(self: Any, size: Any, *, dtype: Any, device: Any) -> Any:
-        if torch.device(device).type == "cpu":
-            return torch.zeros(*size, dtype=dtype, device=device)
-        return original(self, size, dtype=dtype, device=device)
-
-    allocate.__precision_patched__ = True
-    return allocate
-
-
-def _zero_fsdp_buffers() -> None:
-    import torch
-    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
-
-    if torch.__version__.split("+")[0] not in CHECKED_TORCH:
-        print(
-            f"precision gate: torch {torch.__version__}: FSDP2's all-gather buffers are left as torch allocates them "
-            f"(the zero-fill was checked with torch {', '.join(CHECKED_TORCH)}); a multi-rank L1 dump may record "
-            "uninitialised memory at Tensor.narrow",
-            flush=True,
-        )
-        return
-    mixin = _fsdp_collectives.DefaultAllocMixin
-    if not getattr(mixin.allocate, "__precision_patched__", False):
-        mixin.allocate = _zeroed_allocate(mixin.allocate)
 
 
 def _observed_annotate(original: Any) -> Any:
@@ -281,7 +245,6 @@ DEFERRED: tuple[tuple[str, Any], ...] = (
     ("verl.workers.rollout.base", _register_rollout),
     ("verl.workers.engine_workers", _annotate_critic),
     ("verl.utils.model", _patch_valuehead_loader),
-    ("torch.distributed.fsdp._fully_shard._fsdp_collectives", lambda _module: _zero_fsdp_buffers()),
     ("verl.utils.profiler.precision_debugger_profile", _observe_stages),
     ("msprobe.core.dump.data_dump.data_collector", _time_msprobe_collector),
 )
