@@ -146,3 +146,42 @@ def test_the_changed_call_is_placed_in_the_model_code_that_made_it(tmp_path: Pat
     site = "at transformers/models/qwen2/modeling_qwen2.py:89 in forward: freqs = position_ids[..., None].float() * "
     assert out.verdict.code_paths[0].site.startswith(site.removeprefix("at "))
     assert site in out.text
+
+
+def test_a_dtype_changed_inside_the_stage_is_not_called_upstream(tmp_path: Path) -> None:
+    """A cast msprobe does not record, dropped: the softmax reads the linear's bf16 output where the golden read it
+    in float32. Its input needs no gradient, which alone would read as upstream; it carries a recorded output's
+    value, so the change is inside the stage."""
+    out_bf16 = tensor("torch.bfloat16", (2, 8), Max=3.0, Min=-2.5, Mean=0.01, Norm=12.5)
+    in_fp32 = {**out_bf16, "dtype": "torch.float32"}
+    probs = tensor(shape=(2, 8), Max=0.9, Min=0.01, Mean=0.125, Norm=2.1)
+
+    def stream(softmax_input: dict) -> dict:
+        return {
+            "data": {
+                "Functional.linear.0.forward": api([tensor("torch.bfloat16", (2, 4))], [out_bf16]),
+                "Functional.softmax.0.forward": api([softmax_input], [probs]),
+            }
+        }
+
+    out = check(tmp_path, stream(in_fp32), stream(out_bf16))
+    assert not out.passed
+    assert out.origin.kind is OriginKind.UNRECORDED and out.origin.producer == "Functional.linear.0.forward.output.0"
+    assert "upstream" not in out.text
+    assert (
+        "inside actor_compute_log_prob, through an op msprobe does not record: "
+        "Functional.softmax.0.forward.input.0 is the first value that differs (its dtype or shape), and it carries "
+        "Functional.linear.0.forward.output.0's value (equal statistics)"
+    ) in out.text
+
+
+def test_a_dtype_change_of_a_value_from_outside_the_stage_stays_upstream(tmp_path: Path) -> None:
+    """The loss reads an int64 mask where the golden read float32 IS weights of 1: no recorded call made either."""
+    weights, mask = tensor(shape=(2, 8), Max=1.0, Min=1.0, Mean=1.0, Norm=4.0), tensor("torch.int64", (2, 8), 1, 1)
+    loss = [tensor(shape=(2, 8), Max=0.5, Min=-0.5, Mean=0.0, Norm=1.0)]
+
+    def stream(factor: dict) -> dict:
+        return {"data": {"Tensor.__mul__.0.forward": api([loss[0], factor], loss)}}
+
+    out = check(tmp_path, stream(weights), stream(mask))
+    assert out.origin.kind is OriginKind.UPSTREAM and out.origin.producer is None

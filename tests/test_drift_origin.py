@@ -50,8 +50,10 @@ def test_an_input_of_another_dtype_is_where_the_change_entered(dumps, tmp_path: 
     """The linear's data input arrives as int64 with the golden's statistics (a mask where the golden had weights
     of 1.0): the API did not compute differently, its input changed; msprobe's statistics alone cannot tell."""
 
-    def as_int(d):
-        d["Functional.linear.0.forward"]["input_args"][0].update(dtype="torch.int64")
+    def as_int(d):  # an int64 mask carries Max/Min only (msprobe records no Mean/Norm of an integer tensor)
+        d["Functional.linear.0.forward"]["input_args"][0].update(
+            dtype="torch.int64", Max=1, Min=1, Mean=None, Norm=None
+        )
         d["Functional.linear.0.forward"]["output"][0].update(Max=3.5)
 
     origin = _origin(dumps, tmp_path, as_int)

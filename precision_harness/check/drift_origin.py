@@ -40,13 +40,13 @@ requires grad, as a weight (docs/triage.md, "When not to trust them").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.rows import rows
+from precision_harness.dumps.rows import numel, rows
 from precision_harness.dumps.stage import StageSource
 
 #: msprobe row states (``read_op``) of a module's parameters, and of their gradients
@@ -81,6 +81,8 @@ class DriftOrigin:
             tolerance where it entered).
         structural: ``row``'s dtype or shape differs from the golden's (its statistics may not).
         code_path: the changed block where the change entered (``kind`` ``code_path``).
+        producer: for a ``row`` whose dtype or shape changed inside the stage, the earlier recorded output it
+            holds (equal statistics): an op msprobe does not record (a cast) changed it between the two.
     """
 
     kind: OriginKind
@@ -91,6 +93,7 @@ class DriftOrigin:
     first_divergence: str
     structural: bool = False
     code_path: CodePathChange | None = None
+    producer: str | None = None  #: the recorded output ``row`` holds, another dtype or shape (an unrecorded op)
 
     @property
     def below_tolerance(self) -> bool:
@@ -101,7 +104,7 @@ class DriftOrigin:
     def summary(self) -> str:
         """What the verdict's classification line says (after its label)."""
         text = _SUMMARIES[self.kind](self)
-        if self.structural:
+        if self.structural and self.producer is None:
             text += "; its dtype or shape differs from the golden's"
         elif self.below_tolerance:
             text += "; within tolerance there, it passes tolerance at the first divergence below"
@@ -132,7 +135,11 @@ _SUMMARIES = {
         f"this API computes differently now: {o.api} gives other outputs from inputs that match the golden's"
     ),
     OriginKind.UNRECORDED: lambda o: (
-        f"through values msprobe does not record: {o.row} is the first that differs, and no recorded value "
+        f"inside {o.stage}, through an op msprobe does not record: {o.row} is the first value that differs (its "
+        f"dtype or shape), and it carries {o.producer}'s value (equal statistics): an unrecorded op between the two "
+        "(a cast, a reshape) differs from the golden's"
+        if o.producer is not None
+        else f"through values msprobe does not record: {o.row} is the first that differs, and no recorded value "
         "it was computed from differs"
     ),
     OriginKind.CODE_PATH: lambda o: (
@@ -173,7 +180,32 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
-    return DriftOrigin(kind, name, api, rank, verdict.stage, shown[2], structural=math.isinf(ratio))
+    producer = _producer(name, table) if math.isinf(ratio) and kind in _OUTSIDE else None
+    if producer is not None:  # computed inside the stage: its dtype or shape changed there, not upstream
+        kind = OriginKind.UNRECORDED
+    origin = DriftOrigin(kind, name, api, rank, verdict.stage, shown[2], structural=math.isinf(ratio))
+    return replace(origin, producer=producer) if producer is not None else origin
+
+
+#: the kinds that say the change came from outside the stage's recorded calls
+_OUTSIDE = (OriginKind.UPSTREAM, OriginKind.WEIGHTS)
+
+
+def _producer(name: str, table: dict[str, dict[str, Any]]) -> str | None:
+    """The earlier recorded output whose value ``name`` (an input whose dtype or shape changed) holds, if any:
+    the same number of elements and the same floating-point statistics. Then the value was computed inside the
+    stage, and what changed its dtype or shape is an op between the two that msprobe does not record (a cast)."""
+    row = table[name]
+    stats = {s: row.get(s) for s in ("Max", "Min", "Mean", "Norm")}
+    if row.get("state") != "input" or stats["Mean"] is None or stats["Norm"] is None:
+        return None
+    for other_name, other in table.items():
+        if other_name == name:
+            return None  # only rows before it
+        same = all(other.get(s) == v for s, v in stats.items()) and numel(other.get("shape")) == numel(row.get("shape"))
+        if other.get("state") == "output" and same:
+            return other_name
+    return None
 
 
 #: ``(order, rank, row, ratio)`` of one compared row, ordered as execution goes
