@@ -37,8 +37,9 @@ from enum import Enum
 from typing import Any
 
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.rows import rows
+from precision_harness.dumps.rows import row_statistics, rows
 from precision_harness.dumps.stage import StageSource
+from precision_harness.dumps.statistics import relative_change
 
 #: msprobe row states (``read_op``) of a module's parameters, and of their gradients
 PARAMETERS, PARAMETERS_GRAD = "parameters", "parameters_grad"
@@ -70,6 +71,8 @@ class DriftOrigin:
         first_divergence: the first row beyond tolerance (equal to ``row`` when the change passed
             tolerance where it entered).
         structural: ``row``'s dtype or shape differs from the golden's (its statistics may not).
+        inputs_rel: for an ``api`` origin, the largest relative change of a statistic of the API's inputs from
+            the golden's (0.0: every statistic equal; None: not measured, no golden given).
     """
 
     kind: OriginKind
@@ -79,6 +82,7 @@ class DriftOrigin:
     stage: str
     first_divergence: str
     structural: bool = False
+    inputs_rel: float | None = None
 
     @property
     def below_tolerance(self) -> bool:
@@ -117,7 +121,12 @@ _SUMMARIES = {
         "that differs (look at the update stages before this one)"
     ),
     OriginKind.API: lambda o: (
-        f"this API computes differently now: {o.api} gives other outputs from inputs that match the golden's"
+        f"this API computes differently now: {o.api} gives other outputs from inputs "
+        + (
+            f"within tolerance of the golden's (max rel {o.inputs_rel:.1e})"
+            if o.inputs_rel
+            else "whose statistics equal the golden's"
+        )
     ),
     OriginKind.UNRECORDED: lambda o: (
         f"through values msprobe does not record: {o.row} is the first that differs, and no recorded value "
@@ -126,13 +135,15 @@ _SUMMARIES = {
 }
 
 
-def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
+def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | None = None) -> DriftOrigin | None:
     """Where ``verdict``'s change entered, read from its profile and ``target``'s rows; None without a drift.
 
     Args:
         verdict: a failing stage's verdict with its profile (every compared row's worst ratio).
         target: the run's side of the stage, for the earliest differing row's state, type and
             ``requires_grad`` (msprobe's ``read_op`` row fields).
+        golden: the golden's side, for how far an ``api`` origin's inputs are from the golden's
+            (:attr:`DriftOrigin.inputs_rel`); without it the line claims no more than equal statistics.
 
     Raises:
         GoldenCorruptError: the target's dump is unreadable.
@@ -152,7 +163,23 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
-    return DriftOrigin(kind, name, api, rank, verdict.stage, first.tensor, structural=math.isinf(ratio))
+    inputs_rel = _inputs_rel(api, table, rows(golden.load(rank))) if kind is OriginKind.API and golden else None
+    return DriftOrigin(
+        kind, name, api, rank, verdict.stage, first.tensor, structural=math.isinf(ratio), inputs_rel=inputs_rel
+    )
+
+
+def _inputs_rel(api: str, table: dict[str, dict[str, Any]], golden: dict[str, dict[str, Any]]) -> float:
+    """The largest relative change of any statistic of ``api``'s input rows from the golden's (rows on both sides)."""
+    worst = 0.0
+    for name, row in table.items():
+        if row["api"] != api or row.get("state") != "input" or name not in golden:
+            continue
+        theirs = row_statistics(golden[name])
+        for stat, value in row_statistics(row).items():
+            if value is not None and theirs.get(stat) is not None and value != theirs[stat]:
+                worst = max(worst, relative_change(value, theirs[stat]))
+    return worst
 
 
 def _kind(row: dict[str, Any], *, has_inputs: bool) -> OriginKind:
