@@ -281,6 +281,16 @@ def test_arguments_msprobe_records_by_value_are_compared_by_value() -> None:
     assert why is not None and "Functional.softmax.0.forward.input.dtype" in why
 
 
+def test_an_output_of_another_shape_holds_back_the_side_by_side_verdict() -> None:
+    """Issue 36: an output whose shape differs from the golden's has no common standard: never equivalent."""
+    golden = _rows()
+    reshaped = _rows(lambda d: d["Functional.linear.0.forward"]["output"][0].update(shape=[8, 8]))
+    call = replay.Call("Functional.linear.0.forward", "Functional.linear.0.forward.output.0")
+    why = replay._not_proven(call, reshaped, golden)
+    assert why == "Functional.linear.0.forward.output.0 has shape [8, 8], the golden's [2, 4, 8]: no common standard"
+    assert replay._not_proven(call, golden, golden) is None
+
+
 def test_a_golden_input_missing_from_the_capture_is_noticed() -> None:
     golden = rows({"data": _gather(INDEX)})
     captured = {name: row for name, row in golden.items() if not name.endswith(".index")}
