@@ -221,6 +221,85 @@ def test_a_call_whose_inputs_are_not_the_goldens_has_no_common_reference() -> No
     )
 
 
+def _gather(index: dict, dim: dict | None = None, kwarg: str = "input_kwargs") -> dict:
+    """A ``Torch.gather`` call, its int64 ``index`` a keyword argument (as the log-prob gather passes it)."""
+    call = {"input_args": [tensor(shape=(2, 4, 8))], "input_kwargs": {}, "output": [tensor(shape=(2, 4, 1))]}
+    call[kwarg] = {"dim": dim or {"type": "int", "value": -1}, "index": index}
+    return {"Torch.gather.0.forward": call}
+
+
+INDEX = tensor("torch.int64", (2, 4, 1), 9, 0, None, None)
+
+
+def test_an_integer_input_matched_by_max_and_min_is_named_unproven() -> None:
+    """Issue 36: each row's labels rotated by one position keep the index's Max and Min, all msprobe records of an
+    int64 tensor. Confirmed (nothing differs), but not proven: the judgement names that input."""
+    golden = rows({"data": _gather(INDEX)})
+    assert replay._unconfirmed("Torch.gather.0.forward", golden, golden, golden) is None
+    assert replay._unproven("Torch.gather.0.forward", golden, golden) == (
+        "Torch.gather.0.forward.input.index",
+        "torch.int64",
+    )
+    proven = {**INDEX, "md5": "1a2b3c4d"}  # summary_mode: md5 on both sides: the CRC-32 proves it
+    both = rows({"data": _gather(proven)})
+    assert replay._unproven("Torch.gather.0.forward", both, both) is None
+    other = rows({"data": _gather({**INDEX, "md5": "99999999"})})
+    assert replay._unconfirmed("Torch.gather.0.forward", other, other, both).startswith(
+        "its inputs differ from the golden's (first: Torch.gather.0.forward.input.index)"
+    )
+    assert replay._unproven("Functional.linear.0.forward", _rows(), _rows()) is None  # float inputs: statistics
+
+
+def test_a_tensor_capture_of_an_integer_input_is_not_read_as_nondeterminism() -> None:
+    """msprobe's task: tensor capture names a tensor keyword argument ``kwargs.index`` and records Mean and Norm
+    of an int64 tensor, which a statistics dump names ``input.index`` and leaves out. Before: "not deterministic"."""
+    checked = rows({"data": _gather(INDEX)})
+    captured_index = {**INDEX, "Mean": 4.5, "Norm": 30.0, "data_name": "Torch.gather.0.forward.kwargs.index.pt"}
+    captured = rows({"data": _gather(captured_index)})
+    renamed = {name.replace(".input.index", ".kwargs.index"): row for name, row in captured.items()}
+    assert replay._unconfirmed("Torch.gather.0.forward", renamed, checked, checked) is None
+
+
+def test_arguments_msprobe_records_by_value_are_compared_by_value() -> None:
+    """Integers, text and dtypes: a ``dim`` of 1 for -1, or ``dtype=torch.float16`` for ``torch.float32`` (whose
+    statistics msprobe leaves empty) are other calls."""
+    golden = rows({"data": _gather(INDEX)})
+    for dim in ({"type": "int", "value": 1}, {"type": "str", "value": "-1"}):
+        moved = rows({"data": _gather(INDEX, dim)})
+        why = replay._unconfirmed("Torch.gather.0.forward", moved, moved, golden)
+        assert why is not None and why.startswith(
+            "its inputs differ from the golden's (first: Torch.gather.0.forward.input.dim)"
+        )
+
+    def softmax(dtype: str) -> dict:
+        call = {"input_args": [tensor()], "input_kwargs": {"dtype": {"type": "torch.dtype", "value": dtype}}}
+        return rows({"data": {"Functional.softmax.0.forward": {**call, "output": [tensor()]}}})
+
+    why = replay._unconfirmed(
+        "Functional.softmax.0.forward", softmax("torch.float16"), softmax("torch.float16"), softmax("torch.float32")
+    )
+    assert why is not None and "Functional.softmax.0.forward.input.dtype" in why
+
+
+def test_an_output_of_another_shape_holds_back_the_side_by_side_verdict() -> None:
+    """Issue 36: an output whose shape differs from the golden's has no common standard: never equivalent."""
+    golden = _rows()
+    reshaped = _rows(lambda d: d["Functional.linear.0.forward"]["output"][0].update(shape=[8, 8]))
+    call = replay.Call("Functional.linear.0.forward", "Functional.linear.0.forward.output.0")
+    why = replay._not_proven(call, reshaped, golden)
+    assert why == "Functional.linear.0.forward.output.0 has shape [8, 8], the golden's [2, 4, 8]: no common standard"
+    assert replay._not_proven(call, golden, golden) is None
+
+
+def test_a_golden_input_missing_from_the_capture_is_noticed() -> None:
+    golden = rows({"data": _gather(INDEX)})
+    captured = {name: row for name, row in golden.items() if not name.endswith(".index")}
+    why = replay._unconfirmed("Torch.gather.0.forward", captured, captured, golden)
+    assert why == (
+        "the golden's call has Torch.gather.0.forward.input.index, which the capture does not: not the golden's call"
+    )
+
+
 def test_a_second_stage_of_the_run_is_not_rerun_and_says_which_stage_was(dumps, tmp_path: Path) -> None:
     """One capture rerun per scenario and run: a later stage whose API could be replayed points to the first."""
     from precision_harness.check.item_key import ItemKey

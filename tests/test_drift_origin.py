@@ -36,6 +36,22 @@ def test_an_api_whose_inputs_match_computes_differently(dumps, tmp_path: Path) -
     assert origin.summary.startswith("this API computes differently now: Functional.linear.0.forward gives")
 
 
+def test_an_api_origin_says_equal_statistics_never_matching_inputs(dumps, tmp_path: Path) -> None:
+    """Issue 36: "inputs that match" read as bit-identical; the golden keeps statistics, so the line says that much,
+    and "within tolerance of the golden's (max rel X)" where an input row differs (a pairing that let it through)."""
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
+    verdict = compare_stage(DirStage(target), DirStage(golden), SETTINGS)
+    origin = classify(verdict, DirStage(target), DirStage(golden))
+    assert origin is not None and origin.inputs_rel == 0.0
+    assert origin.summary == (
+        "this API computes differently now: Functional.linear.0.forward gives other outputs from inputs whose "
+        "statistics equal the golden's"
+    )
+    assert "match" not in origin.summary
+    near = DriftOrigin(OriginKind.API, origin.row, origin.api, "rank0", "s", origin.row, inputs_rel=1.2e-5)
+    assert near.summary.endswith("from inputs within tolerance of the golden's (max rel 1.2e-05)")
+
+
 def test_data_no_api_of_the_stage_computed_is_upstream(dumps, tmp_path: Path) -> None:
     """The linear's activation input moves while the embedding that fed it in the golden did not: it came from
     outside the recorded stage (it needs no gradient: data)."""

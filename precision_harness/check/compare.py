@@ -90,6 +90,9 @@ class RankVerdict(_Verdict):
     profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
     #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
+    #: ``(rank, row)`` of every paired row whose dtype or shape changed (its profile ratio is ``inf``, as is that
+    #: of any change under ``mode: exact``: this set tells the two apart)
+    structural: set[tuple[str, str]] = field(default_factory=set)
     _nan_reported: bool = field(default=False, repr=False)
 
     def problem(self, text: str) -> None:
@@ -117,6 +120,8 @@ class StageVerdict(_Verdict):
     #: any changed block fails the stage (the scenario's ``tolerance.code_path: fail``), even one whose
     #: values match the golden's
     strict_code_path: bool = False
+    #: ``(rank, row)`` of every paired row whose dtype or shape changed
+    structural: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def passed(self) -> bool:
@@ -163,6 +168,7 @@ class StageVerdict(_Verdict):
         self.problems += rank.problems
         self.profile += rank.profile
         self.code_paths += rank.code_paths
+        self.structural |= rank.structural
 
 
 def compare_rank(
@@ -232,6 +238,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         v.problem(f"{row.name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
         # it differs, whatever its statistics: where a change entered (check.drift_origin) must see it
         v.profile.append((v.rank, row.order, row.name, math.inf))
+        v.structural.add((v.rank, row.name))
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
     mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))

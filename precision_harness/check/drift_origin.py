@@ -39,15 +39,16 @@ requires grad, as a weight (docs/triage.md, "When not to trust them").
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.rows import numel, rows
+from precision_harness.dumps.pairing import aligned_golden, pair_calls
+from precision_harness.dumps.rows import numel, row_statistics, rows
 from precision_harness.dumps.stage import StageSource
+from precision_harness.dumps.statistics import relative_change
 
 #: msprobe row states (``read_op``) of a module's parameters, and of their gradients
 PARAMETERS, PARAMETERS_GRAD = "parameters", "parameters_grad"
@@ -83,6 +84,8 @@ class DriftOrigin:
         code_path: the changed block where the change entered (``kind`` ``code_path``).
         producer: for a ``row`` whose dtype or shape changed inside the stage, the earlier recorded output it
             holds (equal statistics): an op msprobe does not record (a cast) changed it between the two.
+        inputs_rel: for an ``api`` origin, the largest relative change of a statistic of the API's inputs from
+            the golden's (0.0: every statistic equal; None: not measured, no golden given).
     """
 
     kind: OriginKind
@@ -94,6 +97,7 @@ class DriftOrigin:
     structural: bool = False
     code_path: CodePathChange | None = None
     producer: str | None = None  #: the recorded output ``row`` holds, another dtype or shape (an unrecorded op)
+    inputs_rel: float | None = None
 
     @property
     def below_tolerance(self) -> bool:
@@ -132,7 +136,12 @@ _SUMMARIES = {
         "that differs (look at the update stages before this one)"
     ),
     OriginKind.API: lambda o: (
-        f"this API computes differently now: {o.api} gives other outputs from inputs that match the golden's"
+        f"this API computes differently now: {o.api} gives other outputs from inputs "
+        + (
+            f"within tolerance of the golden's (max rel {o.inputs_rel:.1e})"
+            if o.inputs_rel
+            else "whose statistics equal the golden's"
+        )
     ),
     OriginKind.UNRECORDED: lambda o: (
         f"inside {o.stage}, through an op msprobe does not record: {o.row} is the first value that differs (its "
@@ -152,13 +161,15 @@ _SUMMARIES = {
 }
 
 
-def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
+def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | None = None) -> DriftOrigin | None:
     """Where ``verdict``'s change entered, read from its profile and ``target``'s rows; None without a drift.
 
     Args:
         verdict: a failing stage's verdict with its profile (every compared row's worst ratio).
         target: the run's side of the stage, for the earliest differing row's state, type and
             ``requires_grad`` (msprobe's ``read_op`` row fields).
+        golden: the golden's side, for how far an ``api`` origin's inputs are from the golden's
+            (:attr:`DriftOrigin.inputs_rel`); without it the line claims no more than equal statistics.
 
     Raises:
         GoldenCorruptError: the target's dump is unreadable.
@@ -172,7 +183,7 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
     block = _code_path_origin(verdict, earliest)
     if block is not None:
         return block
-    _, rank, name, ratio = earliest
+    _, rank, name, _ = earliest
     table = rows(target.load(rank))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
@@ -180,11 +191,16 @@ def classify(verdict: StageVerdict, target: StageSource) -> DriftOrigin | None:
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
-    producer = _producer(name, table) if math.isinf(ratio) and kind in _OUTSIDE else None
+    structural = (rank, name) in verdict.structural
+    producer = _producer(name, table) if structural and kind in _OUTSIDE else None
     if producer is not None:  # computed inside the stage: its dtype or shape changed there, not upstream
         kind = OriginKind.UNRECORDED
-    origin = DriftOrigin(kind, name, api, rank, verdict.stage, shown[2], structural=math.isinf(ratio))
-    return replace(origin, producer=producer) if producer is not None else origin
+    paired = _paired_golden(target, golden, rank) if kind is OriginKind.API else None
+    inputs_rel = _inputs_rel(api, table, paired) if paired is not None else None
+    return DriftOrigin(
+        kind, name, api, rank, verdict.stage, shown[2], structural=structural, producer=producer,
+        inputs_rel=inputs_rel,
+    )  # fmt: skip
 
 
 #: the kinds that say the change came from outside the stage's recorded calls
@@ -218,7 +234,7 @@ def _shown(verdict: StageVerdict) -> _Point | None:
     first = verdict.first_divergence
     if first is not None:
         return first.order, first.rank, first.tensor, first.ratio
-    return min(((o, r, n, x) for r, o, n, x in verdict.profile if math.isinf(x)), default=None)
+    return min(((o, r, n, x) for r, o, n, x in verdict.profile if (r, n) in verdict.structural), default=None)
 
 
 def _code_path_origin(verdict: StageVerdict, earliest: _Point | None) -> DriftOrigin | None:
@@ -229,6 +245,27 @@ def _code_path_origin(verdict: StageVerdict, earliest: _Point | None) -> DriftOr
     block = min(blocks, key=lambda c: (c.order, c.rank))
     first = earliest[2] if earliest is not None else block.row
     return DriftOrigin(OriginKind.CODE_PATH, block.row, block.api, block.rank, verdict.stage, first, code_path=block)
+
+
+def _paired_golden(target: StageSource, golden: StageSource | None, rank: str) -> dict[str, dict[str, Any]] | None:
+    """The golden's rows of ``rank`` named as the run's calls they pair with (dumps.pairing); None without a golden."""
+    if golden is None:
+        return None
+    mine, theirs = target.load(rank), golden.load(rank)
+    return rows(aligned_golden(theirs, pair_calls(mine, theirs)))
+
+
+def _inputs_rel(api: str, table: dict[str, dict[str, Any]], golden: dict[str, dict[str, Any]]) -> float:
+    """The largest relative change of any statistic of ``api``'s input rows from the golden's (rows on both sides)."""
+    worst = 0.0
+    for name, row in table.items():
+        if row["api"] != api or row.get("state") != "input" or name not in golden:
+            continue
+        theirs = row_statistics(golden[name])
+        for stat, value in row_statistics(row).items():
+            if value is not None and theirs.get(stat) is not None and value != theirs[stat]:
+                worst = max(worst, relative_change(value, theirs[stat]))
+    return worst
 
 
 def _kind(row: dict[str, Any], *, has_inputs: bool) -> OriginKind:

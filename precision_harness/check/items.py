@@ -183,7 +183,7 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         _write_tables(target, plain, verdict, artifacts)
         answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
     shown = settings.shown(artifacts) if artifacts is not None else None
-    origin = classify(verdict, target) if target.ranks() else None
+    origin = classify(verdict, target, golden) if target.ranks() else None
     reading = verdict_text.Reading(
         origin=origin,
         changed=tuple(settings.changed),

@@ -18,13 +18,20 @@ torch._dynamo.utils.same). The verdicts, in this order:
   ``e_new`` and the allowance: the golden is provably more than twice as far from exact, and outside
   what the dtype allows. Review and re-record.
 - ``equivalent``: the new output meets its standard, and no golden ``L`` exceeds the allowance: both
-  sides as exact as the dtype allows; the gate's tolerance for this API may be too tight.
+  sides as exact as the dtype allows, at this API. It says nothing of the stage's later divergences,
+  which were not judged, so it never advises loosening or re-recording the stage.
 - ``regression``: the new output fails its standard, and no golden ``L`` exceeds the allowance (the
   golden's statistics show no such error).
 - ``undecided`` otherwise, with the reason: both sides beyond the allowance (the replay may not
   compute what the device does), or the golden beyond it but within twice ``e_new`` (neither side
   shown better); and, before any replay, an API that cannot be replayed, inputs that differ from the
   golden's, a rerun that did not reproduce the checked run.
+
+A narrowing is never acquitted: where the output's dtype is narrower than the golden's, the replay holds
+it to the golden's dtype's standard (``figures["narrowed"]``), and the verdict is ``regression`` where it
+fails or ``undecided``, never ``equivalent`` or ``improvement``. The same holds where the caller knows the
+side-by-side verdict is not proven (:func:`held_back`: an input not proven equal to the golden's, an
+output of another shape).
 
 A wrong ``improvement`` invites a re-record that erases the regression the gate exists to catch:
 it needs a proof on the golden's side, never the absence of one. Statistics cannot prove a golden
@@ -34,7 +41,7 @@ accurate, so a regression is established on the new side alone (its standard).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -130,6 +137,12 @@ def judge(api: str, figures: Mapping[str, Any], golden: Mapping[str, float | Non
     bounds = golden_bounds(figures, golden)
     recorded = {**figures, "golden": {b.statistic: _bound_json(b) for b in bounds}}
     standard, dtype = figures["standard"], str(figures["dtype"]).removeprefix("torch.")
+    narrowed = figures.get("narrowed")
+    if narrowed:
+        if not standard["passed"] and not any(b.beyond_allowance for b in bounds):
+            return Judgement(Verdict.REGRESSION, api, _narrowed(narrowed) + _regression(standard, dtype), recorded)
+        judgement = judge(api, {k: v for k, v in figures.items() if k != "narrowed"}, golden)
+        return held_back(replace(judgement, figures=recorded), _narrowed(narrowed).removesuffix(": "))
     proven = [b for b in bounds if b.proves_improvement]
     beyond = [b for b in bounds if b.beyond_allowance]
     if standard["passed"] and proven:
@@ -155,6 +168,26 @@ def judge(api: str, figures: Mapping[str, Any], golden: Mapping[str, float | Non
     return Judgement(Verdict.UNDECIDED, api, reason, recorded)
 
 
+def held_back(judgement: Judgement, why: str | None) -> Judgement:
+    """``judgement``, or, where ``why`` says its side-by-side verdict is not proven, ``undecided`` in place of an
+    ``equivalent`` or ``improvement`` (a regression stands: it rests on the new output's standard alone)."""
+    if why is None:
+        return judgement
+    if judgement.verdict is Verdict.REGRESSION:
+        return replace(judgement, reason=f"{judgement.reason}; {why}")
+    if judgement.verdict is Verdict.UNDECIDED:
+        return replace(judgement, reason=f"{why}; {judgement.reason}")
+    k = judgement.figures.get("standard", {}).get("k")
+    figure = f" (the new output's error is {k:.3g}x the baseline's)" if isinstance(k, (int, float)) else ""
+    reason = f"{why}; not {judgement.verdict.value} on that basis{figure}"
+    return Judgement(Verdict.UNDECIDED, judgement.api, reason, judgement.figures)
+
+
+def _narrowed(narrowed: Mapping[str, str]) -> str:
+    golden, new = (str(narrowed[k]).removeprefix("torch.") for k in ("golden", "new"))
+    return f"the output narrowed from {golden} to {new}, held to {golden}'s standard: "
+
+
 def _bound_json(b: _Bound) -> dict[str, float]:
     return {"lower_bound": b.lower_bound, "allowance": b.allowance, "twice_new": b.twice_new}
 
@@ -174,9 +207,9 @@ def _improvement(b: _Bound, dtype: str) -> str:
 
 def _equivalent(api: str, standard: Mapping[str, Any], dtype: str) -> str:
     return (
-        f"both sides as exact as {dtype} allows: the new output's error is {standard['k']:.3g}x what this op costs "
-        f"in {dtype}, and the golden's statistics show no error beyond that; the tolerance for {api} may be too "
-        f"tight ({INPUTS_BY_STATISTICS})"
+        f"both sides as exact as {dtype} allows at {api}: the new output's error is {standard['k']:.3g}x what this "
+        f"op costs in {dtype}, and the golden's statistics show no error beyond that; the stage's later "
+        f"divergences were not judged ({INPUTS_BY_STATISTICS})"
     )
 
 

@@ -37,7 +37,7 @@ from precision_harness.check.compare import StageVerdict
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import Outcome
-from precision_harness.check.judgement import Judgement, judge
+from precision_harness.check.judgement import Judgement, held_back, judge
 from precision_harness.check.verdict_text import with_judgement as text_with_judgement
 from precision_harness.dumps.files import load_dump
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
@@ -54,6 +54,8 @@ _JUDGED = (OriginKind.API, OriginKind.CODE_PATH)
 MAX_CALLS = 3
 #: where the capture keeps its tensors beside each rank's dump.json (msprobe's folder)
 TENSOR_DIR = "dump_tensor_data"
+#: dtypes whose four statistics the golden keeps (msprobe records Max and Min only for the others)
+FLOAT_DTYPES = ("torch.float", "torch.bfloat16", "torch.half", "torch.double")
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
     results = (
         launch.replay_calls(
             rank_dir,
-            [{"api": c.api, "output": c.output} for c in confirmed],
+            [{"api": c.api, "output": c.output, "golden_dtype": golden[c.output].get("dtype")} for c in confirmed],
             out_dir=settings.out_dir,
             timeout=settings.timeout,
             warm=settings.warm,
@@ -188,6 +190,7 @@ def _capture_and_judge(request: JudgeRequest, origin: DriftOrigin, calls: list[C
         if result.get("replayable"):
             _keep_tensors(rank_dir, call.api)
             judgement = judge(call.api, result, row_statistics(golden[call.output]))
+            judgement = held_back(judgement, _not_proven(call, captured, golden))
             return _after_first(judgement, origin.api, reasons)
         reasons[call.api] = result.get("reason", "not replayed")
     _keep_tensors(rank_dir, None)
@@ -257,20 +260,93 @@ def block_not_replayable(change: CodePathChange, pair: StagePair) -> str | None:
 
 
 def _unconfirmed(api: str, captured: dict, checked: dict, golden: dict) -> str | None:
-    """Why a captured call cannot be judged: the rerun did not reproduce the checked run, or its inputs are
-    not the golden's (statistic for statistic); None when both hold."""
-    mine = [name for name, row in captured.items() if row["api"] == api]
+    """Why a captured call cannot be judged: the rerun did not reproduce the checked run, an input of the golden's
+    call is not in the capture, or an input is not the golden's (a value, a dtype or shape, a statistic, a CRC);
+    None when all hold. An input that matches without proof is :func:`_unproven`'s."""
+    mine = {_row_name(name): row for name, row in captured.items() if row["api"] == api}
     if not mine:
         return f"the capture rerun did not call {api}"
-    for name in mine:
-        if name not in checked or row_statistics(captured[name]) != row_statistics(checked[name]):
+    checked, golden = _by_row_name(checked), _by_row_name(golden)
+    for name, row in mine.items():
+        if name not in checked or _differs(row, checked[name]):
             return f"not deterministic: the capture rerun's {name} differs from the checked run's"
-    for name in mine:
+    wanted = [name for name, row in golden.items() if row["api"] == api and row.get("state") == "input"]
+    missing = [name for name in wanted if name not in mine]
+    if missing:
+        return f"the golden's call has {missing[0]}, which the capture does not: not the golden's call"
+    for name, row in mine.items():
         if name not in golden:
             return f"the golden has no {name}"
-        if captured[name].get("state") == "input" and row_statistics(captured[name]) != row_statistics(golden[name]):
+        if row.get("state") == "input" and _differs(row, golden[name]):
             return f"its inputs differ from the golden's (first: {name}): no common float64 reference"
     return None
+
+
+def _unproven(api: str, captured: dict, golden: dict) -> tuple[str, str] | None:
+    """The first input of ``api`` whose equality with the golden's is not proven: an integer or bool tensor, which
+    msprobe records by Max and Min only, with no CRC on both sides (``summary_mode: md5``); None where every input
+    is a value compared as such, a float tensor matched statistic for statistic, or a tensor whose CRC matched.
+    Returns ``(row name, dtype)``."""
+    golden = _by_row_name(golden)
+    for name, row in captured.items():
+        if row["api"] != api or row.get("state") != "input" or _is_value(row) or row.get("dtype") is None:
+            continue
+        if _crc(row) is not None and _crc(row) == _crc(golden.get(_row_name(name), {})):
+            continue
+        if not str(row.get("dtype")).startswith(FLOAT_DTYPES):
+            return _row_name(name), str(row.get("dtype"))
+    return None
+
+
+def _differs(row: dict, other: dict) -> bool:
+    """Whether two rows of one input differ: a value by value (text and dtypes too), a tensor by dtype, shape, CRC
+    (where both carry one) and the statistics both record (a ``task: tensor`` capture records Mean and Norm of
+    integer tensors, which a statistics dump leaves out)."""
+    if _is_value(row) or _is_value(other):
+        return row.get("value") != other.get("value") or row.get("type") != other.get("type")
+    if (row.get("dtype"), str(row.get("shape"))) != (other.get("dtype"), str(other.get("shape"))):
+        return True
+    if _crc(row) is not None and _crc(other) is not None and _crc(row) != _crc(other):
+        return True
+    mine, theirs = row_statistics(row), row_statistics(other)
+    return any(v is not None and theirs.get(k) is not None and v != theirs[k] for k, v in mine.items())
+
+
+def _is_value(row: dict) -> bool:
+    """A non-tensor argument msprobe records by value (``int``, ``float``, ``bool``, ``str``, ``torch.dtype``)."""
+    return "value" in row and not str(row.get("type", "")).startswith("torch.Tensor")
+
+
+def _crc(row: dict) -> str | None:
+    """The tensor's CRC-32 where msprobe recorded one (``summary_mode: md5``); its placeholder is all zeros."""
+    crc = row.get("md5")
+    return None if not crc or set(str(crc)) == {"0"} else str(crc)
+
+
+def _row_name(name: str) -> str:
+    """One name for a keyword argument's row on both sides: a ``task: tensor`` capture names a tensor keyword
+    argument ``<api>.kwargs.<key>`` where a statistics dump names it ``<api>.input.<key>``."""
+    return name.replace(".forward.kwargs.", ".forward.input.")
+
+
+def _by_row_name(table: dict) -> dict:
+    return {_row_name(name): row for name, row in table.items()}
+
+
+def _not_proven(call: Call, captured: dict, golden: dict) -> str | None:
+    """Why the judged call's side-by-side verdict is not proven: its output's shape differs from the golden's, or
+    an input is not proven equal to the golden's (:func:`_unproven`); None when neither."""
+    mine, theirs = captured.get(call.output, {}), golden.get(call.output, {})
+    if str(mine.get("shape")) != str(theirs.get("shape")):
+        return f"{call.output} has shape {mine.get('shape')}, the golden's {theirs.get('shape')}: no common standard"
+    unproven = _unproven(call.api, captured, golden)
+    if unproven is None:
+        return None
+    name, dtype = unproven
+    return (
+        f"its input {name} is {dtype}, which msprobe records by Max and Min only: not proven equal to the golden's "
+        "(a golden recorded with msprobe's summary_mode: md5 would prove it by CRC-32)"
+    )
 
 
 def _after_first(judgement: Judgement, first: str, reasons: dict[str, str]) -> Judgement:

@@ -30,7 +30,14 @@ Two variables choose them; unset, every patched function does exactly what it di
   :data:`SUM_ORDER_BLOCK`, then over the blocks: another association of the same fp32 sums). In torch, under
   msprobe's wrapper (its recorded inputs stay the golden's): ``allreduce`` (``torch.distributed.all_reduce``
   scales its result by :data:`PLANT_SCALE`), ``dropout_rng`` (``torch.nn.functional.dropout`` draws from the
-  default generator reseeded by :data:`DROPOUT_SEED_SHIFT`: another mask for the same input).
+  default generator reseeded by :data:`DROPOUT_SEED_SHIFT`: another mask for the same input),
+  ``softmax_bf16`` (``softmax(x, dim, dtype=torch.float32)`` on bf16 ``x`` computed in bf16, as a kernel that
+  ignores the upcast would: eager attention's), ``gelu_tanh`` (``gelu(x)`` computed as
+  ``gelu(x, approximate="tanh")`` in Qwen2's MLP only, not in the replay; with ``gelu`` too, that activation is
+  ``gelu`` in place of ``silu``, the golden's side of that plant), ``linear_nobias`` (``linear(x, w, b)``
+  without ``b`` in a no-grad ``forward_log_prob``: the log-prob stages, not the update or the rollout).
+  In the runner's stages, under msprobe: ``gather_index`` (each row's labels rotated by one position before
+  the log-prob ``gather``), ``mask_shift`` (``actor_update``'s ``response_mask`` shifted by one token).
   In the worker's CUDA settings (``precision_harness.runs.runner.devices``; no effect on other devices), for
   ``benchmarks/device_run.sh``: ``tf32`` (fp32 matrix products and convolutions on TF32 tensor cores, what
   ``torch.set_float32_matmul_precision("high")`` does: inputs rounded to 10 mantissa bits, the GPU's
@@ -82,6 +89,12 @@ SITES = (
     "tf32",
     "cublas_workspace",
     "nondeterministic",
+    "softmax_bf16",
+    "gather_index",
+    "mask_shift",
+    "gelu",
+    "gelu_tanh",
+    "linear_nobias",
 )
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
@@ -134,16 +147,40 @@ def perturb(batch: dict[str, Any]) -> dict[str, Any]:
     return {**batch, "advantages": adv}
 
 
+def _rolled(t: Any) -> Any:
+    """``t`` with each row rotated by one position along its last dim, by an aten op msprobe does not hook."""
+    import torch
+
+    return torch.ops.aten.roll.default(t, [1], [-1])
+
+
 def _patch_stages(stages: ModuleType) -> None:
-    forward, scale = stages.forward_log_prob, stages.accumulation_scale
+    forward, scale, update = stages.forward_log_prob, stages.accumulation_scale, stages.actor_update
 
     def forward_log_prob(model: Any, mb: Any, *, temperature: float, calculate_entropy: bool) -> Any:
-        return forward(model, mb, temperature=temperature * factor("log_prob"), calculate_entropy=calculate_entropy)
+        if planted("gather_index"):  # the labels only: _forward_logits reads the responses' shape, not values
+            mb = {**mb, "responses": _rolled(mb["responses"])}
+        _NO_BIAS[0] = planted("linear_nobias")
+        try:
+            t = temperature * factor("log_prob")
+            return forward(model, mb, temperature=t, calculate_entropy=calculate_entropy)
+        finally:
+            _NO_BIAS[0] = False
 
     def accumulation_scale(micro: Any, mini: Any) -> float:
         return scale(micro, mini) * factor("loss")
 
+    def actor_update(actor: Any, optimizer: Any, batch: Any, cfg: Any, **kwargs: Any) -> Any:
+        if planted("mask_shift"):
+            batch = {**batch, "response_mask": _rolled(batch["response_mask"])}
+        return update(actor, optimizer, batch, cfg, **kwargs)
+
     stages.forward_log_prob, stages.accumulation_scale = forward_log_prob, accumulation_scale
+    stages.actor_update = actor_update
+
+
+#: set while a planted ``linear_nobias`` forward_log_prob runs (the rollout and the update keep their bias)
+_NO_BIAS = [False]
 
 
 def _patch_trainer(trainer: ModuleType) -> None:
@@ -275,6 +312,34 @@ def _patch_qwen2(qwen2: ModuleType) -> None:
         return self.weight * hidden_states.to(input_dtype)
 
     norm.forward = forward
+    mlp_init = qwen2.Qwen2MLP.__init__
+
+    def init(self: Any, config: Any) -> None:
+        mlp_init(self, config)
+        if planted("gelu") or planted("gelu_tanh"):
+            self.act_fn = _mlp_gelu()
+
+    qwen2.Qwen2MLP.__init__ = init
+
+
+def _mlp_gelu() -> Any:
+    """Qwen2's MLP activation as ``gelu``: ``torch.nn.functional.gelu`` (msprobe's wrapper) looked up per call, with
+    :data:`_IN_MLP` set so that ``gelu_tanh`` changes this call only (the replay worker's gelu stays exact)."""
+    import torch
+
+    class PlantedGELU(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            _IN_MLP[0] = True
+            try:
+                return torch.nn.functional.gelu(x)
+            finally:
+                _IN_MLP[0] = False
+
+    return PlantedGELU()
+
+
+#: set while the planted MLP's gelu runs
+_IN_MLP = [False]
 
 
 def _patch_rope(qwen2: ModuleType) -> None:
@@ -391,6 +456,26 @@ def _patch_functional(functional: ModuleType) -> None:
         return dropout(*args, **kwargs)
 
     functional.dropout = planted_dropout
+    softmax, gelu, linear = functional.softmax, functional.gelu, functional.linear
+
+    def planted_softmax(input: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
+        import torch
+
+        if planted("softmax_bf16") and input.dtype == torch.bfloat16 and dtype == torch.float32:
+            dtype = None  # computed and returned in bf16, as a kernel that ignores the upcast
+        return softmax(input, dim, _stacklevel, dtype)
+
+    def planted_gelu(input: Any, approximate: str = "none") -> Any:
+        return gelu(input, approximate="tanh" if _IN_MLP[0] and planted("gelu_tanh") else approximate)
+
+    def planted_linear(input: Any, weight: Any, bias: Any = None) -> Any:
+        import torch
+
+        if _NO_BIAS[0] and bias is not None and not torch.is_grad_enabled():
+            bias = None
+        return linear(input, weight, bias)
+
+    functional.softmax, functional.gelu, functional.linear = planted_softmax, planted_gelu, planted_linear
 
 
 def _patch_devices(devices: ModuleType) -> None:

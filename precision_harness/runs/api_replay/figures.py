@@ -111,9 +111,12 @@ def nonfinite_mismatch(x: torch.Tensor, reference: torch.Tensor) -> int:
     return int((~torch.isfinite(x) | ~torch.isfinite(reference)).logical_and(~same).sum())
 
 
-def standard(api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
-    """Whether ``new`` meets its dtype's standard (module docstring), ``k`` and which checks failed."""
-    dtype, m = new.dtype, multiplier(new.dtype, new.numel())
+def standard(
+    api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Whether ``new`` meets ``dtype``'s standard (module docstring), ``k`` and which checks failed; ``dtype`` is
+    the baseline's: the new output's own, or the golden's wider one where the output narrowed."""
+    m = multiplier(dtype, new.numel())
     e_n, e_b, floor = errors(new, reference), errors(baseline, reference), floors(reference, dtype)
     failed = [
         name for name, key in (("rmse", "rmse"), ("max abs error", "max_abs")) if e_n[key] > m * e_b[key] + floor[key]
@@ -127,23 +130,29 @@ def standard(api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference
     return {"passed": not failed, "failed": failed, "k": k, "multiplier": m, "msprobe": msprobe}
 
 
-def output_figures(api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
+def output_figures(
+    api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype | None = None
+) -> dict[str, Any]:
     """Everything :func:`precision_harness.check.judgement.judge` needs about one output, as plain JSON.
 
     Args:
         api_name: the API without prefix or call number (``linear``), for msprobe's standards.
-        new: the captured output, any float dtype. baseline: the replay in ``new``'s dtype.
+        new: the captured output, any float dtype. baseline: the replay in ``dtype``.
         reference: the float64 replay. All three of one shape.
+        dtype: the standard's dtype (default ``new``'s): the golden's, where the new output narrowed from it.
+            The floors, the multiplier and msprobe's thresholds are that dtype's; ``delta`` is the noise of the
+            golden's statistics, computed in it.
     """
+    dtype = new.dtype if dtype is None else dtype
     reference = reference.detach().double()
-    new, baseline = new.detach(), baseline.detach().to(new.dtype)
+    new, baseline = new.detach(), baseline.detach().to(dtype)
     return {
-        "dtype": str(new.dtype),
+        "dtype": str(dtype),
         "numel": new.numel(),
         "new": errors(new, reference),
         "baseline": errors(baseline, reference),
-        "floor": floors(reference, new.dtype),
+        "floor": floors(reference, dtype),
         "reference": reference_statistics(reference),
-        "delta": statistic_noise(new),
-        "standard": standard(api_name, new, baseline, reference),
+        "delta": statistic_noise(new.to(dtype)),
+        "standard": standard(api_name, new, baseline, reference, dtype),
     }

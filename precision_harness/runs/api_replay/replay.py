@@ -18,13 +18,18 @@ from precision_harness.runs.api_replay import figures, msprobe_acc, names
 TENSOR_DIR = "dump_tensor_data"
 
 
-def replay_call(dump: dict[str, Any], rank_dir: Path, api: str, output_row: str) -> dict[str, Any]:
+def replay_call(
+    dump: dict[str, Any], rank_dir: Path, api: str, output_row: str, golden_dtype: str | None = None
+) -> dict[str, Any]:
     """Figures of one output of one captured call (:func:`figures.output_figures`), or why there are none.
 
     Args:
         dump: the capture's parsed dump.json. rank_dir: its folder (``.../step0/rank0``).
         api: the call's dump.json key (``Functional.linear.0.forward``).
         output_row: msprobe's name of the output judged (``Functional.linear.0.forward.output.0``).
+        golden_dtype: the golden's dtype of that output (``"torch.float32"``). Where it is a wider float than the
+            captured output's, the baseline is replayed in it and the new output held to its standard: a narrowed
+            output is judged by what the golden's dtype allows, never by its own (``figures["narrowed"]``).
 
     Returns:
         ``{"api", "output", "replayable": True, ...figures}`` or ``{"api", "output", "replayable": False, "reason"}``.
@@ -37,7 +42,7 @@ def replay_call(dump: dict[str, Any], rank_dir: Path, api: str, output_row: str)
     if why is not None:
         return {**head, "replayable": False, "reason": why}
     try:
-        return {**head, "replayable": True, **_replay(entry, rank_dir, api, output_row)}
+        return {**head, "replayable": True, **_replay(entry, rank_dir, api, output_row, golden_dtype)}
     except _NoReplay as exc:
         return {**head, "replayable": False, "reason": str(exc)}
     except Exception as exc:  # the API's own error on these arguments: no verdict, its reason
@@ -49,20 +54,33 @@ class _NoReplay(Exception):
     """The call was rebuilt, but the replay is no reference for it."""
 
 
-def _replay(entry: dict[str, Any], rank_dir: Path, api: str, output_row: str) -> dict[str, Any]:
+def _replay(entry: dict[str, Any], rank_dir: Path, api: str, output_row: str, golden_dtype: str | None) -> dict:
     prefix, name, _ = names.split(api)
     path = _output_path(api, output_row)
     new = _captured(entry, path, rank_dir)
     if not new.is_floating_point():
         raise _NoReplay(f"{output_row} is {new.dtype}: the judgement compares floating-point outputs")
+    dtype = standard_dtype(new.dtype, golden_dtype)
     args, kwargs = msprobe_acc.api_params(entry, name, rank_dir / TENSOR_DIR)
     reference = _pick(msprobe_acc.run_api(prefix, name, *_cast(name, args, kwargs, torch.float64)), path)
     if reference.dtype != torch.float64:
         raise _NoReplay(f"{name} fixes its output dtype ({reference.dtype}) whatever its inputs: no float64 reference")
-    baseline = _pick(msprobe_acc.run_api(prefix, name, *_cast(name, args, kwargs, new.dtype)), path)
+    baseline = _pick(msprobe_acc.run_api(prefix, name, *_cast(name, args, kwargs, dtype)), path)
     if reference.shape != new.shape:
         raise _NoReplay(f"the replay's {output_row} has shape {tuple(reference.shape)}, the capture {tuple(new.shape)}")
-    return figures.output_figures(name, new, baseline, reference)
+    result = figures.output_figures(name, new, baseline, reference, dtype=dtype)
+    if dtype != new.dtype:
+        result["narrowed"] = {"golden": str(dtype), "new": str(new.dtype)}
+    return result
+
+
+def standard_dtype(new: torch.dtype, golden: str | None) -> torch.dtype:
+    """The dtype whose standard the new output is held to: the golden's where it is a wider float (a narrowing
+    is judged by what the golden's dtype allows), else the new output's own."""
+    wide = getattr(torch, golden.removeprefix("torch."), None) if golden else None
+    if not isinstance(wide, torch.dtype) or not wide.is_floating_point or wide not in figures.UNIT_ROUNDOFF:
+        return new
+    return wide if figures.UNIT_ROUNDOFF[wide] < figures.UNIT_ROUNDOFF.get(new, 1.0) else new
 
 
 def _output_path(api: str, output_row: str) -> list[int]:
