@@ -210,7 +210,8 @@ def _paired_rows(pair: StagePair, origin: DriftOrigin) -> tuple[dict[str, Any], 
 
 def block_rows(change: CodePathChange, checked: dict, golden: dict) -> tuple[dict[str, Any], str | None]:
     """The golden rows a changed block's one run call is judged against, named as that call's rows: each input
-    the golden block's input with equal dtype, size and statistics, the differing output the golden's nearest
+    the golden block's input of equal type, dtype, size and statistics (a value: equal value), in the run's layout
+    (the same values, read transposed or reshaped), and the differing output the golden's nearest
     (:attr:`CodePathChange.match`). Second: why the block cannot be judged that way (None: it can)."""
     (api,) = change.block.target
     g_inputs = [r for name, r in golden.items() if r["api"] in change.block.golden and r.get("state") == "input"]
@@ -221,7 +222,8 @@ def block_rows(change: CodePathChange, checked: dict, golden: dict) -> tuple[dic
         same = next((g for g in g_inputs if _same_tensor(row, g)), None)
         if same is None:
             return found, f"its input {name} equals none of the golden block's inputs: no common float64 reference"
-        found[name] = same
+        # a block may read the golden's tensor in another layout (SDPA's k where eager read k transposed)
+        found[name] = same if _is_value(same) else {**same, "shape": row.get("shape")}
     if change.match is None or change.match not in golden:
         return found, f"its output {change.row} has no golden output of the same dtype and size to judge against"
     found[change.row] = golden[change.match]
@@ -232,6 +234,7 @@ def _same_tensor(row: dict[str, Any], other: dict[str, Any]) -> bool:
     """Equal dtype, size and statistics (a value msprobe records of a tensor, never the whole tensor)."""
     return (
         row.get("dtype") == other.get("dtype")
+        and row.get("type") == other.get("type")
         and numel(row.get("shape")) == numel(other.get("shape"))
         and row_statistics(row) == row_statistics(other)
     )
