@@ -21,6 +21,13 @@ against ``L1``, once unchanged (passing) and once with ``PRECISION_TEST_PLANT=ad
 from actor_update @ step_1; auto's time includes the L1 localisation rerun); and dump/no-dump for
 L0, L1 and auto: the worker's wall time and its profiled stages' time over a run without msprobe.
 
+Section ``shape``: ``benchmarks/scenarios/grpo_qwen2_05b.yaml`` (Qwen2-0.5B's layer shapes, one step) run
+once each without msprobe and at L0, L1 and ``auto`` (fresh workers, one after another): the worker's
+wall time, the step's time (its rollout and profiled stages, from run.json) and its profiled stages'
+alone, each over the run without msprobe, the dump's size on disk (:data:`DUMP_FILES`) and its
+dump.json calls. ``auto``'s L1 localisation rerun is not in it (it runs only for a failing stage: an
+L1 run to that step). One run each: it takes minutes.
+
 Section ``gate``: the full gate's wall time (``pytest scenarios precision_tests``) with warm workers
 (``--precision-worker warm``, forked from a preloaded server) against a fresh interpreter per run.
 
@@ -33,7 +40,7 @@ Each timing is the minimum of ``--repeat`` runs. Nothing is
 asserted: this is a measurement, not a test.
 
 Usage: python benchmarks/overhead.py [SCENARIO.yaml ...] [--repeat N]
-       [--sections collection,goldens,levels,gate,kernels]
+       [--sections collection,goldens,levels,shape,gate,kernels]
 """
 
 from __future__ import annotations
@@ -271,7 +278,50 @@ DEEP = REPO / "benchmarks" / "scenarios" / "grpo_deep24.yaml"
 
 def stage_seconds(run) -> float:
     """Seconds the run spent in its profiled stages (run.json timings), dump or not."""
-    return sum(s for k, s in run.manifest["timings"]["stages"].items() if not k.endswith("/generate_sequences"))
+    return sum(s for k, s in run.run_json["timings"]["stages"].items() if not k.endswith("/generate_sequences"))
+
+
+def step_seconds(run) -> float:
+    """Seconds the run spent in its steps: the rollout and every stage (run.json timings)."""
+    return sum(run.run_json["timings"]["stages"].values())
+
+
+#: what a dump is on disk: msprobe's files, and at ``level: auto`` the stage outputs beside them
+DUMP_FILES = ("dump.json", "stack.json", "construct.json", "stage_outputs.json")
+
+
+def dump_bytes(run_dir: Path) -> int:
+    """Bytes on disk of the run's dumps (:data:`DUMP_FILES` under every ``step_*/<stage>/step0/rank*``)."""
+    return sum(f.stat().st_size for f in run_dir.glob("step_*/*/step0/rank*/*") if f.name in DUMP_FILES)
+
+
+QWEN2_05B = REPO / "benchmarks" / "scenarios" / "grpo_qwen2_05b.yaml"
+
+
+def shape_section(tmp: Path) -> None:
+    """Qwen2-0.5B's shapes, one step: wall, step time and dump size without msprobe and at L0, L1 and auto."""
+    scenario = Scenario.load(QWEN2_05B)
+    device = scenario.config["device"]
+    steps = len(scenario.steps)
+    rows = [
+        ("no dump", run_scenario(scenario, out_dir=tmp / "sh_nodump", device=device, options=RunOptions(dump=False)))
+    ]
+    for level in ("L0", "L1", "auto"):
+        variant = scenario.with_overrides({LEVEL_KEY: level}, directory=tmp / "sh_variants", tag=level)
+        rows.append((level, run_scenario(variant, out_dir=tmp / f"sh_{level}", device=device)))
+    step0, stages0 = step_seconds(rows[0][1]), stage_seconds(rows[0][1])
+    print(f"{scenario.name}: {scenario.config['model']['num_hidden_layers']} layers, {steps} step(s), on {device}")
+    print(
+        f"{'level':<9}{'worker wall s':>14}{'step s':>8}{'x no dump':>10}{'profiled stages s':>19}{'x no dump':>10}"
+        f"{'dump MB':>9}{'calls':>7}"
+    )
+    for level, run in rows:
+        calls = sum(len(json.loads(f.read_text())["data"]) for f in run.run_dir.glob("step_*/*/step0/rank*/dump.json"))
+        step, stages = step_seconds(run), stage_seconds(run)
+        print(
+            f"{level:<9}{run.wall_s:>14.1f}{step / steps:>8.1f}{step / step0:>9.2f}x{stages / steps:>19.1f}"
+            f"{stages / stages0:>9.2f}x{dump_bytes(run.run_dir) / 1e6:>9.2f}{calls:>7}"
+        )
 
 
 def levels_section(tmp: Path) -> None:
@@ -315,7 +365,7 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         default="collection,goldens,levels,gate,kernels",
-        help="comma list: collection, goldens, levels, gate, kernels",
+        help="comma list: collection, goldens, levels, shape, gate, kernels (shape: not by default, it takes minutes)",
     )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -328,6 +378,8 @@ def main() -> None:
             goldens_section(tmp, args.repeat + 1)
         if "levels" in sections:
             levels_section(tmp)
+        if "shape" in sections:
+            shape_section(tmp)
         if "gate" in sections:
             gate_section(tmp)
         if "kernels" in sections:

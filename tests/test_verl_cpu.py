@@ -205,14 +205,18 @@ def test_a_critic_stage_off_the_cpu_is_one_line(tmp_path: Path) -> None:
 
 
 def test_the_cpu_support_comes_first_and_keeps_a_users_own_verl_modules() -> None:
-    """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's modules (the CPU support on cpu,
-    the rank stack hook and FSDP2's zero-filled buffers on every device), and never doubled."""
-    cpu, ranks = verl_engine.CPU_MODULE, f"{verl_engine.RANK_STACK_MODULE},{verl_engine.FSDP2_BUFFERS_MODULE}"
-    assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks}"
+    """VERL_USE_EXTERNAL_MODULES a user already sets is kept, after the gate's modules (the CPU support on cpu, the
+    stage window on cpu and at level auto, the rank stack hook and FSDP2's zero-filled buffers on every device),
+    and never doubled."""
+    cpu, stages = verl_engine.CPU_MODULE, verl_engine.STAGES_MODULE
+    ranks = f"{verl_engine.RANK_STACK_MODULE},{verl_engine.FSDP2_BUFFERS_MODULE}"
+    assert verl_engine.cpu_env({})["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{stages},{ranks}"
     mine = {"VERL_USE_EXTERNAL_MODULES": f"my_plugin,{cpu},other"}
-    assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{ranks},my_plugin,other"
+    assert verl_engine.cpu_env(mine)["VERL_USE_EXTERNAL_MODULES"] == f"{cpu},{stages},{ranks},my_plugin,other"
     on_npu = verl_engine.external_modules("npu", mine)["VERL_USE_EXTERNAL_MODULES"]
     assert on_npu == f"{ranks},my_plugin,{cpu},other"  # the CPU support only where the run is on cpu
+    auto_on_npu = verl_engine.external_modules("npu", mine, stage_window=True)["VERL_USE_EXTERNAL_MODULES"]
+    assert auto_on_npu == f"{stages},{ranks},my_plugin,{cpu},other"
 
 
 def test_cpu_overrides_are_not_added_on_other_devices(tmp_path: Path) -> None:
@@ -286,7 +290,8 @@ tw = ew.TrainingWorker
 print(tw.infer_batch.__precision_patched__, tw.train_mini_batch.__precision_patched__,
       getattr(tw.train_mini_batch, MAGIC_ATTR)["blocking"], "train_batch" in pd._SKIP_STAGES,
       vm.load_valuehead_model.__precision_patched__)
-print(cpu_kernels.installed(), autocast_policy.installed(), fc.DefaultAllocMixin.allocate.__precision_patched__)
+print(cpu_kernels.installed(), autocast_policy.installed(), fc.DefaultAllocMixin.allocate.__precision_patched__,
+      pd.PrecisionDebuggerProfiler.annotate.__precision_patched__)
 """
     from precision_harness.runs.runner.devices import determinism_env
 
@@ -298,7 +303,7 @@ print(cpu_kernels.installed(), autocast_policy.installed(), fc.DefaultAllocMixin
         "CPUReplica CPUServerAdapter",
         "True False",
         "True True False True True",
-        "True True True",
+        "True True True True",
     ]
 
 

@@ -168,7 +168,7 @@ def test_a_deferred_patch_runs_when_its_module_is_imported_and_another_finder_ke
                 return spec
 
         sys.meta_path.insert(0, Hooks())
-        from precision_harness.runs.verl_cpu import on_import
+        from precision_harness.runs.verl_stages import on_import
         on_import.when_imported("late_mod", lambda m: setattr(m, "VALUE", m.VALUE * 2))
         on_import.when_imported("other_mod", lambda m: setattr(m, "VALUE", m.VALUE + 5))
         seen = "late_mod" in sys.modules

@@ -17,7 +17,7 @@ still exists. Only ``DefaultAllocMixin`` is patched: verl 0.9.1 selects neither 
 symmetric-memory allocation.
 
 :mod:`precision_harness.runs.verl_fsdp2_buffers` registers :func:`zero_fill` for when the module is first
-imported (:func:`~precision_harness.runs.verl_cpu.on_import.when_imported`: most verl processes never import
+imported (:func:`~precision_harness.runs.verl_stages.on_import.when_imported`: most verl processes never import
 it). This module imports torch only inside the patch, so the gate reads :func:`refusal` without importing torch.
 """
 

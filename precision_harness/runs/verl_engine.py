@@ -13,6 +13,10 @@ Facts checked against verl 0.9.1 (the wheel's source): ``PrecisionDebuggerProfil
 is annotated, so only :data:`DUMPED_STAGES` are dumped; with ``config_path`` unset (or msprobe
 missing and ``strict: false``) nothing is dumped and nothing is said.
 
+At ``level: auto``, on every device, verl's processes also load the stage window (:data:`STAGES_MODULE`,
+:mod:`precision_harness.runs.verl_stages`): around each stage verl's debugger dumps, it writes what the stage
+read from verl's batch and returned (``stage_outputs.json``) beside the L0 dump.
+
 On the CPU (``--precision-device cpu``) the gate runs the same trainer through verl's extension hook:
 :func:`cpu_env` makes every verl process import :mod:`precision_harness.runs.verl_cpu` (a CPU platform
 with gloo, the rollout replica ``precision_cpu``, the patches of verl internals, refused for a verl
@@ -64,6 +68,9 @@ RANK_STACK_MODULE = "precision_harness.runs.verl_rank_stack"
 FSDP2_BUFFERS_MODULE = "precision_harness.runs.verl_fsdp2_buffers"
 #: the module verl imports in each of its processes on CPU (VERL_USE_EXTERNAL_MODULES)
 CPU_MODULE = "precision_harness.runs.verl_cpu.extension"
+#: the module verl imports in each of its processes on CPU, and at ``level: auto`` on every device: the precision
+#: debugger's stage window, its clock and ``stage_outputs.json`` (precision_harness/runs/verl_stages/)
+STAGES_MODULE = "precision_harness.runs.verl_stages.extension"
 #: the platform and rollout replica that module registers
 CPU_PLATFORM = "precision_cpu"
 #: the agent loop the gate selects on cpu (``actor_rollout_ref.rollout.agent.default_agent_loop``), and the
@@ -73,7 +80,8 @@ CPU_AGENT_LOOP_FILE = str(Path(__file__).parent / "verl_cpu" / "agent_loops.yaml
 #: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`precision_harness.runs.verl_cpu.sampler`
 CPU_SAMPLER = ("pkg://precision_harness.runs.verl_cpu.sampler", "OrderedReplayBuffer")
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
-#: set for a ``level: auto`` run: the CPU extension writes each profiled stage's ``stage_outputs.json``
+#: set for a ``level: auto`` run: the stage window (:data:`STAGES_MODULE`) writes each profiled stage's
+#: ``stage_outputs.json``
 STAGE_OUTPUTS_ENV = "PRECISION_STAGE_OUTPUTS"
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
@@ -138,19 +146,23 @@ def check_device_invariants(scenario: Any, device: str) -> None:
         )
 
 
-def check_device_auto(scenario: Any, device: str) -> None:
-    """Raise ScenarioError for ``level: auto`` off the CPU, naming the first profiled stage verl cannot feed there.
+def stage_window_version_message(version: str | None) -> str:
+    """The one line for ``level: auto`` under a verl the stage window (its patch of verl's debugger) was not
+    checked against."""
+    return (
+        f"{_PD}.level: auto: verl {version} is not supported; the stage window that records each stage's inputs "
+        "and outputs from verl's batch wraps verl's PrecisionDebuggerProfiler (precision_harness/runs/verl_stages/"
+        f"debugger.py), checked with verl {', '.join(SUPPORTED_VERSIONS)}: install that verl, or set level L0, L1 "
+        "or mix"
+    )
 
-    ``auto`` gates an L0 dump plus each stage's inputs and outputs from verl's batch; verl writes none
-    of them itself, and the gate's CPU extension (``precision_harness/runs/verl_cpu/stage_window.py``), which
-    does, runs in verl's processes on the CPU only.
-    """
-    if scenario.localizes and device != "cpu" and scenario.stages:
-        raise ScenarioError(
-            f"{scenario.path}: {_PD}.level: auto on {device}: verl {CHECKED_VERSION} does not feed "
-            f"{scenario.stages[0]!r}'s inputs and outputs (the gate's CPU extension records them from verl's batch, "
-            "on cpu only): set level L0, L1 or mix, or run with --precision-device cpu"
-        )
+
+def check_stage_window_version(scenario: Any, device: str) -> None:
+    """Raise ScenarioError for ``level: auto`` on ``cuda``/``npu`` under a verl the stage window was not checked
+    against (on cpu, :func:`check_cpu_version` refuses it for the whole CPU support)."""
+    version = installed_version()
+    if scenario.localizes and device != "cpu" and version not in SUPPORTED_VERSIONS:
+        raise ScenarioError(f"{scenario.path}: {stage_window_version_message(version)}")
 
 
 def unsupported_version_message(version: str | None) -> str:
@@ -182,13 +194,15 @@ def check_cpu_version(scenario_path: Path) -> None:
         raise ScenarioError(f"{scenario_path}: {unsupported_version_message(version)}")
 
 
-def external_modules(device: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``VERL_USE_EXTERNAL_MODULES`` for a run on ``device``: the CPU support first on cpu, then the rank stack
-    hook and FSDP2's zero-filled buffers (every device), then the modules ``environ`` (default: this process's)
-    already names, each once."""
+def external_modules(
+    device: str, environ: Mapping[str, str] | None = None, *, stage_window: bool = False
+) -> dict[str, str]:
+    """``VERL_USE_EXTERNAL_MODULES`` for a run on ``device``: the CPU support first on cpu, the stage window on cpu
+    and wherever ``stage_window`` (``level: auto``), then the rank stack hook and FSDP2's zero-filled buffers
+    (every device), then the modules ``environ`` (default: this process's) already names, each once."""
     own = (os.environ if environ is None else environ).get("VERL_USE_EXTERNAL_MODULES", "")
-    every = [RANK_STACK_MODULE, FSDP2_BUFFERS_MODULE]
-    gate = [CPU_MODULE, *every] if device == "cpu" else every
+    stages = [STAGES_MODULE] if device == "cpu" or stage_window else []
+    gate = [*([CPU_MODULE] if device == "cpu" else []), *stages, RANK_STACK_MODULE, FSDP2_BUFFERS_MODULE]
     modules = [*gate, *(m for m in own.split(",") if m and m not in gate)]
     return {"VERL_USE_EXTERNAL_MODULES": ",".join(modules)}  # verl/__init__.py imports each, in every process
 
@@ -419,9 +433,10 @@ def command_spec(
     gains verl's file logger. The log header lists every gate-owned override and variable.
 
     Raises:
-        ScenarioError: a critic stage, ``rollout_generate``, ``weight_sync`` or ``level: auto`` off the cpu, a torch
-            the FSDP2 buffer patch was not checked with (:mod:`~precision_harness.runs.fsdp2_buffers`), or on cpu
-            an unsupported verl or an override of a CPU-owned key.
+        ScenarioError: a critic stage, ``rollout_generate`` or ``weight_sync`` off the cpu, a torch the FSDP2 buffer
+            patch was not checked with (:mod:`~precision_harness.runs.fsdp2_buffers`), ``level: auto`` off the cpu
+            under a verl the stage window was not checked with, or on cpu an unsupported verl or an override of a
+            CPU-owned key.
     """
     verl = scenario.config["verl"]
     user = dict(verl["overrides"])
@@ -442,7 +457,7 @@ def command_spec(
     unchecked = fsdp2_buffers.installed_refusal()
     if unchecked is not None:
         raise ScenarioError(f"{scenario.path}: {unchecked}")
-    check_device_auto(scenario, device)
+    check_stage_window_version(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
         ranks = cpu_ranks(scenario.path, user)
@@ -451,10 +466,10 @@ def command_spec(
         # the scenario's own key, or verl's default (8) replaced by one rank
         gate = {**cpu, "trainer.n_gpus_per_node": ranks, **gate}
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
-        if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl_cpu/stage_window.py)
-            variables[STAGE_OUTPUTS_ENV] = "1"
     else:
-        variables = external_modules(device)
+        variables = external_modules(device, stage_window=scenario.localizes)
+    if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl_stages/stage_window.py)
+        variables[STAGE_OUTPUTS_ENV] = "1"
     owned_env.update(variables)
     env.update(variables)
     header = [version_line(device), f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]

@@ -3,6 +3,6 @@ FSDP2's all-gather buffers are zero-filled (:func:`precision_harness.runs.fsdp2_
 collectives module is first imported (most verl processes never import it)."""
 
 from precision_harness.runs.fsdp2_buffers import MODULE, zero_fill
-from precision_harness.runs.verl_cpu import on_import
+from precision_harness.runs.verl_stages import on_import
 
 on_import.when_imported(MODULE, zero_fill)

@@ -8,9 +8,10 @@ the terminal line (:func:`precision_harness.progress.timing_line`). Its sources:
   TaskRunner's dataloader, the worker group, the model engines, ``all initialize finished``;
 - verl's console/file logger: ``timing_s/step`` and ``timing_s/gen`` of every step (``metrics.jsonl`` as
   verl wrote it, before the gate drops the timings it never gates);
-- on the CPU, ``verl_timeline.jsonl`` (:data:`TIMELINE`), written by the gate's extension in every verl
-  process (:mod:`precision_harness.runs.verl_cpu.timeline`): when each process started and finished its
-  imports, and each dumped stage on each rank with the time spent inside msprobe.
+- ``verl_timeline.jsonl`` (:data:`TIMELINE`), written by the gate's extensions in every verl process
+  (:mod:`precision_harness.runs.verl_stages.timeline`): on the CPU when each process started and finished
+  its imports, and (on the CPU, and at ``level: auto`` on a device) each dumped stage on each rank with the
+  time spent inside msprobe.
 
 Phases (seconds, in order; one whose end was not seen is merged into the next): ``driver import`` (the
 command's start to ``import verl`` done in the driver), ``config and Ray start`` (Hydra's composition, verl's

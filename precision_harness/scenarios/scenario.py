@@ -244,8 +244,8 @@ class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
     kind = "verl"
-    #: on cpu the gate's CPU extension writes each stage's inputs and outputs from verl's batch
-    #: (precision_harness/runs/verl_cpu/stage_window.py); another device refuses auto in one line (verl_engine)
+    #: the gate's extension writes each stage's inputs and outputs from verl's batch, on every device
+    #: (precision_harness/runs/verl_stages/stage_window.py)
     allows_auto = True
     #: on cpu the gate's rollout server records both (precision_harness/runs/verl_cpu/policy_server.py); on
     #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl_engine.py)

@@ -13,7 +13,9 @@ imports :mod:`.extension`, which:
    ``PlatformRegistry.register``;
 4. registers the rollout replica ``precision_cpu`` (:mod:`.rollout`, sampling with :mod:`.policy_server`)
    with verl's public ``RolloutReplicaRegistry.register``;
-5. applies the patches of verl internals (:mod:`.patches`, the only module that patches verl).
+5. applies the CPU's patches of verl internals (:mod:`.patches`). The patches every device shares (the
+   precision debugger's stage window, msprobe's time) are :mod:`precision_harness.runs.verl_stages`, which
+   verl imports after this module (:data:`precision_harness.runs.verl_engine.STAGES_MODULE`).
 
 Two more modules are named in verl's config by the gate rather than imported here: the agent loop
 :mod:`.agent_loop` (a seed per request; ``rollout.agent.agent_loop_config_path``) and the replay buffer

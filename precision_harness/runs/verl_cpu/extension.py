@@ -17,7 +17,8 @@ if _version not in SUPPORTED_VERSIONS:
     raise RuntimeError(unsupported_version_message(_version))
 
 from precision_harness.runs import ray_head  # noqa: E402
-from precision_harness.runs.verl_cpu import kernels, on_import, patches, platform, rollout, timeline  # noqa: E402
+from precision_harness.runs.verl_cpu import kernels, patches, platform, rollout  # noqa: E402
+from precision_harness.runs.verl_stages import on_import, timeline  # noqa: E402
 
 kernels.setup_process()
 platform.register()

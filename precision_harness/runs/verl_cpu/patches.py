@@ -1,4 +1,4 @@
-"""Every patch of verl internals the CPU run needs, in one place, for verl 0.9.1 only (patch 6 is elsewhere).
+"""Every patch of verl internals only the CPU run needs, in one place, for verl 0.9.1 only (6, 7, 8: elsewhere).
 
 Each entry names the verl function or table it replaces and why. :func:`apply` refuses any other
 verl version (the package's ``__init__`` already did, in one line); a new verl version must be read
@@ -34,21 +34,14 @@ again, each patch re-checked, and added to :data:`precision_harness.runs.verl_en
    records no uninitialised memory at ``Tensor.narrow``: :mod:`precision_harness.runs.fsdp2_buffers`, which verl
    loads in each process through :data:`precision_harness.runs.verl_engine.FSDP2_BUFFERS_MODULE`, with its own
    torch version guard.
-7. ``PrecisionDebuggerProfiler.annotate`` in ``verl.utils.profiler.precision_debugger_profile``: the wrapper it
-   returns (start the debugger, run the stage, stop it) runs inside :func:`.stage_window.observe`, which
-   times the stage for the run's profile and, at ``level: auto``, records what the stage read from verl's
-   batch and produced (``stage_outputs.json``), before the debugger starts and after it stopped. verl's
-   debugger has no hook for either. What the stage computes and dumps is unchanged.
-8. msprobe's own time, for the profile's dump share (timing only; nothing msprobe computes or writes
-   changes): ``PrecisionDebuggerProfiler.start`` and ``.stop`` (the debugger's set-up, and the writing of
-   ``dump.json``) and the collecting methods of msprobe's ``DataCollector``
-   (``msprobe.core.dump.data_dump.data_collector``: the statistics each hook computes) add their time to
-   :attr:`.timeline.StageClock.inside_msprobe`. Another msprobe layout leaves them untimed.
+7., 8. (applied on the CPU always, and on ``cuda`` and ``npu`` at ``level: auto``)
+   the precision debugger's stage window and msprobe's own time: :mod:`precision_harness.runs.verl_stages.debugger`,
+   which verl loads through :data:`precision_harness.runs.verl_engine.STAGES_MODULE`, behind the same version guard.
 
 Each patch is applied when the module it replaces a part of is first imported
-(:func:`.on_import.when_imported`), in whichever verl process imports it: most of verl's processes
-never import the FSDP engine or the engine workers, and importing them only to patch them cost each
-about 2.5 s.
+(:func:`precision_harness.runs.verl_stages.on_import.when_imported`), in whichever verl process imports it:
+most of verl's processes never import the FSDP engine or the engine workers, and importing them only to
+patch them cost each about 2.5 s.
 """
 
 from __future__ import annotations
@@ -56,8 +49,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from precision_harness.runs.verl_cpu import on_import, stage_window, timeline
 from precision_harness.runs.verl_engine import SUPPORTED_VERSIONS, unsupported_version_message
+from precision_harness.runs.verl_stages import on_import, stage_window
 
 CPU_BACKEND = "cpu:gloo"
 
@@ -146,66 +139,6 @@ def _valuehead_loader(original: Any) -> Any:
     return load_valuehead_model
 
 
-def _observed_annotate(original: Any) -> Any:
-    """Patch 7: ``PrecisionDebuggerProfiler.annotate`` whose stage wrapper runs inside :func:`.stage_window.observe`."""
-
-    @functools.wraps(original)
-    def annotate(self: Any, message: Any = None, color: Any = None, domain: Any = None, category: Any = None, **kw):
-        decorator = original(self, message=message, color=color, domain=domain, category=category, **kw)
-        stage = self._normalize_stage(kw.get("role"))
-        if stage is None:
-            return decorator
-
-        def observed(func: Any) -> Any:
-            wrapped = decorator(func)
-
-            @functools.wraps(func)
-            def wrapper(worker: Any, *args: Any, **kwargs: Any) -> Any:
-                with stage_window.observe(self, stage, worker, args, kwargs) as window:
-                    window["result"] = wrapped(worker, *args, **kwargs)
-                return window["result"]
-
-            return wrapper
-
-        return observed
-
-    annotate.__precision_patched__ = True
-    return annotate
-
-
-def _observe_stages(precision_profile: Any) -> None:
-    """Patches 7 and 8 (the debugger's part): the stage wrapper, and the debugger's start and stop timed."""
-    profiler = precision_profile.PrecisionDebuggerProfiler
-    if getattr(profiler.annotate, "__precision_patched__", False):
-        return
-    profiler.annotate = _observed_annotate(profiler.annotate)
-    profiler.start = timeline.timed_in_msprobe(profiler.start)
-    profiler.stop = timeline.timed_in_msprobe(profiler.stop)
-
-
-#: the collecting methods of msprobe's DataCollector (patch 8): where every hook computes its statistics
-MSPROBE_COLLECTORS = (
-    "forward_input_data_collect",
-    "forward_output_data_collect",
-    "forward_data_collect",
-    "forward_data_collect_only_tensor",
-    "backward_data_collect",
-    "backward_data_collect_only_tensor",
-    "backward_input_data_collect",
-    "backward_output_data_collect",
-    "params_data_collect",
-)
-
-
-def _time_msprobe_collector(data_collector: Any) -> None:
-    """Patch 8 (the hooks' part): msprobe's data collector timed; another msprobe layout is left as it is."""
-    collector = getattr(data_collector, "DataCollector", None)
-    for name in MSPROBE_COLLECTORS if collector is not None else ():
-        method = getattr(collector, name, None)
-        if method is not None and not getattr(method, "__precision_patched__", False):
-            setattr(collector, name, timeline.timed_in_msprobe(method))
-
-
 def _patch_process_group(module: Any) -> None:
     """Patch 1, in ``verl.utils.distributed`` and in each module that bound the function by name."""
     import verl.utils.distributed as distributed
@@ -245,8 +178,6 @@ DEFERRED: tuple[tuple[str, Any], ...] = (
     ("verl.workers.rollout.base", _register_rollout),
     ("verl.workers.engine_workers", _annotate_critic),
     ("verl.utils.model", _patch_valuehead_loader),
-    ("verl.utils.profiler.precision_debugger_profile", _observe_stages),
-    ("msprobe.core.dump.data_dump.data_collector", _time_msprobe_collector),
 )
 
 

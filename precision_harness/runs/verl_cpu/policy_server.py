@@ -48,7 +48,7 @@ from precision_harness.dumps.files import DUMP
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS, payload
 from precision_harness.runs.runner.stage_outputs import tensor_statistics
 from precision_harness.runs.runner.weight_sync import WEIGHT_SYNC_FILE, tensor_digest
-from precision_harness.runs.verl_cpu import timeline
+from precision_harness.runs.verl_stages import timeline
 
 ROLLOUT_GENERATE = "rollout_generate"
 #: the key the agent loop adds to sampling_params: ``[prompt index, global step, sample]`` of the request

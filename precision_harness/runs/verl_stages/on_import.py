@@ -1,7 +1,8 @@
 """Run a function on a module right after it is first imported (now, if it already was): deferred set-up.
 
 verl starts many processes (the driver, the TaskRunner, the ranks, the rollout server, agent-loop and
-reward workers), and ``import verl`` runs the gate's CPU support in each (:mod:`.extension`). Most of
+reward workers), and ``import verl`` runs the gate's modules in each (``VERL_USE_EXTERNAL_MODULES``: the CPU
+support, :mod:`.extension`, the rank stack, FSDP2's buffers). Most of
 them never import the modules the patches replace parts of (the FSDP engine, the engine workers, the
 rollout replica); importing those only to patch them cost about 2.5 s of CPU per process. Each patch
 is therefore applied when its module is imported, by whoever imports it, before the importer reads

@@ -6,10 +6,12 @@ Appended as JSON lines to ``$PRECISION_DUMP_DIR/verl_timeline.jsonl``
 so lines from every process of the machine share one clock:
 
 - ``{"event": "process", "pid", "started", "ready"}``: the process's start (from ``/proc``: its age
-  subtracted from now, 10 ms resolution) and the moment :mod:`.extension` finished, that is, once
-  ``import verl`` and the CPU support's own imports were done (:func:`process_ready`);
+  subtracted from now, 10 ms resolution) and the moment the CPU support
+  (:mod:`precision_harness.runs.verl_cpu.extension`) finished, that is, once ``import verl`` and the CPU
+  support's own imports were done (:func:`process_ready`; on the CPU only);
 - ``{"event": "stage", "pid", "rank", "step", "stage", "start", "end", "dump_s"}``: a profiled stage on
-  one rank, from before the debugger starts to after it stopped; ``dump_s`` is the time spent inside
+  one rank, from before the debugger starts to after it stopped (on the CPU, and at ``level: auto`` on a
+  device: wherever :mod:`.debugger` is applied); ``dump_s`` is the time spent inside
   msprobe: the debugger's start and stop (which writes ``dump.json``) and its data collector, the
   statistics every hook computes (:class:`StageClock`).
 

@@ -1,8 +1,8 @@
 """One profiled verl stage on one rank, around verl's precision debugger: its clock and, at ``level: auto``, its I/O.
 
 :func:`observe` wraps the call verl's ``PrecisionDebuggerProfiler`` makes (start the debugger, run the
-stage, stop it), and the critic's stages the gate annotates (:mod:`.patches`, patches 4 and 7). For a
-stage the debugger collects at this step:
+stage, stop it; :mod:`.debugger`, patch 7, on every device), and the critic's stages the gate annotates on
+the CPU (:mod:`precision_harness.runs.verl_cpu.patches`, patch 4). For a stage the debugger collects at this step:
 
 - the stage is timed, with its time inside msprobe, into the run's timeline (:class:`.timeline.StageClock`);
 - with ``PRECISION_STAGE_OUTPUTS=1`` (the gate sets it for a ``level: auto`` scenario), what the stage
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from precision_harness.runs.runner.stage_outputs import StageOutputs
-from precision_harness.runs.verl_cpu.timeline import StageClock
 from precision_harness.runs.verl_engine import STAGE_OUTPUTS_ENV as ENV_STAGE_OUTPUTS
+from precision_harness.runs.verl_stages.timeline import StageClock
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Feed:
     trainer: str = "actor"
 
 
-#: every stage verl's trainer dumps on the CPU, and what the gate takes from its batch at ``level: auto``
+#: every stage verl's trainer dumps (the critic's on the CPU only), and what the gate takes from its batch at
+#: ``level: auto``
 FEEDS: dict[str, Feed] = {
     "actor_compute_log_prob": Feed(outputs=(("log_probs", "old_log_probs"), ("entropy", "entropy"))),
     "ref_compute_log_prob": Feed(outputs=(("log_probs", "ref_log_prob"),)),
