@@ -29,7 +29,7 @@ from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
-from precision_harness.dumps.pairing import Pairing, aligned_golden, pair_calls
+from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, to_float
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import relative_change
@@ -186,7 +186,8 @@ def compare_rank(
     if not pairing.alignable:
         verdict.problem(_too_different(pairing))
         return verdict
-    t_rows, g_rows = rows(t_dump), rows(aligned_golden(g_dump, pairing))
+    t_rows, g_all = rows(t_dump), rows(g_dump)
+    g_rows = aligned_rows(g_all, pairing)
     in_blocks = {api for block in pairing.blocks for api in block.target}
     first_row: dict[str, int] = {}
     for order, (name, t_item) in enumerate(t_rows.items()):
@@ -201,11 +202,12 @@ def compare_rank(
     for name in g_rows:
         if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
-    block_rows = BlockRows(by_call(t_rows), by_call(rows(g_dump)), policy, stage)
-    for block in pairing.blocks:
-        at = block.target[0] if block.target else (block.after[0] if block.after else None)
-        order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
-        verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
+    if pairing.blocks:
+        block_rows = BlockRows(by_call(t_rows), by_call(g_all), policy, stage)
+        for block in pairing.blocks:
+            at = block.target[0] if block.target else (block.after[0] if block.after else None)
+            order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
+            verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
     return verdict
 
 

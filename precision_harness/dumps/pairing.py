@@ -9,15 +9,16 @@ decompositions. msprobe's own compare offers a fuzzy match (``-fm``) for the sam
 
 :func:`pair_calls` aligns the two streams of calls, each named by its :func:`call_name` (the API
 without its index) and the dtypes and shapes of its tensors, with a Levenshtein alignment
-(``rapidfuzz.distance.Levenshtein.opcodes``, bit-parallel and banded by :data:`SCORE_HINT`: about 0.1 s
-at 10^5 calls a side, benchmarks/alignment.py). Inside each stretch that does not align, calls of the same name are paired
-again by name alone (``rapidfuzz.distance.Indel``, a longest common subsequence), so a call whose dtype
-or shape changed stays paired and is compared as such. What is left are the changed blocks
-(:class:`ChangedBlock`): the golden's calls there were replaced by the run's, and no other pairing moved.
+(``rapidfuzz.distance.Levenshtein.opcodes``, bit-parallel and banded by :data:`SCORE_HINT`: about
+0.1 s at 10^5 calls a side, benchmarks/alignment.py). Inside each stretch that does not align, calls
+of the same name are paired again by name alone (``rapidfuzz.distance.Indel``, a longest common
+subsequence), so a call whose dtype or shape changed stays paired and is compared as such. What is
+left are the changed blocks (:class:`ChangedBlock`): the golden's calls there were replaced by the
+run's, and no other pairing moved.
 
-Everything that reads both sides of a stage by name reads the golden through :func:`aligned_golden`
-(the golden's paired calls renamed to the run's names): the compare, where the change entered, the
-judgement and msprobe's own table.
+Everything that reads both sides of a stage by name reads the golden through this pairing, renamed to
+the run's names (:func:`aligned_golden` for a dump, :func:`aligned_rows` for its parsed rows): the
+compare, where the change entered, the judgement and msprobe's own table.
 """
 
 from __future__ import annotations
@@ -202,3 +203,17 @@ def aligned_golden(golden: dict[str, Any], pairing: Pairing) -> dict[str, Any]:
     order; the calls of changed blocks are left out. Read by name, it answers for the run's calls."""
     data = golden["data"]
     return {**golden, "data": {t_api: data[g_api] for t_api, g_api in pairing.pairs}}
+
+
+def aligned_rows(golden_rows: dict[str, dict[str, Any]], pairing: Pairing) -> dict[str, dict[str, Any]]:
+    """msprobe's rows of the golden (:func:`precision_harness.dumps.rows.rows`) named as the run's calls they pair
+    with, the rows of changed blocks left out: :func:`aligned_golden` without parsing the golden again."""
+    rename = {g_api: t_api for t_api, g_api in pairing.pairs}
+    if all(t == g for g, t in rename.items()):
+        return golden_rows if not pairing.blocks else {n: r for n, r in golden_rows.items() if r["api"] in rename}
+    aligned = {}
+    for name, row in golden_rows.items():
+        t_api = rename.get(str(row["api"]))
+        if t_api is not None:
+            aligned[t_api + name[len(str(row["api"])) :]] = row
+    return aligned
