@@ -30,8 +30,6 @@ from typing import Any
 
 from rapidfuzz.distance import Indel, Levenshtein
 
-from precision_harness.dumps.rows import tensors
-
 #: the API directions msprobe names calls with
 DIRECTIONS = ("forward", "backward")
 #: the edit distance the alignment expects (rapidfuzz's ``score_hint``): an upgrade changes a few calls per
@@ -72,7 +70,26 @@ def short_name(api: str) -> str:
 
 def signature(api: str, entry: Any) -> tuple[Any, ...]:
     """What pairs calls reliably: the call's name and the dtype and shape of each of its tensors, in order."""
-    return (call_name(api), *((str(t.get("dtype")), str(t.get("shape"))) for _, t in tensors(entry)))
+    found: list[Any] = [call_name(api)]
+    _layouts(entry, found)
+    return tuple(found)
+
+
+def _layouts(node: Any, found: list[Any]) -> None:
+    """Append ``(dtype, shape)`` of every tensor entry below ``node`` (the walk of
+    :func:`precision_harness.dumps.rows.tensors`, without its paths: this runs once per call of both dumps)."""
+    if isinstance(node, dict):
+        if "dtype" in node and "Max" in node:
+            shape = node.get("shape")
+            found.append((node["dtype"], tuple(shape) if isinstance(shape, list) else shape))
+            return
+        for value in node.values():
+            if isinstance(value, (dict, list)):
+                _layouts(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            if isinstance(value, (dict, list)):
+                _layouts(value, found)
 
 
 @dataclass(frozen=True)
