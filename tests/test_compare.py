@@ -265,3 +265,39 @@ def test_a_keyword_argument_has_one_row_name_whatever_the_task() -> None:
         "Torch.gather.0.forward.kwargs.index.pt"
     )
     assert list(rows(saved)) == list(rows(statistics)) == ["Torch.gather.0.forward.input.index"]
+
+
+def _no_statistics(d: dict) -> None:
+    """msprobe records no statistics of a FRACTAL_NZ or fp8 tensor on NPU: the row is there, its values are not."""
+    d["Functional.softmax.0.forward"]["output"][0].update(Max=None, Min=None, Mean=None, Norm=None)
+
+
+def test_a_tensor_row_compared_by_nothing_fails(dumps, tmp_path: Path) -> None:
+    v = run(*dumps(tmp_path, _no_statistics, _no_statistics))
+    assert not v.passed and v.failing_unchecked == [("rank0", "Functional.softmax.0.forward.output.0")]
+    text = stage_text(v)
+    assert "1 tensor row(s) compared by nothing" in text.splitlines()[0]
+    assert "unchecked         Functional.softmax.0.forward.output.0: msprobe recorded no statistics" in text
+
+
+def test_a_tensor_row_compared_by_nothing_passes_where_the_scenario_allows_it(dumps, tmp_path: Path) -> None:
+    policy = TolerancePolicy.from_config({"unchecked": ["Functional.softmax.*"]})
+    v = run(*dumps(tmp_path, _no_statistics, _no_statistics), policy)
+    assert v.passed and v.unchecked and not v.failing_unchecked
+    assert "1 tensor row(s) unchecked, allowed by tolerance.unchecked" in stage_text(v)
+
+
+def test_a_bool_mask_is_compared(dumps, tmp_path: Path) -> None:
+    """read_op hands a bool tensor's Max/Min over as text: read as 1/0, a mask that turned all False fails."""
+
+    def mask(value: bool):
+        def add(d: dict) -> None:
+            m = tensor("torch.bool", (2, 4), Max=value, Min=False, Mean=None, Norm=None)
+            d["Tensor.__and__.0.forward"] = {"input_args": [m], "input_kwargs": {}, "output": [m]}
+
+        return add
+
+    assert run(*dumps(tmp_path / "same", mask(True), mask(True))).passed
+    v = run(*dumps(tmp_path / "moved", mask(False), mask(True)))
+    assert not v.passed and v.first_divergence.tensor == "Tensor.__and__.0.forward.input.0"
+    assert (v.first_divergence.golden, v.first_divergence.target) == (1.0, 0.0)

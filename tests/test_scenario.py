@@ -291,3 +291,12 @@ def test_msprobe_rank_filter_reaches_the_config_and_the_identity(tmp_path: Path)
         Scenario.load(
             write(tmp_path, "global_profiler:\n  global_tool_config:\n    precision_debugger: {rank: [-1]}\n", "b.yaml")
         )
+
+
+def test_an_unknown_name_in_the_unchecked_allowance_names_file_and_field(tmp_path: Path) -> None:
+    p = write(tmp_path, "tolerance:\n  unchecked: ['npu_rms_norm']\n")
+    with pytest.raises(ScenarioError) as exc:
+        Scenario.load(p)
+    msg = str(exc.value)
+    assert str(p) in msg and "tolerance.unchecked.0" in msg and "npu_rms_norm" in msg and "\n" not in msg
+    assert Scenario.load(write(tmp_path, "tolerance:\n  unchecked: ['NPU.npu_rms_norm.*']\n", "ok.yaml"))

@@ -19,6 +19,7 @@ unchanged case fast. Both sides are read through :class:`~precision_harness.dump
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from precision_harness.check.code_path import BlockRows, CodePathChange, by_call
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
-from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, to_float
+from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import relative_change
 
@@ -93,6 +94,8 @@ class RankVerdict(_Verdict):
     #: ``(rank, row)`` of every paired row whose dtype or shape changed (its profile ratio is ``inf``, as is that
     #: of any change under ``mode: exact``: this set tells the two apart)
     structural: set[tuple[str, str]] = field(default_factory=set)
+    #: tensor rows neither side recorded a statistic of: compared by nothing
+    unchecked: list[str] = field(default_factory=list)
     _nan_reported: bool = field(default=False, repr=False)
 
     def problem(self, text: str) -> None:
@@ -122,11 +125,23 @@ class StageVerdict(_Verdict):
     strict_code_path: bool = False
     #: ``(rank, row)`` of every paired row whose dtype or shape changed
     structural: set[tuple[str, str]] = field(default_factory=set)
+    #: ``(rank, row)`` of every tensor row neither side recorded a statistic of (msprobe records none of a
+    #: FRACTAL_NZ or fp8 tensor on NPU): compared by nothing
+    unchecked: list[tuple[str, str]] = field(default_factory=list)
+    #: globs of the rows the scenario allows to go unchecked (``tolerance.unchecked``)
+    allow_unchecked: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
-        """Nothing drifted, nothing always fails, and every changed block passes (its values match, not strict)."""
-        return super().passed and not self.failing_code_paths
+        """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), and
+        every tensor row compared by nothing is one the scenario allows."""
+        return super().passed and not self.failing_code_paths and not self.failing_unchecked
+
+    @property
+    def failing_unchecked(self) -> list[tuple[str, str]]:
+        """The unchecked tensor rows no ``tolerance.unchecked`` glob names (row or API name)."""
+        allowed = self.allow_unchecked
+        return [(r, n) for r, n in self.unchecked if not any(fnmatch.fnmatchcase(n, g) for g in allowed)]
 
     @property
     def failing_code_paths(self) -> list[CodePathChange]:
@@ -138,7 +153,7 @@ class StageVerdict(_Verdict):
         """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
         worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
         worst = max([worst] + [c.ratio for c in self.code_paths])
-        return math.inf if self.problems or self.failing_code_paths else worst
+        return math.inf if self.problems or self.failing_code_paths or self.failing_unchecked else worst
 
     @property
     def first_divergence(self) -> Drift | None:
@@ -154,7 +169,7 @@ class StageVerdict(_Verdict):
     def failing_ranks(self) -> list[str]:
         """Ranks with a drift or an always-failure, sorted (``rank2`` before ``rank10``)."""
         ranks = {d.rank for d in self.drifts} | {p.rank for p in self.problems if p.rank is not None}
-        ranks |= {c.rank for c in self.failing_code_paths}
+        ranks |= {c.rank for c in self.failing_code_paths} | {r for r, _ in self.failing_unchecked}
         return sorted(ranks, key=lambda r: (len(r), r))
 
     @property
@@ -169,6 +184,7 @@ class StageVerdict(_Verdict):
         self.profile += rank.profile
         self.code_paths += rank.code_paths
         self.structural |= rank.structural
+        self.unchecked += [(rank.rank, name) for name in rank.unchecked]
 
 
 def compare_rank(
@@ -243,6 +259,10 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         v.structural.add((v.rank, row.name))
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
+    if _is_tensor(t_item) and all(x is None for x in (*t_stats.values(), *g_stats.values())):
+        v.unchecked.append(row.name)  # msprobe recorded no statistics (FRACTAL_NZ, fp8 on NPU): compared by nothing
+        v.profile.append((v.rank, row.order, row.name, 0.0))
+        return
     mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))
     row_worst = 0.0
     for stat, g_val in g_stats.items():
@@ -265,6 +285,20 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
     v.profile.append((v.rank, row.order, row.name, row_worst))
 
 
+def unsummarised(dump: dict[str, Any]) -> list[str]:
+    """The tensor entries of a parsed dump.json with no statistic at all (msprobe records none of a FRACTAL_NZ or
+    fp8 tensor on NPU), by their :func:`~precision_harness.dumps.rows.tensors` path."""
+    return [
+        path
+        for path, t in tensors(dump["data"])
+        if _is_tensor(t) and all(t.get(s) is None for s in ("Max", "Min", "Mean", "Norm"))
+    ]
+
+
+def _is_tensor(item: dict[str, Any]) -> bool:
+    return str(item.get("type", "")).startswith("torch.") and str(item.get("dtype", "")).startswith("torch.")
+
+
 def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:
     """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
 
@@ -278,6 +312,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     policy = settings.policy
     verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
     verdict.strict_code_path = policy.strict_code_path
+    verdict.allow_unchecked = policy.unchecked
     t_ranks, g_ranks = set(target.ranks()), set(golden.ranks())
     verdict.ranks = sorted(t_ranks | g_ranks)
     if not t_ranks:
@@ -290,6 +325,9 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.identical = not verdict.problems
         recorded = golden.statistics()
         verdict.checked = recorded if recorded is not None else sum(count_statistics(golden.load(r)) for r in shared)
+        # equal bytes say nothing of a tensor msprobe recorded no statistics of
+        verdict.unchecked = [(r, name) for r in shared for name in unsummarised(golden.load(r))]
+        verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
     for rank in shared:
         verdict.add(compare_rank(target.load(rank), golden.load(rank), policy=policy, stage=golden.name, rank=rank))

@@ -81,6 +81,8 @@ class TolerancePolicy:
     noise_k: float = 0.0
     #: ``report``: a changed code path whose values match the golden's passes, reported; ``fail``: it fails
     code_path: str = "report"
+    #: globs of tensor rows (or their APIs) that may go unchecked: msprobe records no statistics of them
+    unchecked: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> TolerancePolicy:
@@ -94,6 +96,7 @@ class TolerancePolicy:
             apis=dict(section.get("apis", {})),
             metrics=dict(section.get("metrics", {})),
             code_path=section.get("code_path", "report"),
+            unchecked=tuple(section.get("unchecked", ())),
         )
 
     def with_noise(self, noise: Mapping[str, Any] | None) -> TolerancePolicy:
@@ -141,7 +144,9 @@ class TolerancePolicy:
         ``cross_device`` rules when the golden was recorded on another device), widened by the
         golden's calibrated ``noise``."""
         base = cls.cross_device_from_config(section) if cross_device else cls.from_config(section)
-        return replace(base, code_path=(section or {}).get("code_path", "report")).with_noise(noise)
+        section = section or {}
+        kept = {"code_path": section.get("code_path", "report"), "unchecked": tuple(section.get("unchecked", ()))}
+        return replace(base, **kept).with_noise(noise)
 
     @property
     def exact(self) -> bool:

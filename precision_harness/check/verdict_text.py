@@ -150,7 +150,9 @@ def stage_text(
     if v.passed:
         how = "identical to the golden (sha256)" if v.identical else f"within tolerance ({v.tolerance})"
         line = code_path_line(v, reading.environment, rerecord=rerecord)
-        return f"{where}: {v.checked} statistics {how}" + (f"\n{_label(CODE_PATH_LABEL, line)}" if line else "")
+        allowed = f"; {len(v.unchecked)} tensor row(s) unchecked, allowed by tolerance.unchecked" if v.unchecked else ""
+        text = f"{where}: {v.checked} statistics {how}{allowed}"
+        return text + (f"\n{_label(CODE_PATH_LABEL, line)}" if line else "")
     if len(v.ranks) > 1 and v.failing_ranks:
         # multi-rank: name the rank that diverged first, then every rank that differs
         first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
@@ -162,6 +164,10 @@ def stage_text(
         lines = [f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
     elif v.problems:
         lines = [f"{where}: {len(v.problems)} structural difference(s) from the golden"]
+    elif v.failing_unchecked:
+        lines = [
+            f"{where}: {len(v.failing_unchecked)} tensor row(s) compared by nothing, {v.checked} statistics compared"
+        ]
     else:
         lines = [
             f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
@@ -208,6 +214,15 @@ def _evidence(v: StageVerdict) -> list[str]:
     lines += [_label("always fails", str(problem)) for problem in v.problems[:MAX_PROBLEMS]]
     if len(v.problems) > MAX_PROBLEMS:
         lines.append(_label("", f"... and {len(v.problems) - MAX_PROBLEMS} more"))
+    unchecked = v.failing_unchecked
+    for rank, name in unchecked[:MAX_PROBLEMS]:
+        where = f"{rank}: " if multi else ""
+        lines.append(_label("unchecked", f"{where}{name}: msprobe recorded no statistics on either side"))
+    if unchecked:
+        more = f"... and {len(unchecked) - MAX_PROBLEMS} more; " if len(unchecked) > MAX_PROBLEMS else ""
+        lines.append(
+            _label("", f"{more}allow them by name only where nothing else can compare them: tolerance.unchecked")
+        )
     failing = v.failing_code_paths
     groups: dict[str, list[CodePathChange]] = {}
     for change in failing:

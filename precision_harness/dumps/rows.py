@@ -72,8 +72,18 @@ def rows(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+#: a bool tensor's Max and Min as msprobe's ``read_op`` hands them over (it turns every bool into text)
+_BOOLS = {"True": 1.0, "False": 0.0}
+
+
 def to_float(value: Any) -> float | None:
-    """``value`` as a float; None for null, msprobe's ``"N/A"``/``"-"``/``""`` and anything not a number."""
+    """``value`` as a float; None for null, msprobe's ``"N/A"``/``"-"``/``""`` and anything not a number.
+
+    ``"True"``/``"False"`` (a bool tensor's Max and Min after ``read_op``) read 1.0 and 0.0: unread, every
+    causal mask and padding mask of a dump would be compared by nothing.
+    """
+    if isinstance(value, str) and value in _BOOLS:
+        return _BOOLS[value]
     if value is None or (isinstance(value, str) and value.strip() in ("N/A", "", "None", "-")):
         return None
     try:

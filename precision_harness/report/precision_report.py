@@ -128,6 +128,8 @@ class ItemRecord:
     judgement: dict[str, Any] | None = None
     #: the stage's changed code paths: ``{"line", "count", "failing", "what", "cause", "changes"}`` (check.code_path)
     code_path: dict[str, Any] | None = None
+    #: tensor rows compared by nothing (msprobe recorded no statistics on either side), allowed or not
+    unchecked: int = 0
 
     @classmethod
     def from_outcome(
@@ -180,6 +182,7 @@ class ItemRecord:
             self.worst_ratio = None if v.problems else _finite(max((d.ratio for d in v.drifts), default=0.0))
             return
         self.worst_ratio = _finite(v.worst_ratio)
+        self.unchecked = len(v.unchecked)
         self.first_divergence, self.largest = _drift_json(v.first_divergence), _drift_json(v.largest)
         if not v.passed and v.profile:
             every = math.ceil(len(v.profile) / MAX_PROFILE_POINTS)
