@@ -55,7 +55,7 @@ from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.precision_report import ItemRecord, PrecisionReport, run_info
 from precision_harness.runs import device_availability
 from precision_harness.runs.kind_runners import Run, engine_missing, load_scenario, preflight, run_scenario
 from precision_harness.runs.kind_runners import stop as stop_runs
@@ -316,7 +316,7 @@ class PrecisionSession:
         with st.lock:
             if not st.settled:
                 st.settled = True
-                self._note_undeclared(scenario, run)
+                self.report.note_undeclared(scenario.name, run.run_json.get("undeclared") or [])
                 if plan.action is GoldenAction.RECORD:
                     try:
                         st.recording = record_run(self.store, st, run, history_window=self.options.history_window)
@@ -422,15 +422,6 @@ class PrecisionSession:
             ),
         )
 
-    def _note_undeclared(self, scenario: Scenario, run: RunResult) -> None:
-        """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
-        undeclared = run.run_json.get("undeclared") or []
-        if undeclared:
-            self.report.notes.append(
-                f"{scenario.name}: dumped but not declared in precision_debugger.stages (not gated): "
-                f"{', '.join(undeclared)}"
-            )
-
     def _localize_dir(self, st: ScenarioState) -> Path:
         return join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
 
@@ -477,15 +468,9 @@ class PrecisionSession:
             return None
         run: RunResult = st.future.result()
         profiled = {f"step_{a}/{b}" for a in scenario.steps for b in scenario.stages}
-        return {
-            "device": st.device,
-            "wall_s": round(run.wall_s, 3),
-            "timings": run.run_json.get("timings", {}),
-            "timing": progress.timing_line(run.run_json, profiled=profiled),
-            "run_dir": str(self.shown(run.run_dir)),
-            # a check that loaded the golden's rollouts never ran the rollout engine (report.not_exercised)
-            "rollouts_pinned": self.plan(scenario).pinned is not None,
-        }
+        info = run_info(run.run_json, wall_s=run.wall_s, profiled=profiled, run_dir=str(self.shown(run.run_dir)))
+        # a check that loaded the golden's rollouts never ran the rollout engine (report.not_exercised)
+        return {**info, "device": st.device, "rollouts_pinned": self.plan(scenario).pinned is not None}
 
     def finish(self, *, scenario_dirs: list[str]) -> None:
         """End of the run (the xdist controller's, or the only process's): unused goldens, prune, report files."""

@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_harness import progress
 from precision_harness.check.compare import Drift, MetricsVerdict, StageVerdict
 from precision_harness.check.environment import EnvironmentDiff, grouped
 from precision_harness.check.items import Outcome, OutcomeKind
-from precision_harness.check.verdict_text import code_path_line
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
+from precision_harness.report.code_paths import code_path_json, code_path_lines
 from precision_harness.report.report_md import judgement_line
 from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, STAGES
 
@@ -75,18 +76,10 @@ def _localized_json(local: Outcome | None) -> dict[str, Any] | None:
     }
 
 
-def _code_path_json(v: StageVerdict, environment: EnvironmentDiff) -> dict[str, Any] | None:
-    """The report's view of a stage's changed code paths (None: its call streams pair one to one)."""
-    if not v.code_paths:
-        return None
-    return {
-        "line": code_path_line(v, environment) or "",
-        "count": len(v.code_paths),
-        "failing": len(v.failing_code_paths),
-        "what": sorted({c.block.what for c in v.code_paths}),
-        "cause": "; ".join(map(str, environment.software)),
-        "changes": [_plain(c.to_json()) for c in v.code_paths[:MAX_RECORD_PROBLEMS]],
-    }
+def run_info(run_json: dict[str, Any], *, wall_s: float, profiled: set[str], run_dir: str) -> dict[str, Any]:
+    """A record's ``run``: the scenario run's wall time, timings, its terminal timing line and its folder."""
+    timing = progress.timing_line(run_json, profiled=profiled)
+    return {"wall_s": round(wall_s, 3), "timings": run_json.get("timings", {}), "timing": timing, "run_dir": run_dir}
 
 
 @dataclass
@@ -170,7 +163,7 @@ class ItemRecord:
         rec.origin = origin.to_json() if origin is not None else None
         rec.judgement = _plain(outcome.judgement.to_json()) if outcome.judgement is not None else None
         if isinstance(outcome.verdict, StageVerdict):
-            rec.code_path = _code_path_json(outcome.verdict, outcome.environment)
+            rec.code_path = code_path_json(outcome.verdict, outcome.environment)
         return rec
 
     def _add_verdict(self, v: StageVerdict | MetricsVerdict | None) -> None:
@@ -281,7 +274,7 @@ class PrecisionReport:
             yield f"{self.num_items} precision items: {', '.join(counts)}, {self.num_failed} failed{skipped}"
         yield from self._skipped_lines()
         yield from self._environment_lines()
-        yield from self._code_path_lines()
+        yield from code_path_lines(self.records)
         yield from self._run_lines()
         for u in self.unused:
             yield f"golden unused: {u['path']} (no collected scenario {u['scenario']}; remove with --precision-prune)"
@@ -327,25 +320,11 @@ class PrecisionReport:
             unseen = not_exercised(env, runs) if not failed else None
             yield environment_line(env, scenarios=names if names != checked else None, failed=failed, unseen=unseen)
 
-    def _code_path_lines(self) -> Iterator[str]:
-        """One line per distinct changed code path (usually one for the whole run: an upgrade), never one per item."""
-        groups: dict[tuple[str, tuple[str, ...]], list[ItemRecord]] = {}
-        for r in self.records:
-            if r.code_path is not None:
-                groups.setdefault((r.code_path["cause"], tuple(r.code_path["what"])), []).append(r)
-        for (cause, what), records in groups.items():
-            names = sorted({r.scenario for r in records})
-            more = len(names) - MAX_NAMED_SCENARIOS
-            whom = ", ".join(names[:MAX_NAMED_SCENARIOS]) + (f" and {more} more" if more > 0 else "")
-            differ = sum(r.code_path["failing"] > 0 for r in records)
-            if differ:
-                how = (
-                    f"in {differ} the values leaving the changed calls differ from the golden's: their verdicts say how"
-                )
-            else:
-                how = "the values leaving the changed calls match the golden's; re-record to refresh"
-            head = f"{cause} changed the code path" if cause else "the code path changed"
-            yield f"{head} in {len(records)} stage dump(s) of {whom}: {'; '.join(what)} ({how})"
+    def note_undeclared(self, scenario: str, undeclared: list[str]) -> None:
+        """A stage a command dumped but did not declare is named in the summary, never silently ignored."""
+        if undeclared:
+            stages = ", ".join(undeclared)
+            self.notes.append(f"{scenario}: dumped but not declared in precision_debugger.stages (not gated): {stages}")
 
     def _run_lines(self) -> Iterator[str]:
         for name, records in self._by_scenario().items():
