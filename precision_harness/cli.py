@@ -153,7 +153,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         environment.device_model
     )
     policy = TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross)
-    settings = CheckSettings(scenario=golden.scenario, policy=policy, artifacts=artifacts, environment=environment)
+    settings = CheckSettings(
+        scenario=golden.scenario,
+        policy=policy,
+        artifacts=artifacts,
+        environment=environment,
+        msprobe_full=opts.msprobe_full,
+    )
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):
         _print(("PASS " if out.passed else "FAIL ") + out.text)

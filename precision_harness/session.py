@@ -458,6 +458,7 @@ class PrecisionSession:
             changed=tuple(settings_changed(golden.numeric_settings, scenario.numeric_settings)),
             environment=st.environment or EnvironmentDiff(),
             identical_elsewhere=self._identical(st, golden, run),
+            msprobe_full=self.options.msprobe_full,
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

@@ -36,7 +36,7 @@ _PROSE = frozenset({"is", "exits", "and", "or", "the", "cli", "command", "comman
 
 
 def pytest_flags() -> set[str]:
-    return {f"--precision-{o.name}" for o in OPTIONS if o.pytest == "option"}
+    return {f"--precision-{o.name}" for o in OPTIONS if o.pytest in ("option", "both")}
 
 
 def command_exists(words: list[str]) -> bool:

@@ -21,6 +21,14 @@ the advantages and returns an update consumes) is invisible to it. The built-in 
 Rows are named the way msprobe's compare names them (``Stage.pg_loss.1.forward.output.0``: the
 loss of micro-batch 1), so the compare, the tolerance and the verdicts treat them as any API row.
 This module imports neither torch nor msprobe.
+
+``dump.json`` is parsed with orjson (:func:`parse_dump`), whose C parser allocates the millions of small
+objects of a 7B-sized dump without the standard library's per-token Python calls. orjson refuses the bare
+``NaN``/``Infinity``/``-Infinity`` that msprobe writes for non-finite statistics (Python's ``json.dump``
+default), so those tokens, where they stand as a value (``: NaN``), are quoted as sentinel strings first and
+turned back into floats after; a file the sentinels would change in any other way (a string holding
+``: NaN``) fails orjson's parse and is read by ``json.loads``, as is every unreadable file, whose error then
+names its byte offset.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from precision_harness.errors import GoldenCorruptError
 
@@ -57,15 +67,68 @@ def load_dump(path: Path) -> dict[str, Any]:
     return parse_dump(content, shown=str(path))
 
 
+#: msprobe's non-finite tokens as a value (``json.dump``'s spelling after ``": "``) -> the sentinel orjson reads
+_NON_FINITE = {
+    b": NaN": b': "\\u0000NaN"',
+    b": -Infinity": b': "\\u0000-Infinity"',
+    b": Infinity": b': "\\u0000Infinity"',
+}
+_SENTINELS = {"\x00NaN": float("nan"), "\x00-Infinity": float("-inf"), "\x00Infinity": float("inf")}
+
+
 def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
-    """Parse the bytes of an msprobe ``dump.json``; raise GoldenCorruptError naming ``shown``."""
-    try:
-        data = json.loads(content)
-    except ValueError as exc:
-        raise GoldenCorruptError(f"{shown}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
+    """Parse the bytes of an msprobe ``dump.json`` (bare NaN/Infinity allowed) into the same objects
+    ``json.loads`` gives.
+
+    Raises:
+        GoldenCorruptError: not JSON (the message names ``shown`` and the byte offset of the error), or no
+            ``data`` mapping.
+    """
+    data = _fast_parse(content)
+    if data is None:
+        try:
+            data = json.loads(content)
+        except ValueError as exc:
+            raise GoldenCorruptError(f"{shown}: {_where(content, exc)}; re-record it or rerun the stage") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise GoldenCorruptError(f"{shown}: no 'data' mapping; not an msprobe dump.json")
     return data
+
+
+def _fast_parse(content: bytes) -> Any:
+    """orjson's parse of ``content`` with msprobe's non-finite tokens restored (module docstring); None where
+    orjson cannot read it (the caller falls back to ``json.loads``)."""
+    if b"\\u0000" in content:  # a sentinel could not be told from the file's own text
+        return None
+    quoted = content
+    for token, sentinel in _NON_FINITE.items():
+        quoted = quoted.replace(token, sentinel)
+    try:
+        data = orjson.loads(quoted)
+    except orjson.JSONDecodeError:
+        return None
+    if len(quoted) != len(content):
+        _restore(data)
+    return data
+
+
+def _restore(node: Any) -> None:
+    """Turn the sentinel strings below ``node`` (a parsed dict or list) back into NaN/Infinity, in place."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        if type(value) is str:
+            if value in _SENTINELS:
+                node[key] = _SENTINELS[value]
+        elif isinstance(value, (dict, list)):
+            _restore(value)
+
+
+def _where(content: bytes, exc: ValueError) -> str:
+    """``not JSON at byte 1234 of 5678 (Expecting ',' delimiter)``: where ``json.loads`` stopped, in bytes."""
+    if isinstance(exc, json.JSONDecodeError):
+        offset = len(exc.doc[: exc.pos].encode("utf-8")) if isinstance(exc.doc, str) else exc.pos
+        return f"not JSON at byte {offset} of {len(content)} ({exc.msg}): a truncated or corrupt msprobe dump.json"
+    return f"not a readable msprobe dump.json ({exc})"
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
