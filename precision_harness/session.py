@@ -459,6 +459,7 @@ class PrecisionSession:
             environment=st.environment or EnvironmentDiff(),
             identical_elsewhere=self._identical(st, golden, run),
             msprobe_full=self.options.msprobe_full,
+            progress=self.on_progress,
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

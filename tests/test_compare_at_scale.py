@@ -258,3 +258,22 @@ def test_the_pool_gives_the_verdict_the_process_gives(tmp_path: Path, monkeypatc
         here.profile,
         here.checked,
     )
+
+
+def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past COMPARE_QUIET_S a stage reports every rank it compared; before it, nothing (set to 0 and to 1 hour)."""
+    from precision_harness import progress
+
+    run, golden = two_rank_stage(tmp_path, truncate=False)
+    lines: list[str] = []
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), progress=lines.append)
+    monkeypatch.setattr(progress, "COMPARE_QUIET_S", 3600.0)
+    compare.compare_stage(run, golden, settings)
+    assert lines == []
+    monkeypatch.setattr(progress, "COMPARE_QUIET_S", 0.0)
+    compare.compare_stage(run, golden, settings)
+    assert [line.split(" (")[0] for line in lines] == [
+        "step_1/actor_update: rank0 compared",
+        "step_1/actor_update: rank1 compared",
+    ]
+    assert lines[1].split(" (")[1].startswith("2/2 ranks, ")

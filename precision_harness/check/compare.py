@@ -37,6 +37,7 @@ from precision_harness.dumps.rows import count_statistics, rms, row_statistics, 
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
+from precision_harness.progress import RankProgress
 
 
 @dataclass(frozen=True)
@@ -328,8 +329,10 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.checked = recorded if recorded is not None else sum(count_statistics(golden.load(r)) for r in shared)
         return verdict
     jobs = [(target, golden, policy, rank) for rank in shared]
+    ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
     for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=_dump_bytes(target, shared)):
         verdict.add(rank_verdict)
+        ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = _placed(verdict.code_paths, target)
     return verdict
