@@ -202,6 +202,8 @@ def compare_rank(
     for name in g_rows:
         if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
+    if not pairing.blocks:
+        return verdict
     block_rows = BlockRows(by_call(t_rows), by_call(rows(g_dump)), policy, stage)
     for block in pairing.blocks:
         at = block.target[0] if block.target else (block.after[0] if block.after else None)

@@ -60,6 +60,7 @@ class StatTable:
         n = len(pairs)
         self._policy, self._stage = policy, stage
         self._tols: dict[tuple[str, str, str], Tol] = {}
+        self._bounds: dict[tuple[str, str], tuple[list[float], list[float]]] = {}  # (rtols, atols) of a row
         self.regular = np.zeros(n, dtype=bool)
         values = np.full((2, n, 4), np.nan)
         self.present = np.zeros((n, 4), dtype=bool)
@@ -93,9 +94,12 @@ class StatTable:
             or any((t is None) != (g is None) for t, g in zip(t_stats, g_stats, strict=True))
         ):
             return None
-        tols = [self.tol(str(t_dtype), s, name) for s in STATISTICS]
-        mean_scale = rms(g_stats[3], t_item.get("shape"))
-        return t_stats, g_stats, ([t.rtol for t in tols], [t.atol for t in tols]), mean_scale
+        key = (str(t_dtype), name if self._policy.apis else "")
+        bounds = self._bounds.get(key)
+        if bounds is None:
+            tols = [self.tol(key[0], s, name) for s in STATISTICS]
+            bounds = self._bounds[key] = ([t.rtol for t in tols], [t.atol for t in tols])
+        return t_stats, g_stats, bounds, rms(g_stats[3], t_item.get("shape"))
 
     def tol(self, dtype: str, statistic: str, name: str) -> Tol:
         """``policy.for_tensor`` (cached per dtype and statistic where no API glob can tell rows apart)."""

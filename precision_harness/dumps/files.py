@@ -22,13 +22,12 @@ Rows are named the way msprobe's compare names them (``Stage.pg_loss.1.forward.o
 loss of micro-batch 1), so the compare, the tolerance and the verdicts treat them as any API row.
 This module imports neither torch nor msprobe.
 
-``dump.json`` is parsed with orjson (:func:`parse_dump`), whose C parser allocates the millions of small
-objects of a 7B-sized dump without the standard library's per-token Python calls. orjson refuses the bare
-``NaN``/``Infinity``/``-Infinity`` that msprobe writes for non-finite statistics (Python's ``json.dump``
-default), so those tokens, where they stand as a value (``: NaN``), are quoted as sentinel strings first and
-turned back into floats after; a file the sentinels would change in any other way (a string holding
-``: NaN``) fails orjson's parse and is read by ``json.loads``, as is every unreadable file, whose error then
-names its byte offset.
+``dump.json`` is parsed with orjson (:func:`parse_dump`) where it can be: a quarter faster than
+``json.loads`` on a 50 MB dump here (the rest is allocating its millions of small objects, which no parser
+avoids). orjson refuses the bare ``NaN``/``Infinity``/``-Infinity`` msprobe writes for non-finite statistics
+(Python's ``json.dump`` default), and quoting them as sentinels to restore after costs more than it saves
+(they also stand in lists, and finding them again is a walk over every object): a file that holds them, one
+orjson cannot read, and every unreadable file go to ``json.loads``, whose error names the byte offset.
 """
 
 from __future__ import annotations
@@ -67,15 +66,6 @@ def load_dump(path: Path) -> dict[str, Any]:
     return parse_dump(content, shown=str(path))
 
 
-#: msprobe's non-finite tokens as a value (``json.dump``'s spelling after ``": "``) -> the sentinel orjson reads
-_NON_FINITE = {
-    b": NaN": b': "\\u0000NaN"',
-    b": -Infinity": b': "\\u0000-Infinity"',
-    b": Infinity": b': "\\u0000Infinity"',
-}
-_SENTINELS = {"\x00NaN": float("nan"), "\x00-Infinity": float("-inf"), "\x00Infinity": float("inf")}
-
-
 def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
     """Parse the bytes of an msprobe ``dump.json`` (bare NaN/Infinity allowed) into the same objects
     ``json.loads`` gives.
@@ -96,31 +86,14 @@ def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
 
 
 def _fast_parse(content: bytes) -> Any:
-    """orjson's parse of ``content`` with msprobe's non-finite tokens restored (module docstring); None where
-    orjson cannot read it (the caller falls back to ``json.loads``)."""
-    if b"\\u0000" in content:  # a sentinel could not be told from the file's own text
+    """orjson's parse of ``content``; None where it holds a bare ``NaN``/``Infinity`` or orjson cannot read it
+    (the caller falls back to ``json.loads``)."""
+    if b"NaN" in content or b"Infinity" in content:
         return None
-    quoted = content
-    for token, sentinel in _NON_FINITE.items():
-        quoted = quoted.replace(token, sentinel)
     try:
-        data = orjson.loads(quoted)
+        return orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-    if len(quoted) != len(content):
-        _restore(data)
-    return data
-
-
-def _restore(node: Any) -> None:
-    """Turn the sentinel strings below ``node`` (a parsed dict or list) back into NaN/Infinity, in place."""
-    items = node.items() if isinstance(node, dict) else enumerate(node)
-    for key, value in items:
-        if type(value) is str:
-            if value in _SENTINELS:
-                node[key] = _SENTINELS[value]
-        elif isinstance(value, (dict, list)):
-            _restore(value)
 
 
 def _where(content: bytes, exc: ValueError) -> str:
