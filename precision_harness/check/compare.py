@@ -188,6 +188,8 @@ def compare_rank(
         verdict.problem(_too_different(pairing))
         return verdict
     t_rows, g_rows = rows(t_dump), rows(aligned_golden(g_dump, pairing))
+    golden_calls = g_dump if pairing.blocks else None
+    del t_dump, g_dump  # the rows are copies: at 65,000 calls a dump, its objects are half a rank's memory
     in_blocks = {api for block in pairing.blocks for api in block.target}
     first_row: dict[str, int] = {}
     plan: list[_Row | str] = []  # in row order: a row both sides hold, or a problem's text
@@ -204,7 +206,7 @@ def compare_rank(
             verdict.problem(f"{name}: in the golden but missing from this run")
     if not pairing.blocks:
         return verdict
-    block_rows = BlockRows(by_call(t_rows), by_call(rows(g_dump)), policy, stage)
+    block_rows = BlockRows(by_call(t_rows), by_call(rows(golden_calls)), policy, stage)
     for block in pairing.blocks:
         at = block.target[0] if block.target else (block.after[0] if block.after else None)
         order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
@@ -347,12 +349,14 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
     """
     try:
-        t_dump = target.load(rank)
+        dumps = [target.load(rank)]
     except GoldenCorruptError as exc:
         verdict = RankVerdict(rank)
         verdict.problem(str(exc))
         return verdict
-    return compare_rank(t_dump, golden.load(rank), policy=policy, stage=golden.name, rank=rank)
+    dumps.append(golden.load(rank))
+    # popped, so compare_rank holds the only references and frees each dump once its rows are named
+    return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
 
 
 def _dump_bytes(target: StageSource, ranks: list[str]) -> int:

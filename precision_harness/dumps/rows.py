@@ -78,7 +78,11 @@ class _Parser:
         elif isinstance(node, list):
             flat = _PARAMS_GRAD in name and _PARAMS_GRAD in name.split(".")
             for i, value in enumerate(node):
-                self._parse(value, name if flat else f"{name}.{i}", state, depth + 1, out)
+                at = name if flat else f"{name}.{i}"
+                if type(value) is dict and type(value.get("type")) is str and _plain(value):  # the common leaf
+                    out.append(_tensor_item(value, at, "input" if state in (_INPUT_ARGS, _INPUT_KWARGS) else state))
+                else:
+                    self._parse(value, at, state, depth + 1, out)
         elif isinstance(node, dict):
             if isinstance(node.get("type"), str):
                 out.append(_tensor_item(node, name, state) if _plain(node) else self.gen_op_item(node, name, state))
@@ -91,23 +95,27 @@ _DEBUG, _PARAMS_GRAD, _P2P = "debug", "parameters_grad", "torch.distributed.P2PO
 _INPUT_ARGS, _INPUT_KWARGS = "input_args", "input_kwargs"
 
 
+#: the keys of the tensor entry msprobe writes under ``task: statistics``; a leaf with any other key (``md5``,
+#: ``data_name``, ``value``...) goes to ``gen_op_item``
+_TENSOR_KEYS = frozenset({"type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"})
+#: ``gen_op_item``'s md5 of a leaf without ``value``: ``crc32(str(''))``
+_NO_VALUE_MD5 = f"{zlib.crc32(b''):08x}"
+
+
 def _plain(leaf: dict[str, Any]) -> bool:
-    """A tensor entry ``gen_op_item`` reads without a special case: it has a dtype."""
-    return bool(leaf.get("dtype"))
+    """A tensor entry ``gen_op_item`` reads without a special case: a string dtype other than ``torch.bool``
+    (whose Max and Min are booleans, turned into text), and only :data:`_TENSOR_KEYS`."""
+    dtype = leaf.get("dtype")
+    return type(dtype) is str and dtype != "torch.bool" and dtype != "" and leaf.keys() <= _TENSOR_KEYS
 
 
 def _tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
-    """``gen_op_item(leaf, name, state)`` for a leaf with a dtype, step for step (msprobe.core.compare.utils)."""
-    item = {key: str(value) if isinstance(value, bool) else value for key, value in leaf.items()}
-    data_name = leaf.get("data_name") or "-1"
-    item["data_name"] = data_name
-    item["full_op_name"] = data_name.rsplit(".", 1)[0] if data_name != "-1" else name
-    item["state"] = state
-    item.setdefault("requires_grad", None)
+    """``gen_op_item(leaf, name, state)`` for a :func:`_plain` leaf, step for step (msprobe.core.compare.utils)."""
+    item = {**leaf, "data_name": "-1", "full_op_name": name, "state": state, "md5": _NO_VALUE_MD5}
+    grad = item.get("requires_grad")
+    item["requires_grad"] = str(grad) if type(grad) is bool else grad
     for statistic in STATISTICS:
         item.setdefault(statistic, None)
-    if not item.get("md5"):
-        item["md5"] = f"{zlib.crc32(str(leaf.get('value', '')).encode()):08x}"
     return item
 
 
