@@ -277,3 +277,54 @@ def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pyt
         "step_1/actor_update: rank1 compared",
     ]
     assert lines[1].split(" (")[1].startswith("2/2 ranks, ")
+
+
+def long_stage(tmp_path: Path, calls: int = 600, at: int = 450) -> tuple[DirStage, DirStage]:
+    """Two ranks of ``calls`` linear calls each; from call ``at`` on, rank1's outputs drift, and rank0's from
+    call ``at + 50`` on (rank1 diverges first)."""
+    for side in ("golden", "run"):
+        for rank, start in (("rank0", at + 50), ("rank1", at)):
+            data = {}
+            for i in range(calls):
+                moved = side == "run" and i >= start
+                data[f"Functional.linear.{i}.forward"] = {
+                    "input_args": [tensor(Max=1.0 + i)],
+                    "output": [tensor(Max=(2.0 + i) * (1.1 if moved else 1.0))],
+                }
+            write_dump(tmp_path / side / "step_1" / "actor_update", data, rank)
+    return DirStage(tmp_path / "run" / "step_1" / "actor_update"), DirStage(
+        tmp_path / "golden" / "step_1" / "actor_update"
+    )
+
+
+def test_msprobe_reads_the_first_divergent_rank_around_its_first_divergence_and_says_so(tmp_path: Path) -> None:
+    from precision_harness.check.items import check_stage
+    from precision_harness.check.msprobe_window import WINDOW_CALLS
+
+    run, golden = long_stage(tmp_path)
+    artifacts = tmp_path / "art"
+    out = check_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=artifacts))
+    stage_art = artifacts / "step_1" / "actor_update"
+    assert sorted(p.name for p in stage_art.glob("compare_result_*.csv")) == ["compare_result_rank1.csv"]
+    window = json.loads((stage_art / "msprobe_window" / "run" / "step0" / "rank1" / "dump.json").read_text())
+    calls = list(window["data"])
+    assert calls[0] == f"Functional.linear.{450 - WINDOW_CALLS}.forward" and len(calls) == 2 * WINDOW_CALLS + 1 - 51
+    table = (stage_art / "compare_result_rank1.csv").read_text().splitlines()
+    assert len(table) - 1 == 2 * len(calls)  # msprobe's rows: an input and an output per call of the window
+    line = next(x for x in out.text.splitlines() if "msprobe read" in x)
+    assert "rank1, calls 250-599 of 600 (around its first divergence); not analysed: rank0" in line
+    assert "--precision-msprobe-full" in line
+
+
+def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
+    from precision_harness.check.items import check_stage
+
+    run, golden = long_stage(tmp_path)
+    artifacts = tmp_path / "art"
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=artifacts, msprobe_full=True)
+    out = check_stage(run, golden, settings)
+    stage_art = artifacts / "step_1" / "actor_update"
+    tables = sorted(stage_art.glob("compare_result_*.csv"))
+    assert [p.name for p in tables] == ["compare_result_rank0.csv", "compare_result_rank1.csv"]
+    assert all(len(p.read_text().splitlines()) - 1 == 2 * 600 for p in tables)
+    assert "msprobe read" not in out.text and not (stage_art / "msprobe_window").exists()
