@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--7b", dest="seven_b", action="store_true", help="also the 7B shape (3.1 M calls), this tree")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()), help="where the trees are kept")
     parser.add_argument("--only", choices=sorted(SHAPES), action="append", help="run only these shapes")
+    parser.add_argument("--kind", choices=("passing", "failing"), action="append", help="run only these compares")
     args = parser.parse_args(argv)
     shapes = args.only or ["240k", "60k"] + (["7b"] if args.seven_b else [])
     plan = {"240k": ("passing",), "60k": ("failing",), "7b": ("passing", "failing")}
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             trees = build(shape, args.cache)
             print(f"{name}: trees ready in {time.perf_counter() - t0:.1f} s under {trees['golden'].parent}", flush=True)
-            for kind in plan[name]:
+            for kind in [k for k in plan[name] if not args.kind or k in args.kind]:
                 mine = measure(shape, kind, trees, ROOT, Path(scratch))
                 if args.baseline is not None and name != "7b":
                     theirs = measure(shape, kind, trees, args.baseline.resolve(), Path(scratch))
