@@ -135,6 +135,7 @@ def _target_device(target: Path, opts: PrecisionOptions) -> str | None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from precision_harness import progress
     from precision_harness.check.check_settings import CheckSettings
     from precision_harness.check.environment import EnvironmentDiff
     from precision_harness.check.items import check_items
@@ -153,9 +154,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         environment.device_model
     )
     policy = TolerancePolicy.for_golden(tolerance, noise=golden.noise, cross_device=cross)
-    settings = CheckSettings(scenario=golden.scenario, policy=policy, artifacts=artifacts, environment=environment)
+    bar = progress.compare_bar(len(keys))
+    settings = CheckSettings(
+        scenario=golden.scenario,
+        policy=policy,
+        artifacts=artifacts,
+        environment=environment,
+        msprobe_full=opts.msprobe_full,
+        progress=bar.set_postfix_str,
+    )
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):
+        bar.update(1)
+        bar.clear()
         _print(("PASS " if out.passed else "FAIL ") + out.text)
         nodeid = f"{args.target}::{'metrics' if key.is_metrics else f'step_{key.step}/{key.stage}'}"
         record = ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=key.step, stage=key.stage)
@@ -168,6 +179,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             report.records.append(
                 ItemRecord.from_outcome(out, nodeid=nodeid, scenario=golden.scenario, step=step, stage=name)
             )
+    bar.close()
     _print(f"{report.num_items} compared, {report.num_items - report.num_failed} passed, {report.num_failed} failed")
     if opts.report is not None:
         _print(f"precision report: {', '.join(map(str, report.write(opts.report)))}")

@@ -194,6 +194,16 @@ OPTIONS: tuple[Option, ...] = (
         convert=_flag,
     ),
     Option(
+        "msprobe-full",
+        "on a failing stage, run msprobe's compare table and first-diff analysis over every failing rank's whole "
+        "dump; without it they read the first divergent rank only, the calls around its first divergence "
+        "(seconds instead of hours at a 7B model's 65,000 calls a rank), and the verdict says what they read",
+        flag=True,
+        pytest="both",
+        cli=("compare",),
+        convert=_flag,
+    ),
+    Option(
         "timeout",
         "seconds a scenario run may take (0: no limit)",
         default="0",
@@ -232,6 +242,8 @@ class PrecisionOptions:
     judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
     #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)
     allow_skip: bool = field(default=_default("allow-skip"))
+    #: msprobe's table and first diff over every failing rank, whole (check.msprobe_window)
+    msprobe_full: bool = field(default=_default("msprobe-full"))
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None

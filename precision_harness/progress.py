@@ -4,6 +4,11 @@ Worker side, :class:`ProgressLog`: ``RUN_DIR/progress.jsonl`` gets ``{"event": "
 "step": n, "stage": name, "t": seconds since start[, "seconds": stage time]}`` lines. Caller side,
 :func:`follow`: while waiting for the run, report each stage as it starts, so a long gate shows
 which scenario, step and stage is running. Imports neither torch nor pytest.
+
+A long compare (a 7B-sized stage: 8 ranks of 65,000 calls) reports too: :class:`RankProgress` calls its
+``report`` with one line per rank compared, ``step_1/actor_update: rank3 compared (4/8 ranks, 12.0 s)``,
+once the stage has taken :data:`COMPARE_QUIET_S` seconds (a short compare says nothing); and
+:func:`compare_bar`, the terminal bar of ``precision-harness compare`` (tqdm), counts the stages.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS_FILE = "progress.jsonl"
+#: seconds a stage's compare runs silent before it reports each rank
+COMPARE_QUIET_S = 2.0
 
 
 class ProgressLog:
@@ -144,3 +151,33 @@ def timing_line(run: dict[str, Any], *, profiled: set[str] | None = None) -> str
         slow = max(dumped, key=dumped.get)
         parts.append(f"{len(dumped)} dumped stages {sum(dumped.values()):.1f} s (slowest {slow} {dumped[slow]:.1f} s)")
     return ", ".join(parts)
+
+
+class RankProgress:
+    """Reports the ranks of one stage's compare as they finish, once it has run :data:`COMPARE_QUIET_S` s.
+
+    Args:
+        label: the stage, as a line names it (``step_1/actor_update``).
+        total: how many ranks the stage compares.
+        report: called with each line; None: silent.
+    """
+
+    def __init__(self, label: str, total: int, report: Callable[[str], None] | None) -> None:
+        self.label, self.total, self.report = label, total, report
+        self.done = 0
+        self.t0 = time.perf_counter()
+
+    def rank_done(self, rank: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.t0
+        if self.report is not None and elapsed >= COMPARE_QUIET_S:
+            self.report(f"{self.label}: {rank} compared ({self.done}/{self.total} ranks, {elapsed:.1f} s)")
+
+
+def compare_bar(total: int) -> Any:
+    """The terminal bar of a compare over ``total`` items (tqdm on stderr): it appears after
+    :data:`COMPARE_QUIET_S` seconds and only on a terminal (``disable=None``), so logs and pipes stay clean.
+    ``set_postfix_str`` takes :class:`RankProgress`'s lines, ``update(1)`` counts an item done."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="item", desc="compared", delay=COMPARE_QUIET_S, disable=None, leave=False)

@@ -449,6 +449,8 @@ class PrecisionSession:
             changed=tuple(settings_changed(golden.numeric_settings, scenario.numeric_settings)),
             environment=st.environment or EnvironmentDiff(),
             identical_elsewhere=self._identical(st, golden, run),
+            msprobe_full=self.options.msprobe_full,
+            progress=self.on_progress,
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

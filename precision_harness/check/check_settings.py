@@ -25,6 +25,11 @@ class CheckSettings:
     #: ask msprobe too on a failing stage (its compare table, first diff, graph); level auto skips it
     #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
     msprobe: bool = True
+    #: msprobe's table and first diff of every failing rank, whole; else the first divergent rank's window
+    #: (:mod:`precision_harness.check.msprobe_window`)
+    msprobe_full: bool = False
+    #: called with a line per rank of a long stage compare (:class:`~precision_harness.progress.RankProgress`)
+    progress: Callable[[str], None] | None = None
     #: the target's environment against the golden's: a failing verdict names it, first where it is a suspect
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
     #: stage dumps of the same run identical to their goldens (sha256): the environment alone does not explain

@@ -26,14 +26,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
+from precision_harness.check.stat_table import StatTable, dtype_of
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
+from precision_harness.dumps.files import DUMP
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
 from precision_harness.dumps.stage import StageSource
-from precision_harness.dumps.statistics import relative_change
+from precision_harness.dumps.statistics import STATISTICS, relative_change
+from precision_harness.errors import GoldenCorruptError
+from precision_harness.progress import RankProgress
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,9 @@ def compare_rank(
 ) -> RankVerdict:
     """Compare one rank's parsed dump pair: key sets, then every statistic of every row.
 
-    msprobe drops golden-only rows silently, so API and row key sets are checked here.
+    msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
+    the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
+    row by row; drifts, problems and the profile come out in row order either way.
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
@@ -204,27 +211,68 @@ def compare_rank(
         return verdict
     t_rows, g_all = rows(t_dump), rows(g_dump)
     g_rows = aligned_rows(g_all, pairing)
+    del t_dump, g_dump  # the rows are copies: at 65,000 calls a dump, its objects are half a rank's memory
     in_blocks = {api for block in pairing.blocks for api in block.target}
     first_row: dict[str, int] = {}
+    plan: list[_Row | str] = []  # in row order: a row both sides hold, or a problem's text
     for order, (name, t_item) in enumerate(t_rows.items()):
         first_row.setdefault(str(t_item["api"]), order)
         if t_item["api"] in in_blocks:
             continue
         g_item = g_rows.get(name)
-        if g_item is None:  # a paired call with other tensors: a structural change
-            verdict.problem(f"{name}: not in the golden")
-            continue
-        _compare_row(verdict, _Row(name, order, t_item, g_item), policy=policy, stage=stage)
+        # a paired call with other tensors: a structural change
+        plan.append(f"{name}: not in the golden" if g_item is None else _Row(name, order, t_item, g_item))
+    _judge(verdict, plan, policy=policy, stage=stage)
     for name in g_rows:
         if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
-    if pairing.blocks:
-        block_rows = BlockRows(by_call(t_rows), by_call(g_all), policy, stage)
-        for block in pairing.blocks:
-            at = block.target[0] if block.target else (block.after[0] if block.after else None)
-            order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
-            verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
+    if not pairing.blocks:
+        return verdict
+    block_rows = BlockRows(by_call(t_rows), by_call(g_all), policy, stage)
+    for block in pairing.blocks:
+        at = block.target[0] if block.target else (block.after[0] if block.after else None)
+        order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
+        verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
     return verdict
+
+
+def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, stage: str) -> None:
+    """Every row of ``plan`` into ``v``, in order: regular rows from one :class:`StatTable`, the rest row by row."""
+    compared = [step for step in plan if isinstance(step, _Row)]
+    table = StatTable([(r.name, r.target, r.golden) for r in compared], policy, stage)
+    checked = table.present.sum(axis=1).tolist()
+    regular, notable, worst = table.regular.tolist(), table.notable.tolist(), table.worst.tolist()
+    i = 0
+    for step in plan:
+        if isinstance(step, str):
+            v.problem(step)
+            continue
+        if not regular[i]:
+            _compare_row(v, step, policy=policy, stage=stage)
+        else:
+            v.checked += checked[i]
+            if notable[i]:
+                _notable_row(v, step, table, i)
+            v.profile.append((v.rank, step.order, step.name, worst[i]))
+        i += 1
+
+
+def _notable_row(v: RankVerdict, row: _Row, table: StatTable, i: int) -> None:
+    """The drifts and the first non-finite value of regular row ``i`` of ``table``, as :func:`_compare_row` adds
+    them."""
+    dtype = str(dtype_of(row.target))
+    for k, stat in enumerate(STATISTICS):
+        if not table.present[i, k]:
+            continue
+        t_val, g_val = float(table.target[i, k]), float(table.golden[i, k])
+        if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
+            v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+            v._nan_reported = True
+        ratio = float(table.ratio[i, k])
+        if ratio > 1.0:
+            tol = table.tol(dtype, stat, row.name)
+            rel = relative_change(t_val, g_val)
+            v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
 
 
 def _too_different(pairing: Pairing) -> str:
@@ -329,11 +377,40 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.unchecked = [(r, name) for r in shared for name in unsummarised(golden.load(r))]
         verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
-    for rank in shared:
-        verdict.add(compare_rank(target.load(rank), golden.load(rank), policy=policy, stage=golden.name, rank=rank))
+    jobs = [(target, golden, policy, rank) for rank in shared]
+    ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
+    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=_dump_bytes(target, shared)):
+        verdict.add(rank_verdict)
+        ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = _placed(verdict.code_paths, target)
     return verdict
+
+
+def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:
+    """One rank of a stage, read and compared (in a pool's worker where the stage is large).
+
+    A run's dump.json that does not parse fails its rank with the parser's one line (file, byte offset); the
+    other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
+    """
+    try:
+        dumps = [target.load(rank)]
+    except GoldenCorruptError as exc:
+        verdict = RankVerdict(rank)
+        verdict.problem(str(exc))
+        return verdict
+    dumps.append(golden.load(rank))
+    # popped, so compare_rank holds the only references and frees each dump once its rows are named
+    return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
+
+
+def _dump_bytes(target: StageSource, ranks: list[str]) -> int:
+    """Bytes of the run's dump.json files of ``ranks`` (0 for a source that is not a folder on disk)."""
+    folder = getattr(target, "path", None)
+    if folder is None:
+        return 0
+    files = [Path(folder) / "step0" / rank / DUMP for rank in ranks]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePathChange]:

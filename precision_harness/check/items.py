@@ -4,7 +4,8 @@ A target is any directory in verl's dump layout (our run, or verl's ``global_pro
 a golden is a :class:`~precision_harness.goldens.golden.Golden`. :func:`check_items` walks the requested
 items, a ``(step, stage)`` pair (every rank's ``dump.json``) or the ``metrics.jsonl``, verifies the
 golden's files against their sha256, compares, and on a failing stage asks msprobe too (first diff;
-graph for L0/mix). The pytest items (through :class:`~precision_harness.session.PrecisionSession`)
+graph for L0/mix), over the calls around the first divergence of the first divergent rank. The pytest
+items (through :class:`~precision_harness.session.PrecisionSession`)
 and ``precision-harness compare`` both call it, so both give the same verdicts, text and artifacts.
 """
 
@@ -27,6 +28,7 @@ from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.check.judgement import Judgement
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
+from precision_harness.check.msprobe_window import write_window
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import DUMP, METRICS, load_dump, read_metrics
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
@@ -178,10 +180,7 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     artifacts = settings.item_artifacts(golden.step, golden.name)
     answer = None
     if settings.msprobe and artifacts is not None and target.ranks():
-        # msprobe's tools read plain files, and pair by name: the golden goes to them aligned to the run's calls
-        plain = aligned_golden_dir(target.plain_dir(artifacts), golden.plain_dir(artifacts / "golden"), artifacts)
-        _write_tables(target, plain, verdict, artifacts)
-        answer = analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=golden.level in GRAPH_LEVELS)
+        answer = _ask_msprobe(target, golden, verdict, artifacts, full=settings.msprobe_full)
     shown = settings.shown(artifacts) if artifacts is not None else None
     origin = classify(verdict, target, golden) if target.ranks() else None
     reading = verdict_text.Reading(
@@ -208,6 +207,35 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         artifacts=shown,
         origin=origin,
     )
+
+
+def _ask_msprobe(
+    target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path, *, full: bool
+) -> MsprobeAnswer:
+    """msprobe's table and first diff of a failing stage: over the window of its first divergent rank
+    (:mod:`~precision_harness.check.msprobe_window`), or with ``full`` every failing rank whole; its graph for
+    L0/mix over the whole run stage either way."""
+    graph = golden.level in GRAPH_LEVELS
+    window = None if full else write_window(target, golden, verdict, artifacts)
+    if window is None:
+        # msprobe's tools read plain files, and pair by name: the golden goes to them aligned to the run's calls
+        plain = aligned_golden_dir(target.plain_dir(artifacts), golden.plain_dir(artifacts / "golden"), artifacts)
+        _write_tables(target, plain, verdict, artifacts)
+        return analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=graph)
+    t_dump, g_dump = (d / "step0" / window.rank / DUMP for d in (window.target_dir, window.golden_dir))
+    answer = analyze_failure(
+        window.target_dir,
+        window.golden_dir,
+        artifacts,
+        graph=graph,
+        graph_of=target.plain_dir(artifacts) if graph else None,
+    )
+    try:
+        write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{window.rank}.csv")
+    except Exception as exc:  # msprobe's opinion, never the verdict's error (analyze_failure's rule)
+        answer.errors.append(f"compare table: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    answer.scope = window.line
+    return answer
 
 
 def _write_tables(target: StageSource, golden_dir: Path, verdict: StageVerdict, artifacts: Path) -> list[Path]:

@@ -38,6 +38,9 @@ class MsprobeAnswer:
     graphs: list[Path] = field(default_factory=list)  #: ``.vis.db`` files for tensorboard
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: what msprobe read, as the verdict says it (:attr:`~precision_harness.check.msprobe_window.Window.line`);
+    #: empty where it read every failing rank whole
+    scope: str = ""
 
 
 def _import_msprobe_compare():
@@ -140,8 +143,13 @@ def build_graphs(stage_dir: Path, out_dir: Path) -> list[Path]:
     return paths
 
 
-def analyze_failure(target_stage: Path, golden_stage: Path, out_dir: Path, *, graph: bool) -> MsprobeAnswer:
+def analyze_failure(
+    target_stage: Path, golden_stage: Path, out_dir: Path, *, graph: bool, graph_of: Path | None = None
+) -> MsprobeAnswer:
     """DiffAnalyzer's first diff, and (``graph``: L0/mix) the graph database, for one failing stage.
+
+    ``graph_of`` is the stage folder the graph is built from (default ``target_stage``): the whole run stage,
+    where the first diff reads a window of it.
 
     Writes under ``out_dir/first_diff/`` and ``out_dir/graph/``; msprobe's logs go to ``out_dir/msprobe.log``.
     """
@@ -155,7 +163,12 @@ def analyze_failure(target_stage: Path, golden_stage: Path, out_dir: Path, *, gr
         )
     ]
     if graph:
-        steps.append(("GraphBuilder", lambda: setattr(answer, "graphs", build_graphs(target_stage, out_dir / "graph"))))
+        steps.append(
+            (
+                "GraphBuilder",
+                lambda: setattr(answer, "graphs", build_graphs(graph_of or target_stage, out_dir / "graph")),
+            )
+        )
     for tool, fn in steps:
         try:
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():

@@ -281,6 +281,8 @@ def msprobe_rows(reading: Reading) -> list[tuple[str, str]]:
             else "the first output past DiffAnalyzer's 50 % threshold (DiffAnalyzer)"
         )
         rows.append(("msprobe 1st diff", f"{named}: {meaning}"))
+    if answer.scope:
+        rows.append(("msprobe read", answer.scope))
     if answer.graphs and reading.graph_dir is not None:
         rows.append(("graph", f"tensorboard --logdir {reading.graph_dir}"))
     rows += [("msprobe", err) for err in answer.errors[:2]]

@@ -21,6 +21,13 @@ the advantages and returns an update consumes) is invisible to it. The built-in 
 Rows are named the way msprobe's compare names them (``Stage.pg_loss.1.forward.output.0``: the
 loss of micro-batch 1), so the compare, the tolerance and the verdicts treat them as any API row.
 This module imports neither torch nor msprobe.
+
+``dump.json`` is parsed with orjson (:func:`parse_dump`) where it can be: a quarter faster than
+``json.loads`` on a 50 MB dump here (the rest is allocating its millions of small objects, which no parser
+avoids). orjson refuses the bare ``NaN``/``Infinity``/``-Infinity`` msprobe writes for non-finite statistics
+(Python's ``json.dump`` default), and quoting them as sentinels to restore after costs more than it saves
+(they also stand in lists, and finding them again is a walk over every object): a file that holds them, one
+orjson cannot read, and every unreadable file go to ``json.loads``, whose error names the byte offset.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from precision_harness.errors import GoldenCorruptError
 
@@ -58,14 +67,41 @@ def load_dump(path: Path) -> dict[str, Any]:
 
 
 def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
-    """Parse the bytes of an msprobe ``dump.json``; raise GoldenCorruptError naming ``shown``."""
-    try:
-        data = json.loads(content)
-    except ValueError as exc:
-        raise GoldenCorruptError(f"{shown}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
+    """Parse the bytes of an msprobe ``dump.json`` (bare NaN/Infinity allowed) into the same objects
+    ``json.loads`` gives.
+
+    Raises:
+        GoldenCorruptError: not JSON (the message names ``shown`` and the byte offset of the error), or no
+            ``data`` mapping.
+    """
+    data = _fast_parse(content)
+    if data is None:
+        try:
+            data = json.loads(content)
+        except ValueError as exc:
+            raise GoldenCorruptError(f"{shown}: {_where(content, exc)}; re-record it or rerun the stage") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise GoldenCorruptError(f"{shown}: no 'data' mapping; not an msprobe dump.json")
     return data
+
+
+def _fast_parse(content: bytes) -> Any:
+    """orjson's parse of ``content``; None where it holds a bare ``NaN``/``Infinity`` or orjson cannot read it
+    (the caller falls back to ``json.loads``)."""
+    if b"NaN" in content or b"Infinity" in content:
+        return None
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _where(content: bytes, exc: ValueError) -> str:
+    """``not JSON at byte 1234 of 5678 (Expecting ',' delimiter)``: where ``json.loads`` stopped, in bytes."""
+    if isinstance(exc, json.JSONDecodeError):
+        offset = len(exc.doc[: exc.pos].encode("utf-8")) if isinstance(exc.doc, str) else exc.pos
+        return f"not JSON at byte {offset} of {len(content)} ({exc.msg}): a truncated or corrupt msprobe dump.json"
+    return f"not a readable msprobe dump.json ({exc})"
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

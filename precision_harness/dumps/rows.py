@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,14 +35,88 @@ def tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
             yield from tensors(value, f"{path}.{i}" if path else str(i))
 
 
-def _read_op():
+def _msprobe_parser():
+    """msprobe's row parser: ``read_op``, its recursion ``op_item_parse``, its leaf ``gen_op_item``, the name
+    suffix of each argument kind (``CompareConst.IO_NAME_MAPPING``) and its depth limit."""
     try:
-        from msprobe.core.compare.utils import read_op
+        from msprobe.core.common.const import CompareConst, Const
+        from msprobe.core.compare.utils import gen_op_item, op_item_parse, read_op
     except ImportError as exc:
         raise ProbeUnavailableError(
             f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
         ) from None
-    return read_op
+    return _Parser(read_op, op_item_parse, gen_op_item, dict(CompareConst.IO_NAME_MAPPING), Const.MAX_DEPTH)
+
+
+class _Parser:
+    """msprobe's ``read_op`` with its commonest leaf, a plain tensor entry, built inline (module docstring of
+    :func:`rows`); every other leaf, and every API ``read_op`` treats apart, goes to msprobe's own functions."""
+
+    def __init__(self, read_op, op_item_parse, gen_op_item, io_names: dict[str, str], max_depth: int) -> None:
+        self.read_op, self.op_item_parse, self.gen_op_item = read_op, op_item_parse, gen_op_item
+        self.io_names, self.max_depth = io_names, max_depth
+
+    def read(self, op_data: Any, api: str) -> list[dict[str, Any]]:
+        """``read_op(op_data, api)``'s items, equal key for key."""
+        last = api.rsplit(".", 2)[-2:]
+        if _DEBUG in last[-1:] or _PARAMS_GRAD in last or not isinstance(op_data, dict):
+            return self.read_op(op_data, api)
+        found: list[dict[str, Any]] = []
+        for key, suffix in self.io_names.items():
+            if key in op_data:
+                self._parse(op_data[key], api + suffix, key, 0, found)
+        return found
+
+    def _parse(self, node: Any, name: str, state: str, depth: int, out: list[dict[str, Any]]) -> None:
+        """``op_item_parse``'s walk, appending to ``out``."""
+        if state in (_INPUT_ARGS, _INPUT_KWARGS):
+            state = "input"
+        if node is None or depth > self.max_depth or (isinstance(node, dict) and node.get("class_type") == _P2P):
+            out += self.op_item_parse(node, name, state, depth)
+        elif not node:
+            return
+        elif isinstance(node, list):
+            flat = _PARAMS_GRAD in name and _PARAMS_GRAD in name.split(".")
+            for i, value in enumerate(node):
+                at = name if flat else f"{name}.{i}"
+                if type(value) is dict and type(value.get("type")) is str and _plain(value):  # the common leaf
+                    out.append(_tensor_item(value, at, "input" if state in (_INPUT_ARGS, _INPUT_KWARGS) else state))
+                else:
+                    self._parse(value, at, state, depth + 1, out)
+        elif isinstance(node, dict):
+            if isinstance(node.get("type"), str):
+                out.append(_tensor_item(node, name, state) if _plain(node) else self.gen_op_item(node, name, state))
+                return
+            for key, value in node.items():
+                self._parse(value, f"{name}.{key}", state, depth + 1, out)
+
+
+_DEBUG, _PARAMS_GRAD, _P2P = "debug", "parameters_grad", "torch.distributed.P2POp"
+_INPUT_ARGS, _INPUT_KWARGS = "input_args", "input_kwargs"
+
+
+#: the keys of the tensor entry msprobe writes under ``task: statistics``; a leaf with any other key (``md5``,
+#: ``data_name``, ``value``...) goes to ``gen_op_item``
+_TENSOR_KEYS = frozenset({"type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"})
+#: ``gen_op_item``'s md5 of a leaf without ``value``: ``crc32(str(''))``
+_NO_VALUE_MD5 = f"{zlib.crc32(b''):08x}"
+
+
+def _plain(leaf: dict[str, Any]) -> bool:
+    """A tensor entry ``gen_op_item`` reads without a special case: a string dtype other than ``torch.bool``
+    (whose Max and Min are booleans, turned into text), and only :data:`_TENSOR_KEYS`."""
+    dtype = leaf.get("dtype")
+    return type(dtype) is str and dtype != "torch.bool" and dtype != "" and leaf.keys() <= _TENSOR_KEYS
+
+
+def _tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
+    """``gen_op_item(leaf, name, state)`` for a :func:`_plain` leaf, step for step (msprobe.core.compare.utils)."""
+    item = {**leaf, "data_name": "-1", "full_op_name": name, "state": state, "md5": _NO_VALUE_MD5}
+    grad = item.get("requires_grad")
+    item["requires_grad"] = str(grad) if type(grad) is bool else grad
+    for statistic in STATISTICS:
+        item.setdefault(statistic, None)
+    return item
 
 
 def rows(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -56,14 +131,20 @@ def rows(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     ``<api>.input.<key>``. The statistics name is kept for both, so a capture rerun's rows pair with the
     checked run's and the golden's.
 
+    The walk is msprobe's ``read_op`` (``op_item_parse``), with one leaf built inline: a tensor entry with
+    a dtype, the bulk of every dump, which ``gen_op_item`` copies without a special case; every other leaf
+    (scalars, ``torch.Size``, slices, process groups, P2P ops) and every debug or ``parameters_grad`` API is
+    msprobe's own code. The items equal ``read_op``'s key for key (``tests/test_compare_at_scale.py`` checks
+    every committed golden).
+
     Raises:
         ProbeUnavailableError: msprobe is not installed.
     """
-    read_op = _read_op()
+    parser = _msprobe_parser()
     found: dict[str, dict[str, Any]] = {}
     for api, op_data in dump["data"].items():
         kwargs = f"{api}.kwargs."
-        for item in read_op(op_data, api):
+        for item in parser.read(op_data, api):
             item["api"] = api
             name = item["full_op_name"]
             if name.startswith(kwargs):  # one name whatever the task (docstring)
@@ -82,6 +163,8 @@ def to_float(value: Any) -> float | None:
     ``"True"``/``"False"`` (a bool tensor's Max and Min after ``read_op``) read 1.0 and 0.0: unread, every
     causal mask and padding mask of a dump would be compared by nothing.
     """
+    if type(value) is float:  # nearly every statistic: the rest of the checks cost a million calls at 7B
+        return value
     if isinstance(value, str) and value in _BOOLS:
         return _BOOLS[value]
     if value is None or (isinstance(value, str) and value.strip() in ("N/A", "", "None", "-")):

@@ -1,0 +1,330 @@
+"""The compare at the limit (issue 38) gives the verdicts the row-by-row compare gave, row for row.
+
+- msprobe's row names: :func:`rows` equals ``read_op``'s items, key for key, on every committed golden;
+- the orjson parse equals ``json.loads`` on every committed golden payload (non-finite values included);
+- every Drift, Problem, profile entry, count and changed code path of the vectorised :func:`compare_rank`
+  equals the row-by-row reference's (the compare as b9eb971 ran it, below) on every committed golden
+  stage, perturbed, and on synthetic plants of each failure mode;
+- a truncated dump.json fails its rank with one line naming the file and the byte offset; the other ranks
+  and stages still get their verdicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+from harness_testing import base_data, tensor, write_dump
+
+from precision_harness.check import compare, rank_pool
+from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.code_path import BlockRows, by_call, evaluate
+from precision_harness.check.item_key import ItemKey
+from precision_harness.check.items import check_items
+from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps.files import parse_dump
+from precision_harness.dumps.pairing import aligned_golden, pair_calls
+from precision_harness.dumps.rows import rows
+from precision_harness.dumps.stage import DirStage
+from precision_harness.goldens.golden import Golden
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDENS = sorted(p.parent for p in ROOT.glob("golden/*/*/manifest.json"))
+POLICIES = {
+    "default": TolerancePolicy(),
+    "overrides": TolerancePolicy.from_config(
+        {
+            "dtypes": {"float32": {"rtol": 1e-3}},
+            "statistics": {"Mean": {"atol": 1e-4}},
+            "apis": {"*linear*": {"rtol": 0.5}},
+        }
+    ),
+    "exact": TolerancePolicy(mode="exact"),
+}
+
+
+def read_op_rows(dump: dict) -> dict[str, dict]:
+    """The rows as msprobe's ``read_op`` gives them (the parser rows() stood on before issue 38)."""
+    from msprobe.core.compare.utils import read_op
+
+    found = {}
+    for api, op_data in dump["data"].items():
+        kwargs = f"{api}.kwargs."
+        for item in read_op(op_data, api):
+            item["api"] = api
+            name = item["full_op_name"]
+            if name.startswith(kwargs):
+                name = item["full_op_name"] = f"{api}.input.{name[len(kwargs) :]}"
+            found[name] = item
+    return found
+
+
+def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: str, rank: str) -> compare.RankVerdict:
+    """The reference: compare_rank as it ran before issue 38, every row through ``_compare_row``."""
+    verdict = compare.RankVerdict(rank)
+    pairing = pair_calls(t_dump, g_dump)
+    if not pairing.alignable:
+        verdict.problem(compare._too_different(pairing))
+        return verdict
+    t_rows, g_rows = read_op_rows(t_dump), read_op_rows(aligned_golden(g_dump, pairing))
+    in_blocks = {api for block in pairing.blocks for api in block.target}
+    first_row: dict[str, int] = {}
+    for order, (name, t_item) in enumerate(t_rows.items()):
+        first_row.setdefault(str(t_item["api"]), order)
+        if t_item["api"] in in_blocks:
+            continue
+        g_item = g_rows.get(name)
+        if g_item is None:
+            verdict.problem(f"{name}: not in the golden")
+            continue
+        compare._compare_row(verdict, compare._Row(name, order, t_item, g_item), policy=policy, stage=stage)
+    for name in g_rows:
+        if name not in t_rows:
+            verdict.problem(f"{name}: in the golden but missing from this run")
+    block_rows = BlockRows(by_call(t_rows), by_call(read_op_rows(g_dump)), policy, stage)
+    for block in pairing.blocks:
+        at = block.target[0] if block.target else (block.after[0] if block.after else None)
+        order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
+        verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
+    return verdict
+
+
+def same_floats(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def assert_same_verdict(new: compare.RankVerdict, ref: compare.RankVerdict) -> None:
+    assert new.checked == ref.checked
+    assert new.problems == ref.problems
+    assert len(new.drifts) == len(ref.drifts)
+    for a, b in zip(new.drifts, ref.drifts, strict=True):
+        assert (a.tensor, a.statistic, a.tol, a.order, a.rank) == (b.tensor, b.statistic, b.tol, b.order, b.rank)
+        assert all(same_floats(x, y) for x, y in ((a.golden, b.golden), (a.target, b.target), (a.rel, b.rel)))
+        assert a.ratio == b.ratio
+    assert new.profile == ref.profile
+    assert new.code_paths == ref.code_paths
+
+
+def scaled(node, factor: float, i: list[int]) -> None:
+    """Every Max/Min/Mean/Norm below ``node`` times ``1 + factor`` or ``1 - factor``, alternating."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("Max", "Min", "Mean", "Norm") and isinstance(value, float):
+                i[0] += 1
+                node[key] = value * (1 + factor if i[0] % 2 else 1 - factor)
+            else:
+                scaled(value, factor, i)
+    elif isinstance(node, list):
+        for value in node:
+            scaled(value, factor, i)
+
+
+def golden_stages():
+    for path in GOLDENS:
+        golden = Golden.from_dir(path)
+        for step, stage in sorted(golden.stages()):
+            yield pytest.param(path, step, stage, id=f"{path.parent.name}-{path.name}-{step}-{stage}")
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_rows_are_msprobes_read_op_and_the_parse_is_json_loads(path: Path) -> None:
+    golden = Golden.from_dir(path)
+    for step, stage in sorted(golden.stages()):
+        source = golden.stage(step, stage)
+        for rank in source.ranks():
+            content = golden.read(f"step_{step}/{stage}/step0/{rank}/dump.json")
+            dump = parse_dump(content, shown="dump.json")
+            reference = json.loads(content)
+            assert json.dumps(dump, sort_keys=True) == json.dumps(reference, sort_keys=True)
+            assert list(rows(dump).items()) == list(read_op_rows(reference).items())
+
+
+@pytest.mark.parametrize(("path", "step", "stage"), list(golden_stages()))
+def test_every_golden_stage_perturbed_gets_the_row_by_row_verdict(path: Path, step: int, stage: str) -> None:
+    source = Golden.from_dir(path).stage(step, stage)
+    for rank in source.ranks():
+        golden = source.load(rank)
+        for factor, policy in ((5e-10, "default"), (5e-4, "default"), (5e-4, "overrides")):
+            target = copy.deepcopy(golden)
+            scaled(target["data"], factor, [0])
+            args = {"policy": POLICIES[policy], "stage": stage, "rank": rank}
+            assert_same_verdict(compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args))
+
+
+def plants() -> dict[str, tuple[dict, dict]]:
+    """(target data, golden data) of each failure mode tests/test_compare.py and test_code_path.py plant."""
+    golden = base_data()
+    out: dict[str, tuple[dict, dict]] = {}
+
+    def planted(name: str, edit) -> None:
+        target = copy.deepcopy(golden)
+        edit(target)
+        out[name] = (target, golden)
+
+    softmax, linear = "Functional.softmax.0.forward", "Functional.linear.0.forward"
+    planted("identical", lambda d: None)
+    planted("beyond", lambda d: d[softmax]["output"][0].update(Max=0.95))
+    planted("within", lambda d: d[softmax]["output"][0].update(Max=0.9 * (1 + 1e-8)))
+    planted("mean_near_zero", lambda d: d[linear]["output"][0].update(Mean=0.0100004))
+    planted("nan", lambda d: d[softmax]["output"][0].update(Max=float("nan"), Min=float("-inf")))
+    planted("inf_both", lambda d: [d[softmax]["output"][0].update(Max=float("inf"))])
+    planted("dtype", lambda d: d[softmax]["output"][0].update(dtype="torch.bfloat16"))
+    planted("shape", lambda d: d[softmax]["output"][0].update(shape=[2, 4, 9]))
+    planted("stat_missing", lambda d: d[softmax]["output"][0].update(Norm=None))
+    planted("stat_na", lambda d: d[softmax]["output"][0].update(Norm="N/A"))
+    planted("zero_allowance", lambda d: d["Functional.embedding.0.forward"]["input_args"][0].update(Max=10))
+    planted("extra_output", lambda d: d[softmax]["output"].append(tensor()))
+    planted("missing_output", lambda d: d[softmax]["output"].pop())
+    planted("scalar", lambda d: d[softmax]["input_kwargs"].update(dim={"type": "int", "value": -1}))
+    planted("extra_call", lambda d: d.update({"Functional.gelu.0.forward": d[softmax]}))
+    planted("replaced_call", lambda d: d.update({"Tensor.__mul__.0.forward": d.pop(linear)}))
+    out["scalar_changed"] = (
+        {**golden, softmax: {**golden[softmax], "input_kwargs": {"dim": {"type": "int", "value": 2}}}},
+        {**golden, softmax: {**golden[softmax], "input_kwargs": {"dim": {"type": "int", "value": 1}}}},
+    )
+    out["too_different"] = ({"Functional.relu.0.forward": golden[softmax]}, golden)
+    return out
+
+
+@pytest.mark.parametrize("plant", list(plants()))
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> None:
+    target, golden = (json.loads(json.dumps({"data": d})) for d in plants()[plant])
+    args = {"policy": POLICIES[policy], "stage": "actor_update", "rank": "rank0"}
+    new, ref = compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args)
+    assert_same_verdict(new, ref)
+    if plant not in ("identical", "within", "inf_both", "mean_near_zero") and policy != "exact":
+        assert not new.passed or new.code_paths  # the plant is seen, not compared away
+
+
+def two_rank_stage(tmp_path: Path, *, truncate: bool) -> tuple[DirStage, DirStage]:
+    """A golden and a run of two ranks; rank0 drifts, rank1's dump.json is cut short when ``truncate``."""
+    for rank in ("rank0", "rank1"):
+        write_dump(tmp_path / "golden" / "step_1" / "actor_update", base_data(), rank)
+        drifted = base_data()
+        drifted["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.95
+        path = write_dump(tmp_path / "run" / "step_1" / "actor_update", drifted, rank)
+        if truncate and rank == "rank1":
+            path.write_bytes(path.read_bytes()[:700])
+    return DirStage(tmp_path / "run" / "step_1" / "actor_update"), DirStage(
+        tmp_path / "golden" / "step_1" / "actor_update"
+    )
+
+
+def test_a_truncated_dump_fails_its_rank_naming_file_and_byte_offset_and_the_other_rank_is_compared(
+    tmp_path: Path,
+) -> None:
+    run, golden = two_rank_stage(tmp_path, truncate=True)
+    verdict = compare.compare_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy()))
+    (problem,) = verdict.problems
+    assert problem.rank == "rank1"
+    assert str(run.path / "step0" / "rank1" / "dump.json") in problem.text
+    content = (run.path / "step0" / "rank1" / "dump.json").read_text()
+    with pytest.raises(json.JSONDecodeError) as stopped:
+        json.loads(content)
+    assert f"not JSON at byte {stopped.value.pos} of 700 (" in problem.text and "\n" not in problem.text
+    assert [d.rank for d in verdict.drifts] == ["rank0"]  # the other rank still gets its verdict
+
+
+def test_a_corrupt_stage_among_others_fails_alone(tmp_path: Path) -> None:
+    """check_items over a run whose one stage is corrupt: that stage fails, the next one is still compared."""
+    for stage in ("actor_update", "critic_update"):
+        for side in ("golden", "run"):
+            write_dump(tmp_path / side / "step_1" / stage, base_data())
+    (tmp_path / "run" / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json").write_bytes(b'{"data": {"x": [')
+    golden = Golden.from_run_dir(tmp_path / "golden")
+    keys = [ItemKey(1, "actor_update"), ItemKey(1, "critic_update")]
+    outcomes = dict(check_items(tmp_path / "run", golden, keys, CheckSettings(scenario="s", policy=TolerancePolicy())))
+    assert not outcomes[keys[0]].passed and "not JSON at byte 16 of 16" in outcomes[keys[0]].text
+    assert outcomes[keys[1]].passed
+
+
+def test_the_pool_gives_the_verdict_the_process_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if rank_pool.cores() < 2:
+        pytest.skip("one core: the pool is never used")
+    run, golden = two_rank_stage(tmp_path, truncate=False)
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy())
+    here = compare.compare_stage(run, golden, settings)
+    monkeypatch.setattr(rank_pool, "MIN_POOL_BYTES", 0)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    pooled = compare.compare_stage(run, golden, settings)
+    assert rank_pool._pool is not None  # it ran in the pool
+    assert (pooled.drifts, pooled.problems, pooled.profile, pooled.checked) == (
+        here.drifts,
+        here.problems,
+        here.profile,
+        here.checked,
+    )
+
+
+def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past COMPARE_QUIET_S a stage reports every rank it compared; before it, nothing (set to 0 and to 1 hour)."""
+    from precision_harness import progress
+
+    run, golden = two_rank_stage(tmp_path, truncate=False)
+    lines: list[str] = []
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), progress=lines.append)
+    monkeypatch.setattr(progress, "COMPARE_QUIET_S", 3600.0)
+    compare.compare_stage(run, golden, settings)
+    assert lines == []
+    monkeypatch.setattr(progress, "COMPARE_QUIET_S", 0.0)
+    compare.compare_stage(run, golden, settings)
+    assert [line.split(" (")[0] for line in lines] == [
+        "step_1/actor_update: rank0 compared",
+        "step_1/actor_update: rank1 compared",
+    ]
+    assert lines[1].split(" (")[1].startswith("2/2 ranks, ")
+
+
+def long_stage(tmp_path: Path, calls: int = 600, at: int = 450) -> tuple[DirStage, DirStage]:
+    """Two ranks of ``calls`` linear calls each; from call ``at`` on, rank1's outputs drift, and rank0's from
+    call ``at + 50`` on (rank1 diverges first)."""
+    for side in ("golden", "run"):
+        for rank, start in (("rank0", at + 50), ("rank1", at)):
+            data = {}
+            for i in range(calls):
+                moved = side == "run" and i >= start
+                data[f"Functional.linear.{i}.forward"] = {
+                    "input_args": [tensor(Max=1.0 + i)],
+                    "output": [tensor(Max=(2.0 + i) * (1.1 if moved else 1.0))],
+                }
+            write_dump(tmp_path / side / "step_1" / "actor_update", data, rank)
+    return DirStage(tmp_path / "run" / "step_1" / "actor_update"), DirStage(
+        tmp_path / "golden" / "step_1" / "actor_update"
+    )
+
+
+def test_msprobe_reads_the_first_divergent_rank_around_its_first_divergence_and_says_so(tmp_path: Path) -> None:
+    from precision_harness.check.items import check_stage
+    from precision_harness.check.msprobe_window import WINDOW_CALLS
+
+    run, golden = long_stage(tmp_path)
+    artifacts = tmp_path / "art"
+    out = check_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=artifacts))
+    stage_art = artifacts / "step_1" / "actor_update"
+    assert sorted(p.name for p in stage_art.glob("compare_result_*.csv")) == ["compare_result_rank1.csv"]
+    window = json.loads((stage_art / "msprobe_window" / "run" / "step0" / "rank1" / "dump.json").read_text())
+    calls = list(window["data"])
+    assert calls[0] == f"Functional.linear.{450 - WINDOW_CALLS}.forward" and len(calls) == 2 * WINDOW_CALLS + 1 - 51
+    table = (stage_art / "compare_result_rank1.csv").read_text().splitlines()
+    assert len(table) - 1 == 2 * len(calls)  # msprobe's rows: an input and an output per call of the window
+    line = next(x for x in out.text.splitlines() if "msprobe read" in x)
+    assert "rank1, calls 250-599 of 600 (around its first divergence); not analysed: rank0" in line
+    assert "--precision-msprobe-full" in line
+
+
+def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
+    from precision_harness.check.items import check_stage
+
+    run, golden = long_stage(tmp_path)
+    artifacts = tmp_path / "art"
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=artifacts, msprobe_full=True)
+    out = check_stage(run, golden, settings)
+    stage_art = artifacts / "step_1" / "actor_update"
+    tables = sorted(stage_art.glob("compare_result_*.csv"))
+    assert [p.name for p in tables] == ["compare_result_rank0.csv", "compare_result_rank1.csv"]
+    assert all(len(p.read_text().splitlines()) - 1 == 2 * 600 for p in tables)
+    assert "msprobe read" not in out.text and not (stage_art / "msprobe_window").exists()
