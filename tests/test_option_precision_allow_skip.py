@@ -4,6 +4,7 @@ many were skipped and why. No scenario runs in these tests."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def test_absent_device_skips_with_the_opt_in_and_the_summary_says_why(pytester: 
 
 
 def _verl_example_without_verl(pytester: pytest.Pytester) -> None:
+    # the gate it starts sees only this test's setting, not a variable an earlier test of the session left set
+    for key in [k for k in os.environ if k.startswith(("PRECISION_", "RAY_")) and k != "PRECISION_REQUIRE_VERL"]:
+        pytester._monkeypatch.delenv(key)
     for name in ("scenarios", "golden", "data", "model", "pytest.ini", "reward.py"):
         src = VERL_EXAMPLE / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, pytester.path / name)
