@@ -137,7 +137,7 @@ def test_the_changed_call_is_placed_in_the_model_code_that_made_it(tmp_path: Pat
         "File /venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1789, in _call_impl, \n return f()",
         "File /venv/lib/python3.11/site-packages/transformers/models/qwen2/modeling_qwen2.py, line 89, in forward, \n"
         " freqs = position_ids[..., None].float() * self.inv_freq",
-        "File /work/precision_harness/runs/runner/stages.py, line 41, in _forward_logits, \n out = model(x)",
+        "File /srv/project/precision_harness/runs/runner/stages.py, line 41, in _forward_logits, \n out = model(x)",
     ]
     check(tmp_path, rope(new=False), rope(new=True))
     stack = tmp_path / "target/step_1/actor_compute_log_prob/step0/rank0/stack.json"
