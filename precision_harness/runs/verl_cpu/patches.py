@@ -187,7 +187,4 @@ def apply(version: str) -> None:
     Raises:
         RuntimeError: ``version`` is not one the patches were checked against (one line).
     """
-    if version not in SUPPORTED_VERSIONS:
-        raise RuntimeError(unsupported_version_message(version))
-    for module, patch in DEFERRED:
-        on_import.when_imported(module, patch)
+    on_import.apply_checked(version, SUPPORTED_VERSIONS, unsupported_version_message(version), DEFERRED)

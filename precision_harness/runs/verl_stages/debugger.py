@@ -106,7 +106,4 @@ def apply(version: str) -> None:
     Raises:
         RuntimeError: ``version`` is not one the patches were checked against (one line).
     """
-    if version not in SUPPORTED_VERSIONS:
-        raise RuntimeError(stage_window_version_message(version))
-    for module, patch in DEFERRED:
-        on_import.when_imported(module, patch)
+    on_import.apply_checked(version, SUPPORTED_VERSIONS, stage_window_version_message(version), DEFERRED)

@@ -69,3 +69,16 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
                 sys.meta_path.insert(0, _FINDER)
     if module is not None:
         callback(module)
+
+
+def apply_checked(version: str, supported: tuple[str, ...], refusal: str, patches: tuple[tuple[str, Any], ...]) -> None:
+    """Apply each ``(module, patch)`` of ``patches`` when its module is first imported (now if it already is), after
+    checking ``version`` is one of ``supported``.
+
+    Raises:
+        RuntimeError: ``refusal`` (one line), when ``version`` is not supported.
+    """
+    if version not in supported:
+        raise RuntimeError(refusal)
+    for module, patch in patches:
+        when_imported(module, patch)
