@@ -1,4 +1,4 @@
-"""A real upgrade, end to end: the built-in gate under transformers 5.23.0 against goldens recorded with 5.10.4.
+"""A real upgrade, end to end: two built-in scenarios under transformers 5.23.0 against goldens recorded with 5.10.4.
 
 5.23.0 forms RoPE's frequencies with one ``Tensor.__mul__`` where 5.10.4 records a ``Tensor.__matmul__``: one
 call per model forward, and msprobe renumbers every later ``Tensor.__mul__``. Paired by name, the gate failed 74
@@ -32,14 +32,27 @@ CAUSE = "transformers 5.10.4 -> 5.23.0"
 CHANGE = "Tensor.__matmul__ -> Tensor.__mul__"
 
 
+#: two built-in scenarios that between them run every stage kind the gate dumps (the rest of scenarios/ adds
+#: algorithm settings over the same model, which this upgrade does not reach; ``make gate`` checks them all)
+SCENARIOS = ["scenarios/ppo_gae_tiny.yaml", "scenarios/grpo_bf16_rollout.yaml"]
+STAGE_KINDS = {
+    "rollout_generate",
+    "actor_compute_log_prob",
+    "ref_compute_log_prob",
+    "compute_values",
+    "critic_update",
+    "actor_update",
+}
+
+
 @pytest.fixture(scope="module")
 def upgraded(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
-    """The gate of scenarios/ and precision_tests/ under transformers 5.23.0: its output and report.json."""
+    """The gate of :data:`SCENARIOS` under transformers 5.23.0: its output and report.json."""
     if not (UPGRADE / "transformers").is_dir():
         pytest.fail(f"{UPGRADE} holds no transformers: `make test` installs constraints/transformers-5.23.txt there")
     out = tmp_path_factory.mktemp("upgrade")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(UPGRADE), os.environ.get("PYTHONPATH")) if p)}
-    args = ["scenarios", "precision_tests", "--precision-artifacts", str(out / "art"), "--precision-report"]
+    args = [*SCENARIOS, "--precision-artifacts", str(out / "art"), "--precision-report"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(out / "rep")],
         cwd=ROOT,
@@ -56,7 +69,8 @@ def test_the_gate_passes_the_upgrade(upgraded) -> None:
     proc, report = upgraded
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     jsonschema.validate(report, load_schema("report"))
-    assert report["summary"]["failed"] == 0 and report["summary"]["items"] >= 80
+    assert report["summary"]["failed"] == 0
+    assert {r["stage"] for r in report["items"]} >= STAGE_KINDS, "a stage kind went unchecked"
 
 
 def test_every_stage_names_the_changed_code_path_and_its_cause(upgraded) -> None:

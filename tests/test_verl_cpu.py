@@ -149,8 +149,8 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert env["VERL_USE_EXTERNAL_MODULES"] == (
-        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_rank_stack,"
-        "precision_harness.runs.verl_fsdp2_buffers"
+        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_stages.extension,"
+        "precision_harness.runs.verl_rank_stack,precision_harness.runs.verl_fsdp2_buffers"
     )
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_CPU_KERNELS"] == "portable"
