@@ -2,10 +2,12 @@
 
 ``precision-harness calibrate SCENARIO --runs N`` reruns the scenario N times, each in a fresh
 process (a process restart), compares every stage dump with the golden, and records in the golden's
-manifest, per stage and statistic, the largest relative change observed (``noise``). On the CPU each
+manifest (``noise``), per stage, tensor row and statistic, the largest relative change observed over the row's
+own scale (``noise.rows``, the rows that moved only), and per stage and statistic the largest of its rows
+(``noise.stages``). On the CPU each
 rerun also takes another thread count (1, 2, 4, ... over OMP/MKL and ``torch.set_num_threads``); on a
 GPU or NPU the reruns keep the scenario's settings, so what they measure is the device and stack's
-own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses
+own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses, for each row,
 ``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`),
 and :func:`proposed_tolerance` writes the same figures as a ``tolerance:`` block for the scenario file.
 
