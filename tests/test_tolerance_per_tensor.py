@@ -11,6 +11,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from harness_testing import TINY, base_data, tensor, write_dump
 from test_golden import fake_run
@@ -123,20 +124,32 @@ def test_cross_device_atol_scales_with_the_cross_device_rtol() -> None:
     assert p.for_metric("actor/pg_loss") == Tol(1e-3, ATOL_FLOOR["float32"])
 
 
-def test_row_bounds_are_for_tensor_of_each_statistic() -> None:
-    policy = TolerancePolicy.from_config({"statistics": {"Mean": {"atol": 1e-4}}}).with_noise(_row_noise())
-    for name in (NEAR_ZERO_ROW, SMALL_ROW):
-        rtols, atols = policy.row_bounds(dtype="torch.float32", stage=STAGE, name=name, rms=1.0)
-        tols = [
-            policy.for_tensor(dtype="torch.float32", stage=STAGE, statistic=s, api=name, rms=1.0) for s in STATISTICS
-        ]
-        assert (rtols, atols) == ([t.rtol for t in tols], [t.atol for t in tols])
-    ints = [policy.for_tensor(dtype="torch.int64", stage=STAGE, statistic=s, api=SMALL_ROW) for s in STATISTICS]
-    assert policy.row_bounds(dtype="torch.int64", stage=STAGE, name=SMALL_ROW, rms=1.0) == (
-        [0.0] * 4,
-        [t.atol for t in ints],
+@pytest.mark.parametrize("noise", [None, "rows", "stages"])
+def test_tolerance_arrays_are_for_tensor_of_every_statistic(noise: str | None) -> None:
+    """The compare's vectorised rows get, float for float, what :meth:`TolerancePolicy.for_tensor` gives."""
+    section = {"statistics": {"Mean": {"atol": 1e-4}}, "apis": {"Functional.softmax.*": {"rtol": 1e-3}}}
+    calibrated = {
+        None: None,
+        "rows": _row_noise({STAGE: {NEAR_ZERO_ROW: {"Max": 0.5}, "Torch.argmax.0.forward.output.0": {"Max": 0.5}}}),
+        "stages": {"runs": 2, "k": 3.0, "stages": {STAGE: {"Max": 1e-4, "Min": 0.0, "Mean": 2e-6, "Norm": 0.0}}},
+    }[noise]
+    policy = TolerancePolicy.from_config(section).with_noise(calibrated)
+    rows = [
+        ("torch.float32", NEAR_ZERO_ROW, 1.0),
+        ("torch.float32", SMALL_ROW, 1e-6),
+        ("torch.bfloat16", SMALL_ROW, math.nan),
+        ("torch.float16", SMALL_ROW, math.inf),
+        ("torch.float32", SMALL_ROW, 0.0),
+        ("torch.int64", "Torch.argmax.0.forward.output.0", 3.0),
+    ]
+    rtol, atol = policy.tolerance_arrays(
+        stage=STAGE, dtypes=[r[0] for r in rows], names=[r[1] for r in rows], rms=np.array([r[2] for r in rows])
     )
-    assert [t.atol for t in ints] == [0.0, 0.0, 1e-4, 0.0]  # exact, but for the rule that says otherwise
+    for i, (dtype, name, rms) in enumerate(rows):
+        for k, stat in enumerate(STATISTICS):
+            tol = policy.for_tensor(dtype=dtype, stage=STAGE, statistic=stat, api=name, rms=rms)
+            assert (rtol[i, k], atol[i, k]) == (tol.rtol, tol.atol), (dtype, name, stat)
+    assert [float(a) for a in atol[-1]] == [0.0, 0.0, 1e-4, 0.0]  # an integer row: exact, but for the rule
 
 
 # ------------------------------------------------------------------------------ calibration per row

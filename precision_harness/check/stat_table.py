@@ -60,31 +60,34 @@ class StatTable:
         self, pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], policy: TolerancePolicy, stage: str
     ):
         n = len(pairs)
-        self._policy, self._stage = policy, stage
         self.regular = np.zeros(n, dtype=bool)
         values = np.full((2, n, 4), np.nan)
         self.present = np.zeros((n, 4), dtype=bool)
-        tols = np.zeros((2, n, 4))  # rtol, atol
         scale = np.full(n, np.nan)
-        for i, (name, t_item, g_item) in enumerate(pairs):
-            found = self._read(name, t_item, g_item)
+        dtypes = [""] * n
+        for i, (_, t_item, g_item) in enumerate(pairs):
+            found = self._read(t_item, g_item)
             if found is None:
                 continue
-            t_stats, g_stats, (rtol, atol), mean_scale = found
-            self.regular[i] = True
+            t_stats, g_stats, mean_scale = found
+            self.regular[i], dtypes[i] = True, str(dtype_of(t_item))
             values[0, i], values[1, i] = _nan_for_none(t_stats), _nan_for_none(g_stats)
             self.present[i] = [v is not None for v in t_stats]
-            tols[0, i], tols[1, i] = rtol, atol
             scale[i] = np.nan if mean_scale is None else mean_scale
         self.target, self.golden = values
-        self.rtol, self.atol = tols
+        self.rtol, self.atol = np.zeros((n, 4)), np.zeros((n, 4))
+        judged = np.flatnonzero(self.regular)
+        self.rtol[judged], self.atol[judged] = policy.tolerance_arrays(
+            stage=stage, dtypes=[dtypes[i] for i in judged], names=[pairs[i][0] for i in judged], rms=scale[judged]
+        )
+        tols = np.stack([self.rtol, self.atol])
         self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, scale), 0.0)
         self.worst = self.ratio.max(axis=1, initial=0.0)
         nonfinite = ~np.isfinite(self.target) & np.isfinite(self.golden) & self.present
         self.notable = self.regular & ((self.ratio > 1.0).any(axis=1) | nonfinite.any(axis=1))
 
-    def _read(self, name: str, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
-        """``(target stats, golden stats, (rtols, atols), Mean's scale)`` of a regular row; None otherwise."""
+    def _read(self, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
+        """``(target stats, golden stats, the golden's RMS)`` of a regular row; None otherwise."""
         t_dtype = dtype_of(t_item)
         if t_dtype != dtype_of(g_item) or t_item.get("shape") != g_item.get("shape"):
             return None
@@ -96,12 +99,10 @@ class StatTable:
             or all(t is None for t in t_stats)  # compared by nothing: the row-by-row path says so
         ):
             return None
-        scale = rms(g_stats[3], t_item.get("shape"))
-        bounds = self._policy.row_bounds(dtype=str(t_dtype), stage=self._stage, name=name, rms=scale)
-        return t_stats, g_stats, bounds, scale
+        return t_stats, g_stats, rms(g_stats[3], t_item.get("shape"))
 
     def tol(self, i: int, k: int) -> Tol:
-        """The tolerance regular row ``i``'s statistic ``k`` was judged by (``policy.row_bounds``)."""
+        """The tolerance regular row ``i``'s statistic ``k`` was judged by (``policy.tolerance_arrays``)."""
         return Tol(float(self.rtol[i, k]), float(self.atol[i, k]))
 
 

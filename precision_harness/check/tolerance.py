@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from precision_harness.dumps.statistics import STATISTICS
 
@@ -228,25 +230,53 @@ class TolerancePolicy:
         observed = self._observed(stage, api, statistic)
         return Tol(max(rtol, self.noise_k * observed) if observed else rtol, atol)
 
-    def row_bounds(self, *, dtype: str, stage: str, name: str, rms: float | None) -> tuple[list[float], list[float]]:
-        """``(rtols, atols)`` of one tensor row's four statistics in :data:`STATISTICS` order, each what
-        :meth:`for_tensor` gives: the compare's vectorised rows (``check/stat_table.py``) take them per row,
-        since the atol scales with the row's RMS and calibrated noise is the row's own."""
+    def tolerance_arrays(
+        self, *, stage: str, dtypes: Sequence[str], names: Sequence[str], rms: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rtol, atol)``, each ``(rows, 4)`` float64 in :data:`STATISTICS` order: :meth:`for_tensor` of every
+        statistic of every row, the same floats, for the compare's vectorised rows (``check/stat_table.py``).
+
+        Args:
+            dtypes, names: each row's msprobe dtype string and row name.
+            rms: ``(rows,)`` float64, each golden tensor's ``Norm / sqrt(numel)`` (NaN where unknown).
+        """
+        n = len(names)
         if self.exact:
-            return [0.0] * 4, [0.0] * 4
-        d = short_dtype(dtype)
-        rules = [self._rule(d, stage, s, name) for s in STATISTICS]
-        rtols = [rtol for rtol, _ in rules]
-        if d not in DTYPE_DEFAULTS:
-            return rtols, [0.0 if atol is None else atol for _, atol in rules]
-        atols = [
-            scaled_atol(d, s, rtol, rms) if atol is None else atol
-            for s, (rtol, atol) in zip(STATISTICS, rules, strict=True)
-        ]
+            return np.zeros((n, 4)), np.zeros((n, 4))
+        rules: dict[tuple[str, str], tuple[list[float], list[float], float]] = {}
+        per_row = []
+        for dtype, name in zip(dtypes, names, strict=True):
+            key = (dtype, name if self.apis else "")
+            rule = rules.get(key)
+            if rule is None:
+                rule = rules[key] = self._row_rule(short_dtype(dtype), stage, name)
+            per_row.append(rule)
+        rtol = np.array([r[0] for r in per_row], dtype=float).reshape(n, 4)
+        atol = np.array([r[1] for r in per_row], dtype=float).reshape(n, 4)
+        floor = np.array([r[2] for r in per_row], dtype=float)
+        with np.errstate(invalid="ignore"):
+            by_rms = np.fmax(floor[:, None], rtol * np.where(np.isfinite(rms), np.abs(rms), np.nan)[:, None])
+        scales = np.array([s in RMS_ATOL_STATISTICS for s in STATISTICS])
+        atol = np.where(np.isnan(atol), np.where(scales, by_rms, floor[:, None]), atol)
         if self.noise or self.row_noise:
-            observed = [self._observed(stage, name, s) for s in STATISTICS]
-            rtols = [max(rtol, self.noise_k * o) if o else rtol for rtol, o in zip(rtols, observed, strict=True)]
-        return rtols, atols
+            self._widen(rtol, stage, names, ~np.isnan(floor))
+        return rtol, atol
+
+    def _row_rule(self, d: str, stage: str, name: str) -> tuple[list[float], list[float], float]:
+        """A row's rtols and atols (NaN: scaled with its RMS) of each statistic, and its dtype's floor (NaN for
+        integer and bool rows, which are never scaled nor calibrated)."""
+        rules = [self._rule(d, stage, s, name) for s in STATISTICS]
+        if d not in DTYPE_DEFAULTS:
+            return [r for r, _ in rules], [0.0 if a is None else a for _, a in rules], math.nan
+        return [r for r, _ in rules], [math.nan if a is None else a for _, a in rules], ATOL_FLOOR[d]
+
+    def _widen(self, rtol: np.ndarray, stage: str, names: Sequence[str], floats: np.ndarray) -> None:
+        """``rtol`` widened in place by calibrated noise, as :meth:`for_tensor` widens it (float rows only)."""
+        for i in np.flatnonzero(floats).tolist():
+            for k, statistic in enumerate(STATISTICS):
+                observed = self._observed(stage, names[i], statistic)
+                if observed:
+                    rtol[i, k] = max(rtol[i, k], self.noise_k * observed)
 
     def _rule(self, d: str, stage: str, statistic: str, api: str) -> tuple[float, float | None]:
         """``(rtol, atol)`` from the defaults and overrides; atol None where no rule sets it (it scales)."""
