@@ -239,7 +239,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     results = reruns(scenario, runs=args.runs, work_dir=work, run=run, on_run=on_run, device=device)
     noise = calibrate(scenario, golden, results, k=args.k, device=device)
     changed = store.set_noise(scenario.name, device, noise)
-    for line in noise_table(scenario, noise):
+    for line in noise_table(noise):
         _print(line)
     _print(f"golden {'updated' if changed else 'unchanged'}: {store.path(scenario.name, device) / 'manifest.json'}")
     _print_proposal(proposed_tolerance(noise), work / "tolerance.proposed.yaml")

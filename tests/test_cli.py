@@ -16,6 +16,8 @@ from harness_testing import export_golden, replace_payload, run_cli, write_dump
 from precision_harness.check.calibrate import proposed_tolerance
 from precision_harness.cli import main
 from precision_harness.dumps.files import sha256_file
+from precision_harness.dumps.rows import rows
+from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.golden import Golden
 from precision_harness.options import OPTIONS
 
@@ -172,6 +174,14 @@ def test_run_then_calibrate(recorded_project: Path, tmp_path: Path) -> None:
         and set(noise["stages"])
         == {"actor_compute_log_prob", "ref_compute_log_prob", "compute_values", "critic_update", "actor_update"}
     )
+    # per row: only the rows that moved, each statistic over the row's own scale; a stage's figure is its largest row
+    assert noise["rows"] and all(noise["rows"][stage] for stage in proposal["tolerance"]["stages"])
+    for stage, moved in noise["rows"].items():
+        golden = Golden.from_dir(p / "golden/tiny_ppo/cpu")
+        golden_rows = {name for step in (1, 2) for name in rows(golden.stage(step, stage).load("rank0"))}
+        assert set(moved) <= set(golden_rows) and all(v > 0 for row in moved.values() for v in row.values())
+        assert noise["stages"][stage] == {s: max(row.get(s, 0.0) for row in moved.values()) for s in STATISTICS}
+    print(f"noise: {len(json.dumps(noise))} bytes, {sum(map(len, noise['rows'].values()))} rows moved")
     assert main(["golden", "verify", "--golden-dir", str(p / "golden")]) == 0
 
 

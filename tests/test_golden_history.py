@@ -18,7 +18,7 @@ from bisect_repo import git
 from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.tolerance import DTYPE_DEFAULTS, METRIC_DEFAULT
+from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.cli import main
 from precision_harness.options import PrecisionOptions
 from precision_harness.runs.launch import RunResult
@@ -26,12 +26,17 @@ from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
 
 NORM = 12.5  #: Norm of Functional.linear.0.forward's output in base_data()
-STEP = 0.4 * (DTYPE_DEFAULTS["float32"].atol + DTYPE_DEFAULTS["float32"].rtol * NORM)  #: 0.4x its fp32 allowance
+_NORM_TOL = TolerancePolicy().for_tensor(
+    dtype="torch.float32", stage="actor_update", statistic="Norm", api="Functional.linear.0.forward.output.0"
+)
+STEP = 0.4 * (_NORM_TOL.atol + _NORM_TOL.rtol * NORM)  #: 0.4x its fp32 allowance
 KEY = ItemKey(1, "actor_update")
 UPDATES = 6
 PG_LOSS = 2.0
 #: 0.4x the default metric allowance of ``actor/pg_loss`` at :data:`PG_LOSS`
-METRIC_STEP = 0.4 * (METRIC_DEFAULT.atol + METRIC_DEFAULT.rtol * PG_LOSS)
+METRIC_STEP = 0.4 * (
+    TolerancePolicy().for_metric("actor/pg_loss").atol + TolerancePolicy().for_metric("actor/pg_loss").rtol * PG_LOSS
+)
 
 
 def _run_dir(root: Path, scenario: Scenario, shift: float, metric_shift: float | None = None) -> Path:

@@ -10,12 +10,17 @@ from precision_harness.check.tolerance import EXACT, Tol, TolerancePolicy, toler
 from precision_harness.dumps.statistics import relative_change
 
 
-def test_dtype_defaults_are_assert_close_table() -> None:
+def test_dtype_defaults_are_assert_close_rtols_with_msprobes_atol_floor() -> None:
     p = TolerancePolicy()
-    assert p.for_tensor(dtype="torch.float32", stage="actor_update", statistic="Max", api="x") == Tol(1.3e-6, 1e-5)
-    assert p.for_tensor(dtype="torch.bfloat16", stage="actor_update", statistic="Max", api="x") == Tol(1.6e-2, 1e-5)
-    assert p.for_tensor(dtype="torch.float16", stage="actor_update", statistic="Max", api="x") == Tol(1e-3, 1e-5)
-    assert p.for_tensor(dtype="torch.int64", stage="actor_update", statistic="Max", api="x") == EXACT
+
+    def tol(dtype: str) -> Tol:
+        return p.for_tensor(dtype=f"torch.{dtype}", stage="actor_update", statistic="Max", api="x")
+
+    assert tol("float32") == Tol(1.3e-6, 2**-30)
+    assert tol("bfloat16") == Tol(1.6e-2, 1e-16)
+    assert tol("float16") == Tol(1e-3, 2**-16)
+    assert tol("float64") == Tol(1e-7, 2**-30)
+    assert tol("int64") == EXACT
 
 
 def test_precedence_api_over_statistic_over_stage_over_dtype() -> None:
@@ -29,11 +34,11 @@ def test_precedence_api_over_statistic_over_stage_over_dtype() -> None:
     )
     kw = dict(dtype="torch.float32")
     assert p.for_tensor(
-        stage="critic_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw
-    ) == Tol(1e-5, 1e-5)
-    assert p.for_tensor(stage="actor_update", statistic="Max", api="Functional.linear.0.forward.output.0", **kw) == Tol(
-        1e-4, 1e-5
-    )
+        stage="critic_update", statistic="Max", api="Functional.linear.0.forward.output.0", rms=2.0, **kw
+    ) == Tol(1e-5, 2e-5)  # the atol scales with the overridden rtol
+    assert p.for_tensor(
+        stage="actor_update", statistic="Max", api="Functional.linear.0.forward.output.0", rms=2.0, **kw
+    ) == Tol(1e-4, 2e-4)
     assert p.for_tensor(
         stage="actor_update", statistic="Mean", api="Functional.linear.0.forward.output.0", **kw
     ) == Tol(1e-4, 1e-3)
@@ -53,7 +58,7 @@ def test_exact_mode() -> None:
 def test_metric_glob() -> None:
     p = TolerancePolicy.from_config({"metrics": {"critic/*": {"rtol": 0.1}}})
     assert p.for_metric("critic/vf_loss").rtol == 0.1
-    assert p.for_metric("actor/pg_loss") == Tol(1.3e-6, 1e-5)
+    assert p.for_metric("actor/pg_loss") == Tol(1.3e-6, 2**-30)
 
 
 @pytest.mark.parametrize(
@@ -86,5 +91,8 @@ def test_relative_change() -> None:
 
 
 def test_describe() -> None:
-    assert TolerancePolicy().describe() == "fp32: rtol 1.3e-06, atol 1e-05"
+    assert TolerancePolicy().describe() == "fp32: rtol 1.3e-06, atol rtol x RMS"
+    assert TolerancePolicy.from_config({"dtypes": {"float32": {"atol": 1e-5}}}).describe() == (
+        "fp32: rtol 1.3e-06, atol 1e-05"
+    )
     assert TolerancePolicy(mode="exact").describe() == "exact"

@@ -2,10 +2,12 @@
 
 ``precision-harness calibrate SCENARIO --runs N`` reruns the scenario N times, each in a fresh
 process (a process restart), compares every stage dump with the golden, and records in the golden's
-manifest, per stage and statistic, the largest relative change observed (``noise``). On the CPU each
+manifest (``noise``), per stage, tensor row and statistic, the largest relative change observed over the row's
+own scale (``noise.rows``, the rows that moved only), and per stage and statistic the largest of its rows
+(``noise.stages``). On the CPU each
 rerun also takes another thread count (1, 2, 4, ... over OMP/MKL and ``torch.set_num_threads``); on a
 GPU or NPU the reruns keep the scenario's settings, so what they measure is the device and stack's
-own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses
+own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses, for each row,
 ``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`),
 and :func:`proposed_tolerance` writes the same figures as a ``tolerance:`` block for the scenario file.
 
@@ -33,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from precision_harness.dumps.stage import DirStage
+from precision_harness.dumps.rows import rms, row_statistics, rows
+from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.dumps.statistics import STATISTICS
-from precision_harness.goldens.churn import stage_churn
 from precision_harness.goldens.golden import Golden
 from precision_harness.runs.kind_runners import Run
 from precision_harness.runs.launch import RunResult
@@ -78,18 +80,76 @@ def _round(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def observed_noise(runs: list[RunResult], golden: Golden, scenario: Scenario) -> dict[str, dict[str, float]]:
-    """stage -> statistic -> largest finite relative change of any run's dump against the golden."""
-    noise: dict[str, dict[str, float]] = {stage: {s: 0.0 for s in STATISTICS} for stage in scenario.stages}
+#: the noise of one stage: row name -> statistic -> its largest relative change (rows that moved only)
+RowChanges = dict[str, dict[str, float]]
+
+
+def _dtype(item: dict[str, Any]) -> Any:
+    return item.get("dtype") or item.get("type")
+
+
+def row_change(target: dict[str, Any], golden: dict[str, Any]) -> dict[str, float]:
+    """statistic -> relative change of one row (see :func:`~precision_harness.dumps.rows.rows`) against the
+    golden's, over the scale the tolerance uses: ``|golden|`` for Max, Min, Norm and a scalar's ``value``, the
+    golden tensor's RMS (``Norm / sqrt(numel)``) for Mean. Statistics that did not move are left out, and so are
+    changes with no finite relative figure (a golden of 0, a value turned NaN): atol and the compare's
+    structural checks own those. Empty where the dtype or shape changed (not noise)."""
+    if _dtype(target) != _dtype(golden) or target.get("shape") != golden.get("shape"):
+        return {}
+    t_stats, g_stats = row_statistics(target), row_statistics(golden)
+    mean_scale = rms(g_stats.get("Norm"), golden.get("shape"))
+    changes = {}
+    for stat, g_val in g_stats.items():
+        t_val = t_stats.get(stat)
+        if t_val is None or g_val is None or t_val == g_val:
+            continue
+        scale = mean_scale if stat == "Mean" else abs(g_val)
+        if scale and math.isfinite(scale) and math.isfinite(t_val) and math.isfinite(g_val):
+            changes[stat] = _round(abs(t_val - g_val) / scale)
+    return {stat: rel for stat, rel in changes.items() if rel > 0}
+
+
+def stage_row_changes(new: StageSource, golden: StageSource, into: RowChanges) -> None:
+    """Merge into ``into`` each row's :func:`row_change` of ``new`` against ``golden``, the largest over ranks.
+
+    A rank whose digest is the golden's is bitwise equal and not parsed; rows are paired by msprobe's row
+    name (a rerun is the same program, so its calls carry the golden's names)."""
+    golden_ranks = set(golden.ranks())
+    for rank in new.ranks():
+        if rank not in golden_ranks or new.digest(rank) == golden.digest(rank):
+            continue
+        golden_rows = rows(golden.load(rank))
+        for name, item in rows(new.load(rank)).items():
+            if name not in golden_rows:
+                continue
+            for stat, rel in row_change(item, golden_rows[name]).items():
+                moved = into.setdefault(name, {})
+                moved[stat] = max(moved.get(stat, 0.0), rel)
+
+
+def observed_noise(
+    runs: list[RunResult], golden: Golden, scenario: Scenario
+) -> tuple[dict[str, dict[str, float]], dict[str, RowChanges]]:
+    """``(stages, rows)``: per stage and row name, each statistic's largest relative change of any run's dump
+    against the golden (:func:`row_change`), rows that moved only; and per stage and statistic the largest of
+    its rows (every statistic listed, 0 where none moved)."""
+    moved: dict[str, RowChanges] = {stage: {} for stage in scenario.stages}
     for run in runs:
         for step in scenario.steps:
             for stage in scenario.stages:
                 new = DirStage(run.stage_dir(step, stage), step=step, name=stage)
-                row = stage_churn(scenario.name, new, golden.stage(step, stage))
-                for stat, rel in row.max_rel.items():
-                    if math.isfinite(rel):
-                        noise[stage][stat] = max(noise[stage][stat], _round(rel))
-    return noise
+                stage_row_changes(new, golden.stage(step, stage), moved[stage])
+    return stage_summary(moved), {stage: dict(sorted(changes.items())) for stage, changes in moved.items() if changes}
+
+
+def stage_summary(moved: dict[str, RowChanges]) -> dict[str, dict[str, float]]:
+    """stage -> statistic -> the largest change of its rows (0 where none moved): the manifest's ``noise.stages``,
+    shown by :func:`noise_table` and turned into a scenario block by :func:`proposed_tolerance`. The check reads
+    it only from a manifest without ``noise.rows`` (recorded before per-row calibration)."""
+    return {
+        stage: {s: max((row.get(s, 0.0) for row in changes.values()), default=0.0) for s in STATISTICS}
+        for stage, changes in moved.items()
+    }
 
 
 def reruns(
@@ -122,13 +182,17 @@ def reruns(
 def calibrate(
     scenario: Scenario, golden: Golden, results: list[RunResult], *, k: float = DEFAULT_K, device: str = "cpu"
 ) -> dict[str, Any]:
-    """The manifest's ``noise`` section from :func:`reruns`' ``results``: per stage and statistic, the
-    largest relative change of any rerun against ``golden``."""
+    """The manifest's ``noise`` section from :func:`reruns`' ``results``: ``rows``, per stage, row name and
+    statistic, the largest relative change of any rerun against ``golden`` over the row's own scale (the rows
+    that moved only: the check widens exactly those), and ``stages``, per stage and statistic the largest of
+    its rows (for the table and :func:`proposed_tolerance`)."""
+    stages, moved = observed_noise(results, golden, scenario)
     return {
         "runs": len(results),
         "k": k,
         "variations": [f"{v}, process restart" for v in variations(scenario, len(results), device)],
-        "stages": observed_noise(results, golden, scenario),
+        "stages": stages,
+        "rows": moved,
     }
 
 
@@ -147,20 +211,19 @@ def proposed_tolerance(noise: dict[str, Any]) -> dict[str, Any]:
     return {"stages": stages}
 
 
-def noise_table(scenario: Scenario, noise: dict[str, Any]) -> list[str]:
-    """Lines of the observed noise per stage and statistic, and the fp32 rtol the gate now uses."""
-    from precision_harness.check.tolerance import TolerancePolicy
+def noise_table(noise: dict[str, Any]) -> list[str]:
+    """Lines of the observed noise per stage and statistic (the largest of its rows) and how many rows moved.
 
-    policy = TolerancePolicy.from_config(scenario.config["tolerance"]).with_noise(noise)
+    Each row that moved is checked with fp32 ``rtol = max(k x its own change, floor)``; every other row keeps
+    the floor (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`).
+    """
+    moved = noise.get("rows", {})
     lines = [
-        f"observed noise over {noise['runs']} reruns (relative change vs golden) -> "
-        f"fp32 rtol = max({noise['k']:g} x observed, floor):",
-        "  " + "stage".ljust(24) + "".join(s.ljust(20) for s in STATISTICS),
+        f"observed noise over {noise['runs']} reruns (relative change vs golden, the largest row of each stage); "
+        f"each row that moved gets rtol = max({noise['k']:g} x its own change, floor):",
+        "  " + "stage".ljust(24) + "".join(s.ljust(12) for s in STATISTICS) + "rows moved",
     ]
     for stage, stats in noise["stages"].items():
-        cells = [
-            f"{stats[s]:.2g} -> {policy.for_tensor(dtype='torch.float32', stage=stage, statistic=s, api='').rtol:.2g}"
-            for s in STATISTICS
-        ]
-        lines.append("  " + stage.ljust(24) + "".join(c.ljust(20) for c in cells))
+        cells = "".join(f"{stats.get(s, 0.0):.2g}".ljust(12) for s in STATISTICS)
+        lines.append("  " + stage.ljust(24) + cells + str(len(moved.get(stage, {}))))
     return lines

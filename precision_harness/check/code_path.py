@@ -211,7 +211,9 @@ def _worst_ratio(name: str, row: dict[str, Any], golden: dict[str, Any], rows_: 
             continue
         if t_val is None or g_val is None:
             return math.inf
-        tol = rows_.policy.for_tensor(dtype=str(row.get("dtype")), stage=rows_.stage, statistic=stat, api=name)
+        tol = rows_.policy.for_tensor(
+            dtype=str(row.get("dtype")), stage=rows_.stage, statistic=stat, api=name, rms=scale
+        )
         worst = max(worst, tolerance_ratio(t_val, g_val, tol, scale=scale if stat == "Mean" else None))
     return worst
 

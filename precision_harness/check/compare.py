@@ -29,7 +29,7 @@ from typing import Any
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
-from precision_harness.check.stat_table import StatTable, dtype_of
+from precision_harness.check.stat_table import StatTable
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.files import DUMP
@@ -260,7 +260,6 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
 def _notable_row(v: RankVerdict, row: _Row, table: StatTable, i: int) -> None:
     """The drifts and the first non-finite value of regular row ``i`` of ``table``, as :func:`_compare_row` adds
     them."""
-    dtype = str(dtype_of(row.target))
     for k, stat in enumerate(STATISTICS):
         if not table.present[i, k]:
             continue
@@ -270,7 +269,7 @@ def _notable_row(v: RankVerdict, row: _Row, table: StatTable, i: int) -> None:
             v._nan_reported = True
         ratio = float(table.ratio[i, k])
         if ratio > 1.0:
-            tol = table.tol(dtype, stat, row.name)
+            tol = table.tol(i, k)
             rel = relative_change(t_val, g_val)
             v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
 
@@ -324,7 +323,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
             v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
-        tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=row.name)
+        tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=row.name, rms=mean_scale)
         ratio = tolerance_ratio(t_val, g_val, tol, scale=mean_scale if stat == "Mean" else None)
         row_worst = max(row_worst, ratio)
         if ratio > 1.0:

@@ -49,6 +49,8 @@ class StatTable:
         regular: ``(rows,)`` bool: the row is judged here; False rows go row by row.
         target, golden: ``(rows, 4)`` float64 statistics (NaN where absent or irregular).
         present: ``(rows, 4)`` bool: the statistic is on both sides (regular rows).
+        rtol, atol: ``(rows, 4)`` float64 tolerances of each cell (the policy's, per row: atol scales with the
+            row's RMS and calibrated noise is the row's own).
         ratio: ``(rows, 4)`` float64 tolerance ratios (0 where absent); ``worst``: their row maximum.
         notable: ``(rows,)`` bool: a regular row with a ratio above 1 or a value non-finite where the
             golden's is finite.
@@ -58,32 +60,34 @@ class StatTable:
         self, pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], policy: TolerancePolicy, stage: str
     ):
         n = len(pairs)
-        self._policy, self._stage = policy, stage
-        self._tols: dict[tuple[str, str, str], Tol] = {}
-        self._bounds: dict[tuple[str, str], tuple[list[float], list[float]]] = {}  # (rtols, atols) of a row
         self.regular = np.zeros(n, dtype=bool)
         values = np.full((2, n, 4), np.nan)
         self.present = np.zeros((n, 4), dtype=bool)
-        tols = np.zeros((2, n, 4))  # rtol, atol
         scale = np.full(n, np.nan)
-        for i, (name, t_item, g_item) in enumerate(pairs):
-            found = self._read(name, t_item, g_item)
+        dtypes = [""] * n
+        for i, (_, t_item, g_item) in enumerate(pairs):
+            found = self._read(t_item, g_item)
             if found is None:
                 continue
-            t_stats, g_stats, (rtol, atol), mean_scale = found
-            self.regular[i] = True
+            t_stats, g_stats, mean_scale = found
+            self.regular[i], dtypes[i] = True, str(dtype_of(t_item))
             values[0, i], values[1, i] = _nan_for_none(t_stats), _nan_for_none(g_stats)
             self.present[i] = [v is not None for v in t_stats]
-            tols[0, i], tols[1, i] = rtol, atol
             scale[i] = np.nan if mean_scale is None else mean_scale
         self.target, self.golden = values
+        self.rtol, self.atol = np.zeros((n, 4)), np.zeros((n, 4))
+        judged = np.flatnonzero(self.regular)
+        self.rtol[judged], self.atol[judged] = policy.tolerance_arrays(
+            stage=stage, dtypes=[dtypes[i] for i in judged], names=[pairs[i][0] for i in judged], rms=scale[judged]
+        )
+        tols = np.stack([self.rtol, self.atol])
         self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, scale), 0.0)
         self.worst = self.ratio.max(axis=1, initial=0.0)
         nonfinite = ~np.isfinite(self.target) & np.isfinite(self.golden) & self.present
         self.notable = self.regular & ((self.ratio > 1.0).any(axis=1) | nonfinite.any(axis=1))
 
-    def _read(self, name: str, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
-        """``(target stats, golden stats, (rtols, atols), Mean's scale)`` of a regular row; None otherwise."""
+    def _read(self, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
+        """``(target stats, golden stats, the golden's RMS)`` of a regular row; None otherwise."""
         t_dtype = dtype_of(t_item)
         if t_dtype != dtype_of(g_item) or t_item.get("shape") != g_item.get("shape"):
             return None
@@ -95,22 +99,11 @@ class StatTable:
             or all(t is None for t in t_stats)  # compared by nothing: the row-by-row path says so
         ):
             return None
-        key = (str(t_dtype), name if self._policy.apis else "")
-        bounds = self._bounds.get(key)
-        if bounds is None:
-            tols = [self.tol(key[0], s, name) for s in STATISTICS]
-            bounds = self._bounds[key] = ([t.rtol for t in tols], [t.atol for t in tols])
-        return t_stats, g_stats, bounds, rms(g_stats[3], t_item.get("shape"))
+        return t_stats, g_stats, rms(g_stats[3], t_item.get("shape"))
 
-    def tol(self, dtype: str, statistic: str, name: str) -> Tol:
-        """``policy.for_tensor`` (cached per dtype and statistic where no API glob can tell rows apart)."""
-        key = (dtype, statistic, name if self._policy.apis else "")
-        found = self._tols.get(key)
-        if found is None:
-            found = self._tols[key] = self._policy.for_tensor(
-                dtype=dtype, stage=self._stage, statistic=statistic, api=name
-            )
-        return found
+    def tol(self, i: int, k: int) -> Tol:
+        """The tolerance regular row ``i``'s statistic ``k`` was judged by (``policy.tolerance_arrays``)."""
+        return Tol(float(self.rtol[i, k]), float(self.atol[i, k]))
 
 
 def _nan_for_none(stats: list[float | None]) -> list[float]:
