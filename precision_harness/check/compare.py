@@ -23,16 +23,20 @@ import fnmatch
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
-from precision_harness.check.stat_table import StatTable, dtype_of
+from precision_harness.check.stat_table import Cells, StatTable, dtype_of
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
-from precision_harness.dumps.files import DUMP
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
+from precision_harness.dumps.files import DUMP, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
 from precision_harness.dumps.stage import StageSource
@@ -209,7 +213,11 @@ def compare_rank(
     if not pairing.alignable:
         verdict.problem(_too_different(pairing))
         return verdict
-    t_rows, g_all = rows(t_dump), rows(g_dump)
+    if not pairing.blocks and all(t == g for t, g in pairing.pairs):  # the same calls: every row read as columns
+        layouts = Layouts()
+        _judge_columns(verdict, (columns(t_dump, layouts), columns(g_dump, layouts)), layouts, policy, stage)
+        return verdict
+    t_rows, g_all = rows(restore_non_finite(t_dump)), rows(restore_non_finite(g_dump))
     g_rows = aligned_rows(g_all, pairing)
     del t_dump, g_dump  # the rows are copies: at 65,000 calls a dump, its objects are half a rank's memory
     in_blocks = {api for block in pairing.blocks for api in block.target}
@@ -252,27 +260,89 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
         else:
             v.checked += checked[i]
             if notable[i]:
-                _notable_row(v, step, table, i)
+                _notable_row(v, (step.name, step.order, str(dtype_of(step.target))), table, i)
             v.profile.append((v.rank, step.order, step.name, worst[i]))
         i += 1
 
 
-def _notable_row(v: RankVerdict, row: _Row, table: StatTable, i: int) -> None:
-    """The drifts and the first non-finite value of regular row ``i`` of ``table``, as :func:`_compare_row` adds
-    them."""
-    dtype = str(dtype_of(row.target))
+def _judge_columns(
+    v: RankVerdict, sides: tuple[Columns, Columns], layouts: Layouts, policy: TolerancePolicy, stage: str
+) -> None:
+    """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
+    the regular rows judged at once, a row object built only for a row that is not regular or says something."""
+    t, g = sides
+    g_at, golden = _golden_aligned(t, g)
+    paired = g_at >= 0
+    regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
+    regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1)
+    numels = np.array([*layouts.numels, 1], dtype=np.float64)[t.layout]  # NO_LAYOUT (-1) reads the 1 added
+    norm = golden.stats[:, STATISTICS.index("Norm")]
+    with np.errstate(all="ignore"):
+        scale = np.where(regular & np.isfinite(norm), norm / np.sqrt(np.maximum(numels, 1.0)), np.nan)
+    present = t.present & regular[:, None]
+    cells = Cells(t.stats, golden.stats, present, regular, scale, t.layout, layouts.dtypes, t.names)
+    table = StatTable.of_cells(cells, policy, stage)
+    v.checked += int(present.sum())
+    names, worst, order = t.names, table.worst.tolist(), 0
+    for i in np.flatnonzero(~regular | table.notable).tolist():
+        v.profile.extend(zip(repeat(v.rank, i - order), range(order, i), names[order:i], worst[order:i], strict=True))
+        order = i + 1
+        if not paired[i]:  # a paired call with other tensors: a structural change
+            v.problem(f"{names[i]}: not in the golden")
+        elif not regular[i]:
+            _compare_row(v, _Row(names[i], i, t.item(i), g.item(int(g_at[i]))), policy=policy, stage=stage)
+        else:
+            _notable_row(v, (names[i], i, layouts.dtypes[t.layout[i]]), table, i)
+            v.profile.append((v.rank, i, names[i], worst[i]))
+    rest = len(names) - order
+    v.profile.extend(zip(repeat(v.rank, rest), range(order, len(names)), names[order:], worst[order:], strict=True))
+    if t.names != g.names:
+        mine = set(names)
+        v.problems += [
+            Problem(f"{n}: in the golden but missing from this run", v.rank) for n in g.names if n not in mine
+        ]
+
+
+@dataclass(frozen=True)
+class _Aligned:
+    """The golden's columns read at the run's rows (absent rows: no statistic, layout :data:`NO_LAYOUT`)."""
+
+    stats: np.ndarray
+    present: np.ndarray
+    layout: np.ndarray
+    scalar: np.ndarray
+
+
+def _golden_aligned(t: Columns, g: Columns) -> tuple[np.ndarray, _Aligned]:
+    """``(rows,)`` the golden's row of each run row (-1: none), and the golden's columns in the run's rows."""
+    n = len(t.names)
+    if t.names == g.names:
+        return np.arange(n), _Aligned(g.stats, g.present, g.layout, g.scalar)
+    at = dict(zip(g.names, range(len(g.names)), strict=True))
+    g_at = np.array([at.get(name, -1) for name in t.names], dtype=np.int64)
+    paired, rows_ = g_at >= 0, g_at[g_at >= 0]
+    aligned = _Aligned(np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool), np.full(n, NO_LAYOUT), np.zeros(n, bool))
+    aligned.stats[paired], aligned.present[paired] = g.stats[rows_], g.present[rows_]
+    aligned.layout[paired], aligned.scalar[paired] = g.layout[rows_], g.scalar[rows_]
+    return g_at, aligned
+
+
+def _notable_row(v: RankVerdict, row: tuple[str, int, str], table: StatTable, i: int) -> None:
+    """The drifts and the first non-finite value of regular row ``i`` of ``table`` (``row``: its name, order and
+    dtype), as :func:`_compare_row` adds them."""
+    name, order, dtype = row
     for k, stat in enumerate(STATISTICS):
         if not table.present[i, k]:
             continue
         t_val, g_val = float(table.target[i, k]), float(table.golden[i, k])
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
-            v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+            v.problem(f"{name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
         ratio = float(table.ratio[i, k])
         if ratio > 1.0:
-            tol = table.tol(dtype, stat, row.name)
+            tol = table.tol(dtype, stat, name)
             rel = relative_change(t_val, g_val)
-            v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
+            v.drifts.append(Drift(name, stat, g_val, t_val, ratio, rel, tol, order, v.rank))
 
 
 def _too_different(pairing: Pairing) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,30 @@ def dtype_of(item: dict[str, Any]) -> Any:
     return item.get("dtype") or item.get("type")
 
 
+@dataclass
+class Cells:
+    """The rows a :class:`StatTable` judges, as arrays.
+
+    Attributes:
+        target, golden: ``(rows, 4)`` float64 Max/Min/Mean/Norm (NaN where absent).
+        present: ``(rows, 4)`` bool: the statistic is on both sides.
+        regular: ``(rows,)`` bool: the row is judged by the table.
+        scale: ``(rows,)`` float64 Mean's scale, the golden's RMS (NaN: none).
+        codes: ``(rows,)`` int index into ``dtypes`` of each row's dtype (:meth:`StatTable.of_cells`).
+        dtypes: the dtype names the codes stand for.
+        names: ``(rows,)`` the row names (read where the policy has API globs).
+    """
+
+    target: np.ndarray
+    golden: np.ndarray
+    present: np.ndarray
+    regular: np.ndarray
+    scale: np.ndarray
+    codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dtypes: Sequence[str] = ()
+    names: Sequence[str] = ()
+
+
 class StatTable:
     """The rows of one rank both sides hold, their statistics as arrays and their ratios.
 
@@ -61,9 +86,9 @@ class StatTable:
         self._policy, self._stage = policy, stage
         self._tols: dict[tuple[str, str, str], Tol] = {}
         self._bounds: dict[tuple[str, str], tuple[list[float], list[float]]] = {}  # (rtols, atols) of a row
-        self.regular = np.zeros(n, dtype=bool)
+        regular = np.zeros(n, dtype=bool)
         values = np.full((2, n, 4), np.nan)
-        self.present = np.zeros((n, 4), dtype=bool)
+        present = np.zeros((n, 4), dtype=bool)
         tols = np.zeros((2, n, 4))  # rtol, atol
         scale = np.full(n, np.nan)
         for i, (name, t_item, g_item) in enumerate(pairs):
@@ -71,16 +96,46 @@ class StatTable:
             if found is None:
                 continue
             t_stats, g_stats, (rtol, atol), mean_scale = found
-            self.regular[i] = True
+            regular[i] = True
             values[0, i], values[1, i] = _nan_for_none(t_stats), _nan_for_none(g_stats)
-            self.present[i] = [v is not None for v in t_stats]
+            present[i] = [v is not None for v in t_stats]
             tols[0, i], tols[1, i] = rtol, atol
             scale[i] = np.nan if mean_scale is None else mean_scale
-        self.target, self.golden = values
-        self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, scale), 0.0)
+        self._judge(Cells(values[0], values[1], present, regular, scale), tols)
+
+    @classmethod
+    def of_cells(cls, cells: Cells, policy: TolerancePolicy, stage: str) -> StatTable:
+        """The table of rows already read into arrays (the columnar compare), each regular row's tolerance asked of
+        :meth:`bounds` (once per dtype where no API glob can tell rows apart)."""
+        table = cls([], policy, stage)
+        tols = np.zeros((2, len(cells.regular), 4))
+        regular = np.flatnonzero(cells.regular)
+        if not policy.apis:
+            for code in np.unique(cells.codes[regular]).tolist():
+                rows = regular[cells.codes[regular] == code]
+                tols[0, rows], tols[1, rows] = table.bounds(cells.dtypes[code], "")
+        else:
+            for i in regular.tolist():
+                tols[0, i], tols[1, i] = table.bounds(cells.dtypes[cells.codes[i]], cells.names[i])
+        table._judge(cells, tols)
+        return table
+
+    def _judge(self, cells: Cells, tols: np.ndarray) -> None:
+        self.regular, self.present = cells.regular, cells.present
+        self.target, self.golden = cells.target, cells.golden
+        self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, cells.scale), 0.0)
         self.worst = self.ratio.max(axis=1, initial=0.0)
         nonfinite = ~np.isfinite(self.target) & np.isfinite(self.golden) & self.present
         self.notable = self.regular & ((self.ratio > 1.0).any(axis=1) | nonfinite.any(axis=1))
+
+    def bounds(self, dtype: str, name: str) -> tuple[list[float], list[float]]:
+        """``(rtols, atols)`` of Max/Min/Mean/Norm for a row of ``dtype`` named ``name`` (:meth:`tol`)."""
+        key = (dtype, name if self._policy.apis else "")
+        found = self._bounds.get(key)
+        if found is None:
+            tols = [self.tol(dtype, s, name) for s in STATISTICS]
+            found = self._bounds[key] = ([t.rtol for t in tols], [t.atol for t in tols])
+        return found
 
     def _read(self, name: str, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
         """``(target stats, golden stats, (rtols, atols), Mean's scale)`` of a regular row; None otherwise."""
@@ -95,12 +150,7 @@ class StatTable:
             or all(t is None for t in t_stats)  # compared by nothing: the row-by-row path says so
         ):
             return None
-        key = (str(t_dtype), name if self._policy.apis else "")
-        bounds = self._bounds.get(key)
-        if bounds is None:
-            tols = [self.tol(key[0], s, name) for s in STATISTICS]
-            bounds = self._bounds[key] = ([t.rtol for t in tols], [t.atol for t in tols])
-        return t_stats, g_stats, bounds, rms(g_stats[3], t_item.get("shape"))
+        return t_stats, g_stats, self.bounds(str(t_dtype), name), rms(g_stats[3], t_item.get("shape"))
 
     def tol(self, dtype: str, statistic: str, name: str) -> Tol:
         """``policy.for_tensor`` (cached per dtype and statistic where no API glob can tell rows apart)."""

@@ -80,7 +80,7 @@ def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
             ``data`` mapping.
     """
     data, quoted = _parse(content, shown)
-    return _restored(data) if quoted else data
+    return restore_non_finite(data) if quoted else data
 
 
 def parse_dump_raw(content: bytes, *, shown: str) -> dict[str, Any]:
@@ -180,15 +180,18 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _restored(node: Any) -> Any:
-    """``node`` with every :data:`NON_FINITE` string below it replaced by its float, in place."""
+def restore_non_finite(node: Any) -> Any:
+    """``node`` (a dict or list of a parsed dump; anything else is returned as it is) with every
+    :data:`NON_FINITE` string below it replaced by its float, in place."""
+    if not isinstance(node, (dict, list)):
+        return node
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for key, value in items:
         if type(value) is str:
             if value in NON_FINITE:
                 node[key] = NON_FINITE[value]
         elif isinstance(value, (dict, list)):
-            _restored(value)
+            restore_non_finite(value)
     return node
 
 
