@@ -36,7 +36,7 @@ from precision_harness.check.stat_table import Cells, StatTable, dtype_of
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
-from precision_harness.dumps.files import DUMP, restore_non_finite
+from precision_harness.dumps.files import DUMP, collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
 from precision_harness.dumps.stage import StageSource
@@ -203,7 +203,10 @@ def compare_rank(
 
     msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
     the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
-    row by row; drifts, problems and the profile come out in row order either way.
+    row by row; drifts, problems and the profile come out in row order either way. Where both dumps hold the
+    same calls (the common case), both are read as :func:`~precision_harness.dumps.columns.columns` and a row's
+    object is built only where its verdict needs it. The dumps may be parsed by ``parse_dump`` or
+    ``parse_dump_raw`` (they are restored in place where the row-by-row way reads them).
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
@@ -464,14 +467,15 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
     """
     try:
-        dumps = [target.load(rank)]
+        dumps = [target.load(rank, raw=True)]
     except GoldenCorruptError as exc:
         verdict = RankVerdict(rank)
         verdict.problem(str(exc))
         return verdict
-    dumps.append(golden.load(rank))
-    # popped, so compare_rank holds the only references and frees each dump once its rows are named
-    return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
+    dumps.append(golden.load(rank, raw=True))
+    with collector_paused():  # millions of acyclic objects: the collections they set off cost more than the compare
+        # popped, so compare_rank holds the only references and frees each dump once its rows are named
+        return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
 
 
 def _dump_bytes(target: StageSource, ranks: list[str]) -> int:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from precision_harness.dumps.files import NON_FINITE
-from precision_harness.dumps.rows import msprobe_parser, numel, tensor_item, to_float
+from precision_harness.dumps.files import NON_FINITE, collector_paused
+from precision_harness.dumps.rows import SCALAR, TENSOR, msprobe_parser, numel, tensor_item, to_float
 from precision_harness.dumps.statistics import STATISTICS
 
 #: a row's layout code where its dtype or shape has no hashable form: compared row by row
@@ -64,7 +64,8 @@ class Columns:
         names: ``(rows,)`` msprobe's row names (``rows()``' keys).
         apis: ``(rows,)`` the dump.json key of each row's call.
         sources: ``(rows,)`` the tensor entry of a plain row (in the parsed dump), else msprobe's item.
-        states: ``(rows,)`` msprobe's state of a plain row (``input``, ``output``...); None for an item row.
+        states: ``(rows,)`` msprobe's state of a plain tensor row (``input``, ``output``...); ``(state, SCALAR)``
+            for a plain scalar argument's row; None for an item row.
         layout: ``(rows,)`` int64 :class:`Layouts` code of ``(dtype or type, shape)``.
         stats: ``(rows, 4)`` float64 Max/Min/Mean/Norm as ``to_float`` reads them, NaN where absent.
         present: ``(rows, 4)`` bool: the statistic is a number.
@@ -74,7 +75,7 @@ class Columns:
     names: list[str]
     apis: list[str]
     sources: list[dict[str, Any]]
-    states: list[str | None]
+    states: list[Any]
     layout: np.ndarray
     stats: np.ndarray
     present: np.ndarray
@@ -85,7 +86,10 @@ class Columns:
         state = self.states[i]
         if state is None:
             return self.sources[i]
-        item = tensor_item(self.sources[i], self.names[i], state)
+        if type(state) is tuple:  # a scalar argument: msprobe's own item, as rows() builds it
+            item = msprobe_parser(leaves=True).gen_op_item(self.sources[i], self.names[i], state[0])
+        else:
+            item = tensor_item(self.sources[i], self.names[i], state)
         item["api"] = self.apis[i]
         return item
 
@@ -100,29 +104,42 @@ def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
     at: dict[str, int] = {}  # a name met again replaces its row in place, as rows()' dict does
     names: list[str] = []
     apis: list[str] = []
-    sources: list[Any] = []
-    states: list[str | None] = []
-    layout: list[int] = []
-    values: list[Any] = []
-    for api, op_data in dump["data"].items():
-        kwargs = f"{api}.kwargs."
-        for found in parser.read(op_data, api):
-            if type(found) is tuple:
-                leaf, name, state = found
-                code = layouts.code(leaf["dtype"], leaf.get("shape"))
-                four = [leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")]
-            else:
-                leaf, name, state = _item_row(found, api, kwargs)
-                code = layouts.code(found.get("dtype") or found.get("type"), found.get("shape"))
-                four = _four_of_item(found)
-            if name.startswith(kwargs):
-                name = f"{api}.input.{name[len(kwargs) :]}"
-            i = at.setdefault(name, len(names))
-            if i == len(names):
-                for column in (names, apis, sources, states, layout, values):
-                    column.append(None)
-            names[i], apis[i], sources[i], states[i], layout[i], values[i] = name, api, leaf, state, code, four
-    return _columns(names, apis, sources, states, layout, values)
+    rows: list[tuple[Any, Any, int, Any]] = []  # (source, state, layout code, the four statistics)
+    with collector_paused():
+        for api, op_data in dump["data"].items():
+            kwargs = f"{api}.kwargs."
+            for found in parser.read(op_data, api):
+                name, row = _row(found, api, kwargs, layouts)
+                i = at.setdefault(name, len(names))
+                if i == len(names):
+                    names.append(name)
+                    apis.append(api)
+                    rows.append(row)
+                else:
+                    apis[i], rows[i] = api, row
+        return _columns(names, apis, rows)
+
+
+def _row(found: Any, api: str, kwargs: str, layouts: Layouts) -> tuple[str, tuple[Any, Any, int, Any]]:
+    """``(name, (source, state, layout code, the four statistics))`` of one of the parser's rows."""
+    if type(found) is not tuple:
+        leaf, name, state = _item_row(found, api, kwargs)
+        code = layouts.code(found.get("dtype") or found.get("type"), found.get("shape"))
+        four = _four_of_item(found)
+    elif found[3] == TENSOR:
+        leaf, name, state, _ = found
+        code = layouts.code(leaf["dtype"], leaf.get("shape"))
+        four = [leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")]
+    else:  # a scalar argument: gen_op_item's statistics are its value (rows.SCALAR)
+        leaf, name, state, _ = found
+        value = leaf["value"]
+        value = NON_FINITE.get(value, value) if type(value) is str else value
+        code = layouts.code(str(type(value)), "[]")
+        four = [value, value, value, value]
+        state = (state, SCALAR)
+    if name.startswith(kwargs):
+        name = f"{api}.input.{name[len(kwargs) :]}"
+    return name, (leaf, state, code, four)
 
 
 def _item_row(item: dict[str, Any], api: str, kwargs: str) -> tuple[dict[str, Any], str, None]:
@@ -147,9 +164,10 @@ def _four_of_item(item: dict[str, Any]) -> list[Any] | None:
     return [item.get(s) for s in STATISTICS]
 
 
-def _columns(names, apis, sources, states, layout, values) -> Columns:
-    """The arrays of :class:`Columns` from the walk's lists."""
+def _columns(names: list[str], apis: list[str], rows: list[tuple[Any, Any, int, Any]]) -> Columns:
+    """The arrays of :class:`Columns` from the walk's rows."""
     n = len(names)
+    sources, states, layout, values = (list(column) for column in zip(*rows, strict=True)) if rows else ([],) * 4
     scalar = np.fromiter((v is None for v in values), dtype=bool, count=n)
     flat = [x for v in values if v is not None for x in v]
     if all(type(x) is float for x in flat):  # nearly every dump: the statistics are numbers, one array at once

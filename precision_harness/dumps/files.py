@@ -62,13 +62,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_dump(path: Path) -> dict[str, Any]:
-    """Read an msprobe ``dump.json`` (bare NaN/Infinity allowed); raise GoldenCorruptError naming the file."""
+def load_dump(path: Path, *, raw: bool = False) -> dict[str, Any]:
+    """Read an msprobe ``dump.json`` (bare NaN/Infinity allowed; with ``raw``, as :func:`parse_dump_raw` reads
+    them); raise GoldenCorruptError naming the file."""
     try:
         content = Path(path).read_bytes()
     except OSError as exc:
         raise GoldenCorruptError(f"{path}: not a readable msprobe dump.json ({exc}); re-record the golden") from None
-    return parse_dump(content, shown=str(path))
+    return (parse_dump_raw if raw else parse_dump)(content, shown=str(path))
 
 
 def parse_dump(content: bytes, *, shown: str) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def _value_at(content: bytes, start: int, end: int) -> bool:
 def _parse(content: bytes, shown: str) -> tuple[dict[str, Any], int]:
     """The parsed dump and how many non-finite tokens it holds as :data:`NON_FINITE` strings."""
     quoted = quote_non_finite(content)
-    with _collector_paused():
+    with collector_paused():
         data, count = _fast_parse(quoted), (quoted[1] if quoted else 0)
         if data is None:
             count = 0
@@ -169,7 +170,7 @@ def _fast_parse(quoted: tuple[bytes, int] | None) -> Any:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off for the block (a parse allocates no cycle), back as it was after."""
     was = gc.isenabled()
     gc.disable()

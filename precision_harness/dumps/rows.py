@@ -94,7 +94,7 @@ class _Parser:
                     self._parse(value, at, state, depth + 1, out)
         elif isinstance(node, dict):
             if isinstance(node.get("type"), str):
-                out.append(self.plain(node, name, state) if _plain(node) else self.gen_op_item(node, name, state))
+                out.append(self.plain(node, name, state) if _plain(node) else self.leaf(node, name, state))
                 return
             for key, value in node.items():
                 self._parse(value, f"{name}.{key}", state, depth + 1, out)
@@ -102,6 +102,10 @@ class _Parser:
     @staticmethod
     def plain(leaf: dict[str, Any], name: str, state: str) -> Any:
         return tensor_item(leaf, name, state)
+
+    def leaf(self, leaf: dict[str, Any], name: str, state: str) -> Any:
+        """Any other leaf: msprobe's ``gen_op_item``."""
+        return self.gen_op_item(leaf, name, state)
 
 
 class _LeafParser(_Parser):
@@ -114,7 +118,29 @@ class _LeafParser(_Parser):
 
     @staticmethod
     def plain(leaf: dict[str, Any], name: str, state: str) -> Any:
-        return (leaf, name, state)
+        return (leaf, name, state, TENSOR)
+
+    def leaf(self, leaf: dict[str, Any], name: str, state: str) -> Any:
+        """A plain scalar argument as ``(entry, name, state, SCALAR)``; any other leaf msprobe's item."""
+        if _scalar(leaf) and name.rsplit(".", 1)[-1] not in _PEERS:
+            return (leaf, name, state, SCALAR)
+        return self.gen_op_item(leaf, name, state)
+
+
+#: the kinds of leaf :class:`_LeafParser` hands over as they stand
+TENSOR, SCALAR = 1, 2
+#: the argument names ``gen_op_item`` reads as a peer rank, not a scalar
+_PEERS = frozenset({"src", "dst", "group_src", "group_dst"})
+_SCALAR_TYPES = frozenset({"int", "float", "bool"})
+
+
+def _scalar(leaf: dict[str, Any]) -> bool:
+    """A scalar argument ``gen_op_item`` reads by its last case (``{"type": "float", "value": 0.5}``): its
+    statistics are its value, its dtype ``str(type(value))``, its shape ``"[]"``."""
+    if len(leaf) != 2 or leaf.get("type") not in _SCALAR_TYPES:
+        return False
+    value = leaf.get("value")
+    return type(value) in (int, float, bool) or (type(value) is str and value in NON_FINITE)
 
 
 def _restoring(fn):
