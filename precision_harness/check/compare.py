@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import repeat
 from pathlib import Path
@@ -35,10 +34,10 @@ from precision_harness.check.code_path import BlockRows, CodePathChange, by_call
 from precision_harness.check.stat_table import Cells, StatTable, dtype_of
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
-from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, columns
 from precision_harness.dumps.files import DUMP, collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
-from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
+from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
@@ -274,7 +273,7 @@ def _judge_columns(
     """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
     the regular rows judged at once, a row object built only for a row that is not regular or says something."""
     t, g = sides
-    g_at, golden = _golden_aligned(t, g)
+    g_at, golden = aligned_golden_columns(t, g)
     paired = g_at >= 0
     regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
     regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1)
@@ -304,30 +303,6 @@ def _judge_columns(
         v.problems += [
             Problem(f"{n}: in the golden but missing from this run", v.rank) for n in g.names if n not in mine
         ]
-
-
-@dataclass(frozen=True)
-class _Aligned:
-    """The golden's columns read at the run's rows (absent rows: no statistic, layout :data:`NO_LAYOUT`)."""
-
-    stats: np.ndarray
-    present: np.ndarray
-    layout: np.ndarray
-    scalar: np.ndarray
-
-
-def _golden_aligned(t: Columns, g: Columns) -> tuple[np.ndarray, _Aligned]:
-    """``(rows,)`` the golden's row of each run row (-1: none), and the golden's columns in the run's rows."""
-    n = len(t.names)
-    if t.names == g.names:
-        return np.arange(n), _Aligned(g.stats, g.present, g.layout, g.scalar)
-    at = dict(zip(g.names, range(len(g.names)), strict=True))
-    g_at = np.array([at.get(name, -1) for name in t.names], dtype=np.int64)
-    paired, rows_ = g_at >= 0, g_at[g_at >= 0]
-    aligned = _Aligned(np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool), np.full(n, NO_LAYOUT), np.zeros(n, bool))
-    aligned.stats[paired], aligned.present[paired] = g.stats[rows_], g.present[rows_]
-    aligned.layout[paired], aligned.scalar[paired] = g.layout[rows_], g.scalar[rows_]
-    return g_at, aligned
 
 
 def _notable_row(v: RankVerdict, row: tuple[str, int, str], table: StatTable, i: int) -> None:
@@ -498,66 +473,3 @@ def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePath
         sites = call_sites(Path(folder) / "step0" / rank, [c.api for c in mine])
         placed += [replace(c, site=sites.get(c.api)) for c in mine]
     return sorted(placed, key=lambda c: (c.order, c.rank))
-
-
-# ------------------------------------------------------------------------------------- metrics
-@dataclass(frozen=True)
-class MetricDrift:
-    step: int
-    name: str
-    golden: float | None
-    target: float | None
-    ratio: float
-    rel: float
-
-
-@dataclass
-class MetricsVerdict(_Verdict):
-    """Outcome of comparing a run's metrics.jsonl against the golden's, every step."""
-
-    scenario: str
-    checked: int = 0  #: values compared
-    drifts: list[MetricDrift] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
-    worst_ratio: float = 0.0  #: largest ``|t - g| / (atol + rtol |g|)`` over the compared values (0: identical)
-
-
-def _by_step(rows_: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(rows_)}
-
-
-def compare_metrics(
-    target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], settings: CheckSettings
-) -> MetricsVerdict:
-    """Gate every metric of every step (parsed ``metrics.jsonl`` rows) with ``policy.for_metric``
-    (``|t - g| <= atol + rtol |g|``)."""
-    verdict = MetricsVerdict(scenario=settings.scenario)
-    t_rows, g_rows = _by_step(target), _by_step(golden)
-    for step in sorted(set(g_rows) - set(t_rows)):
-        verdict.problems.append(f"step {step}: in the golden metrics but missing from this run")
-    for step in sorted(set(t_rows) - set(g_rows)):
-        verdict.problems.append(f"step {step}: not in the golden metrics")
-    for step in sorted(set(t_rows) & set(g_rows)):
-        _compare_step(verdict, step, t_rows[step], g_rows[step], settings.policy)
-    return verdict
-
-
-def _compare_step(
-    verdict: MetricsVerdict, step: int, t: dict[str, Any], g: dict[str, Any], policy: TolerancePolicy
-) -> None:
-    for name in sorted(set(g) - set(t)):
-        verdict.problems.append(f"step {step}: metric {name} missing from this run")
-    for name in sorted(set(t) - set(g)):
-        verdict.problems.append(f"step {step}: metric {name} not in the golden")
-    for name in sorted(set(t) & set(g)):
-        tv, gv = to_float(t[name]), to_float(g[name])
-        if tv is None and gv is None:
-            continue
-        if tv is None or gv is None:  # a number became null (or the reverse): not a drift, a change
-            verdict.problems.append(f"step {step}: metric {name}: {g[name]!r} -> {t[name]!r}")
-            continue
-        verdict.checked += 1
-        ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
-        verdict.worst_ratio = max(verdict.worst_ratio, ratio)
-        if ratio > 1.0:
-            verdict.drifts.append(MetricDrift(step, name, gv, tv, ratio, relative_change(tv, gv)))

@@ -94,6 +94,30 @@ class Columns:
         return item
 
 
+@dataclass(frozen=True)
+class Aligned:
+    """The golden's columns read at the run's rows (absent rows: no statistic, layout :data:`NO_LAYOUT`)."""
+
+    stats: np.ndarray
+    present: np.ndarray
+    layout: np.ndarray
+    scalar: np.ndarray
+
+
+def aligned_golden_columns(t: Columns, g: Columns) -> tuple[np.ndarray, Aligned]:
+    """``(rows,)`` the golden's row of each run row (-1: none), and the golden's columns in the run's rows."""
+    n = len(t.names)
+    if t.names == g.names:
+        return np.arange(n), Aligned(g.stats, g.present, g.layout, g.scalar)
+    at = dict(zip(g.names, range(len(g.names)), strict=True))
+    g_at = np.array([at.get(name, -1) for name in t.names], dtype=np.int64)
+    paired, rows_ = g_at >= 0, g_at[g_at >= 0]
+    aligned = Aligned(np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool), np.full(n, NO_LAYOUT), np.zeros(n, bool))
+    aligned.stats[paired], aligned.present[paired] = g.stats[rows_], g.present[rows_]
+    aligned.layout[paired], aligned.scalar[paired] = g.layout[rows_], g.scalar[rows_]
+    return g_at, aligned
+
+
 def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
     """The :class:`Columns` of a parsed dump.json (module docstring); ``layouts`` is shared with the other side.
 
