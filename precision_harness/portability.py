@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_metrics, compare_stage
+from precision_harness.check.compare import compare_stage
+from precision_harness.check.metrics_compare import compare_metrics
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import pair
 from precision_harness.dumps.files import read_metrics, sha256_file

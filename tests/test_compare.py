@@ -10,8 +10,9 @@ import pytest
 from harness_testing import base_data, tensor, write_dump
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import MetricDrift, MetricsVerdict, compare_metrics, compare_stage
+from precision_harness.check.compare import compare_stage
 from precision_harness.check.items import check_stage
+from precision_harness.check.metrics_compare import MetricDrift, MetricsVerdict, compare_metrics
 from precision_harness.check.msprobe_tools import msprobe_table
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import metrics_text, stage_text

@@ -2,9 +2,12 @@
 
 - msprobe's row names: :func:`rows` equals ``read_op``'s items, key for key, on every committed golden;
 - the orjson parse equals ``json.loads`` on every committed golden payload (non-finite values included);
+- the columns (:func:`~precision_harness.dumps.columns.columns`) name the rows as :func:`rows` does and read
+  their statistics as ``stat_table.four`` does, from a dump parsed with its non-finite values restored or not;
 - every Drift, Problem, profile entry, count and changed code path of the vectorised :func:`compare_rank`
-  equals the row-by-row reference's (the compare as b9eb971 ran it, below) on every committed golden
-  stage, perturbed, and on synthetic plants of each failure mode;
+  (columnar where both dumps hold the same calls) equals the row-by-row reference's (the compare as b9eb971
+  ran it, below) on every committed golden stage, perturbed, and on synthetic plants of each failure mode,
+  the dumps parsed as ``json.loads`` does and as :func:`parse_dump_raw` does;
 - a truncated dump.json fails its rank with one line naming the file and the byte offset; the other ranks
   and stages still get their verdicts.
 """
@@ -24,8 +27,10 @@ from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, by_call, evaluate
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import check_items
+from precision_harness.check.stat_table import four
 from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.dumps.files import parse_dump
+from precision_harness.dumps.columns import Layouts, columns
+from precision_harness.dumps.files import parse_dump, parse_dump_raw
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import rows
 from precision_harness.dumps.stage import DirStage
@@ -140,6 +145,23 @@ def test_rows_are_msprobes_read_op_and_the_parse_is_json_loads(path: Path) -> No
             reference = json.loads(content)
             assert json.dumps(dump, sort_keys=True) == json.dumps(reference, sort_keys=True)
             assert list(rows(dump).items()) == list(read_op_rows(reference).items())
+            assert_columns_are_rows(columns(parse_dump_raw(content, shown="dump.json"), Layouts()), rows(dump))
+
+
+def assert_columns_are_rows(found, reference: dict[str, dict]) -> None:
+    assert found.names == list(reference)
+    for i, (name, item) in enumerate(reference.items()):
+        assert json.dumps(found.item(i), sort_keys=True) == json.dumps(item, sort_keys=True), name
+        stats = four(item)
+        assert bool(found.scalar[i]) == (stats is None), name
+        for k, value in enumerate(stats or []):
+            assert bool(found.present[i, k]) == (value is not None), name
+            assert value is None or same_floats(float(found.stats[i, k]), value), name
+
+
+def raw(dump: dict) -> dict:
+    """``dump`` as :func:`parse_dump_raw` reads its bytes: each non-finite statistic a sentinel string."""
+    return parse_dump_raw(json.dumps(dump).encode(), shown="dump.json")
 
 
 @pytest.mark.parametrize(("path", "step", "stage"), list(golden_stages()))
@@ -151,7 +173,10 @@ def test_every_golden_stage_perturbed_gets_the_row_by_row_verdict(path: Path, st
             target = copy.deepcopy(golden)
             scaled(target["data"], factor, [0])
             args = {"policy": POLICIES[policy], "stage": stage, "rank": rank}
-            assert_same_verdict(compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args))
+            reference = row_by_row(target, golden, **args)
+            assert_same_verdict(compare.compare_rank(target, golden, **args), reference)
+            if (factor, policy) == (5e-4, "default"):  # once: the parse is the same whatever the policy
+                assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), reference)
 
 
 def plants() -> dict[str, tuple[dict, dict]]:
@@ -196,8 +221,25 @@ def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> Non
     args = {"policy": POLICIES[policy], "stage": "actor_update", "rank": "rank0"}
     new, ref = compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args)
     assert_same_verdict(new, ref)
+    assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), ref)
     if plant not in ("identical", "within", "inf_both", "mean_near_zero") and policy != "exact":
         assert not new.passed or new.code_paths  # the plant is seen, not compared away
+
+
+def test_the_same_calls_are_compared_as_columns_without_a_row_object_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drifting golden stage with the same calls on both sides: no rows() dict, a row object only per drift."""
+    source = Golden.from_dir(GOLDENS[0]).stage(*min(Golden.from_dir(GOLDENS[0]).stages()))
+    golden = source.load(source.ranks()[0])
+    target = copy.deepcopy(golden)
+    scaled(target["data"], 5e-4, [0])
+    args = {"policy": POLICIES["default"], "stage": source.name, "rank": "rank0"}
+    reference = row_by_row(target, golden, **args)
+    built: list[int] = []
+    item = compare.Columns.item
+    monkeypatch.setattr(compare, "rows", lambda dump: pytest.fail("rows() built every row"))
+    monkeypatch.setattr(compare.Columns, "item", lambda self, i: built.append(i) or item(self, i))
+    assert_same_verdict(compare.compare_rank(target, golden, **args), reference)
+    assert reference.drifts and len(built) < len(reference.profile) / 2
 
 
 def two_rank_stage(tmp_path: Path, *, truncate: bool) -> tuple[DirStage, DirStage]:

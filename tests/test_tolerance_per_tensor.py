@@ -18,7 +18,8 @@ from test_golden import fake_run
 
 from precision_harness.check.calibrate import row_change, stage_row_changes, stage_summary
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_metrics, compare_stage
+from precision_harness.check.compare import compare_stage
+from precision_harness.check.metrics_compare import compare_metrics
 from precision_harness.check.tolerance import ATOL_FLOOR, Tol, TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.dumps.statistics import STATISTICS

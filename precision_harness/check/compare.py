@@ -21,20 +21,23 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
-from precision_harness.check.stat_table import StatTable
+from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
-from precision_harness.dumps.files import DUMP
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, columns
+from precision_harness.dumps.files import DUMP, collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
-from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors, to_float
+from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
@@ -199,7 +202,10 @@ def compare_rank(
 
     msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
     the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
-    row by row; drifts, problems and the profile come out in row order either way.
+    row by row; drifts, problems and the profile come out in row order either way. Where both dumps hold the
+    same calls (the common case), both are read as :func:`~precision_harness.dumps.columns.columns` and a row's
+    object is built only where its verdict needs it. The dumps may be parsed by ``parse_dump`` or
+    ``parse_dump_raw`` (they are restored in place where the row-by-row way reads them).
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
@@ -209,7 +215,11 @@ def compare_rank(
     if not pairing.alignable:
         verdict.problem(_too_different(pairing))
         return verdict
-    t_rows, g_all = rows(t_dump), rows(g_dump)
+    if not pairing.blocks and all(t == g for t, g in pairing.pairs):  # the same calls: every row read as columns
+        layouts = Layouts()
+        _judge_columns(verdict, (columns(t_dump, layouts), columns(g_dump, layouts)), layouts, policy, stage)
+        return verdict
+    t_rows, g_all = rows(restore_non_finite(t_dump)), rows(restore_non_finite(g_dump))
     g_rows = aligned_rows(g_all, pairing)
     del t_dump, g_dump  # the rows are copies: at 65,000 calls a dump, its objects are half a rank's memory
     in_blocks = {api for block in pairing.blocks for api in block.target}
@@ -252,26 +262,65 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
         else:
             v.checked += checked[i]
             if notable[i]:
-                _notable_row(v, step, table, i)
+                _notable_row(v, (step.name, step.order), table, i)
             v.profile.append((v.rank, step.order, step.name, worst[i]))
         i += 1
 
 
-def _notable_row(v: RankVerdict, row: _Row, table: StatTable, i: int) -> None:
-    """The drifts and the first non-finite value of regular row ``i`` of ``table``, as :func:`_compare_row` adds
-    them."""
+def _judge_columns(
+    v: RankVerdict, sides: tuple[Columns, Columns], layouts: Layouts, policy: TolerancePolicy, stage: str
+) -> None:
+    """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
+    the regular rows judged at once, a row object built only for a row that is not regular or says something."""
+    t, g = sides
+    g_at, golden = aligned_golden_columns(t, g)
+    paired = g_at >= 0
+    regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
+    regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1)
+    numels = np.array([*layouts.numels, 1], dtype=np.float64)[t.layout]  # NO_LAYOUT (-1) reads the 1 added
+    norm = golden.stats[:, STATISTICS.index("Norm")]
+    with np.errstate(all="ignore"):
+        scale = np.where(regular & np.isfinite(norm), norm / np.sqrt(np.maximum(numels, 1.0)), np.nan)
+    present = t.present & regular[:, None]
+    cells = Cells(t.stats, golden.stats, present, regular, scale, t.layout, layouts.dtypes, t.names)
+    table = StatTable.of_cells(cells, policy, stage)
+    v.checked += int(present.sum())
+    names, worst, order = t.names, table.worst.tolist(), 0
+    for i in np.flatnonzero(~regular | table.notable).tolist():
+        v.profile.extend(zip(repeat(v.rank, i - order), range(order, i), names[order:i], worst[order:i], strict=True))
+        order = i + 1
+        if not paired[i]:  # a paired call with other tensors: a structural change
+            v.problem(f"{names[i]}: not in the golden")
+        elif not regular[i]:
+            _compare_row(v, _Row(names[i], i, t.item(i), g.item(int(g_at[i]))), policy=policy, stage=stage)
+        else:
+            _notable_row(v, (names[i], i), table, i)
+            v.profile.append((v.rank, i, names[i], worst[i]))
+    rest = len(names) - order
+    v.profile.extend(zip(repeat(v.rank, rest), range(order, len(names)), names[order:], worst[order:], strict=True))
+    if t.names != g.names:
+        mine = set(names)
+        v.problems += [
+            Problem(f"{n}: in the golden but missing from this run", v.rank) for n in g.names if n not in mine
+        ]
+
+
+def _notable_row(v: RankVerdict, row: tuple[str, int], table: StatTable, i: int) -> None:
+    """The drifts and the first non-finite value of regular row ``i`` of ``table`` (``row``: its name and order),
+    as :func:`_compare_row` adds them."""
+    name, order = row
     for k, stat in enumerate(STATISTICS):
         if not table.present[i, k]:
             continue
         t_val, g_val = float(table.target[i, k]), float(table.golden[i, k])
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
-            v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+            v.problem(f"{name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
         ratio = float(table.ratio[i, k])
         if ratio > 1.0:
             tol = table.tol(i, k)
             rel = relative_change(t_val, g_val)
-            v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
+            v.drifts.append(Drift(name, stat, g_val, t_val, ratio, rel, tol, order, v.rank))
 
 
 def _too_different(pairing: Pairing) -> str:
@@ -393,14 +442,15 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
     """
     try:
-        dumps = [target.load(rank)]
+        dumps = [target.load(rank, raw=True)]
     except GoldenCorruptError as exc:
         verdict = RankVerdict(rank)
         verdict.problem(str(exc))
         return verdict
-    dumps.append(golden.load(rank))
-    # popped, so compare_rank holds the only references and frees each dump once its rows are named
-    return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
+    dumps.append(golden.load(rank, raw=True))
+    with collector_paused():  # millions of acyclic objects: the collections they set off cost more than the compare
+        # popped, so compare_rank holds the only references and frees each dump once its rows are named
+        return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
 
 
 def _dump_bytes(target: StageSource, ranks: list[str]) -> int:
@@ -423,66 +473,3 @@ def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePath
         sites = call_sites(Path(folder) / "step0" / rank, [c.api for c in mine])
         placed += [replace(c, site=sites.get(c.api)) for c in mine]
     return sorted(placed, key=lambda c: (c.order, c.rank))
-
-
-# ------------------------------------------------------------------------------------- metrics
-@dataclass(frozen=True)
-class MetricDrift:
-    step: int
-    name: str
-    golden: float | None
-    target: float | None
-    ratio: float
-    rel: float
-
-
-@dataclass
-class MetricsVerdict(_Verdict):
-    """Outcome of comparing a run's metrics.jsonl against the golden's, every step."""
-
-    scenario: str
-    checked: int = 0  #: values compared
-    drifts: list[MetricDrift] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
-    worst_ratio: float = 0.0  #: largest ``|t - g| / (atol + rtol |g|)`` over the compared values (0: identical)
-
-
-def _by_step(rows_: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r.get("training/global_step", i + 1)): r for i, r in enumerate(rows_)}
-
-
-def compare_metrics(
-    target: Iterable[dict[str, Any]], golden: Iterable[dict[str, Any]], settings: CheckSettings
-) -> MetricsVerdict:
-    """Gate every metric of every step (parsed ``metrics.jsonl`` rows) with ``policy.for_metric``
-    (``|t - g| <= atol + rtol |g|``)."""
-    verdict = MetricsVerdict(scenario=settings.scenario)
-    t_rows, g_rows = _by_step(target), _by_step(golden)
-    for step in sorted(set(g_rows) - set(t_rows)):
-        verdict.problems.append(f"step {step}: in the golden metrics but missing from this run")
-    for step in sorted(set(t_rows) - set(g_rows)):
-        verdict.problems.append(f"step {step}: not in the golden metrics")
-    for step in sorted(set(t_rows) & set(g_rows)):
-        _compare_step(verdict, step, t_rows[step], g_rows[step], settings.policy)
-    return verdict
-
-
-def _compare_step(
-    verdict: MetricsVerdict, step: int, t: dict[str, Any], g: dict[str, Any], policy: TolerancePolicy
-) -> None:
-    for name in sorted(set(g) - set(t)):
-        verdict.problems.append(f"step {step}: metric {name} missing from this run")
-    for name in sorted(set(t) - set(g)):
-        verdict.problems.append(f"step {step}: metric {name} not in the golden")
-    for name in sorted(set(t) & set(g)):
-        tv, gv = to_float(t[name]), to_float(g[name])
-        if tv is None and gv is None:
-            continue
-        if tv is None or gv is None:  # a number became null (or the reverse): not a drift, a change
-            verdict.problems.append(f"step {step}: metric {name}: {g[name]!r} -> {t[name]!r}")
-            continue
-        verdict.checked += 1
-        ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
-        verdict.worst_ratio = max(verdict.worst_ratio, ratio)
-        if ratio > 1.0:
-            verdict.drifts.append(MetricDrift(step, name, gv, tv, ratio, relative_change(tv, gv)))

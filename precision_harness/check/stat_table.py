@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,30 @@ def dtype_of(item: dict[str, Any]) -> Any:
     return item.get("dtype") or item.get("type")
 
 
+@dataclass
+class Cells:
+    """The rows a :class:`StatTable` judges, as arrays.
+
+    Attributes:
+        target, golden: ``(rows, 4)`` float64 Max/Min/Mean/Norm (NaN where absent).
+        present: ``(rows, 4)`` bool: the statistic is on both sides.
+        regular: ``(rows,)`` bool: the row is judged by the table.
+        scale: ``(rows,)`` float64 Mean's scale, the golden's RMS (NaN: none).
+        codes: ``(rows,)`` int index into ``dtypes`` of each row's dtype (:meth:`StatTable.of_cells`).
+        dtypes: the dtype names the codes stand for.
+        names: ``(rows,)`` the row names (API globs and calibrated noise are looked up by them).
+    """
+
+    target: np.ndarray
+    golden: np.ndarray
+    present: np.ndarray
+    regular: np.ndarray
+    scale: np.ndarray
+    codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dtypes: Sequence[str] = ()
+    names: Sequence[str] = ()
+
+
 class StatTable:
     """The rows of one rank both sides hold, their statistics as arrays and their ratios.
 
@@ -60,9 +85,10 @@ class StatTable:
         self, pairs: Sequence[tuple[str, dict[str, Any], dict[str, Any]]], policy: TolerancePolicy, stage: str
     ):
         n = len(pairs)
-        self.regular = np.zeros(n, dtype=bool)
+        self._policy, self._stage = policy, stage
+        regular = np.zeros(n, dtype=bool)
         values = np.full((2, n, 4), np.nan)
-        self.present = np.zeros((n, 4), dtype=bool)
+        present = np.zeros((n, 4), dtype=bool)
         scale = np.full(n, np.nan)
         dtypes = [""] * n
         for i, (_, t_item, g_item) in enumerate(pairs):
@@ -70,18 +96,37 @@ class StatTable:
             if found is None:
                 continue
             t_stats, g_stats, mean_scale = found
-            self.regular[i], dtypes[i] = True, str(dtype_of(t_item))
+            regular[i], dtypes[i] = True, str(dtype_of(t_item))
             values[0, i], values[1, i] = _nan_for_none(t_stats), _nan_for_none(g_stats)
-            self.present[i] = [v is not None for v in t_stats]
+            present[i] = [v is not None for v in t_stats]
             scale[i] = np.nan if mean_scale is None else mean_scale
-        self.target, self.golden = values
+        codes = np.arange(n, dtype=np.int64)  # a dtype per row: the pairs path is the small one
+        self._judge(Cells(values[0], values[1], present, regular, scale, codes, dtypes, [p[0] for p in pairs]))
+
+    @classmethod
+    def of_cells(cls, cells: Cells, policy: TolerancePolicy, stage: str) -> StatTable:
+        """The table of rows already read into arrays (the columnar compare)."""
+        table = cls([], policy, stage)
+        table._judge(cells)
+        return table
+
+    def _judge(self, cells: Cells) -> None:
+        """Each regular row's tolerances from ``policy.tolerance_arrays`` (atol scaled to its RMS, its own
+        calibrated noise), then every ratio at once."""
+        n = len(cells.regular)
+        self.regular, self.present = cells.regular, cells.present
+        self.target, self.golden = cells.target, cells.golden
         self.rtol, self.atol = np.zeros((n, 4)), np.zeros((n, 4))
-        judged = np.flatnonzero(self.regular)
-        self.rtol[judged], self.atol[judged] = policy.tolerance_arrays(
-            stage=stage, dtypes=[dtypes[i] for i in judged], names=[pairs[i][0] for i in judged], rms=scale[judged]
-        )
+        judged = np.flatnonzero(cells.regular)
+        if len(judged):
+            self.rtol[judged], self.atol[judged] = self._policy.tolerance_arrays(
+                stage=self._stage,
+                dtypes=[cells.dtypes[c] for c in cells.codes[judged].tolist()],
+                names=[cells.names[i] for i in judged.tolist()],
+                rms=cells.scale[judged],
+            )
         tols = np.stack([self.rtol, self.atol])
-        self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, scale), 0.0)
+        self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, cells.scale), 0.0)
         self.worst = self.ratio.max(axis=1, initial=0.0)
         nonfinite = ~np.isfinite(self.target) & np.isfinite(self.golden) & self.present
         self.notable = self.regular & ((self.ratio > 1.0).any(axis=1) | nonfinite.any(axis=1))

@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from precision_harness.dumps.files import NON_FINITE, restore_non_finite
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.errors import ProbeUnavailableError
 
@@ -35,9 +36,16 @@ def tensors(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
             yield from tensors(value, f"{path}.{i}" if path else str(i))
 
 
-def _msprobe_parser():
+def msprobe_parser(*, leaves: bool = False) -> _Parser:
     """msprobe's row parser: ``read_op``, its recursion ``op_item_parse``, its leaf ``gen_op_item``, the name
-    suffix of each argument kind (``CompareConst.IO_NAME_MAPPING``) and its depth limit."""
+    suffix of each argument kind (``CompareConst.IO_NAME_MAPPING``) and its depth limit.
+
+    With ``leaves``, :meth:`_Parser.read` gives each plain tensor entry as ``(entry, row name, state)``, the
+    entry itself and not its row (:func:`tensor_item` builds that), and every other row as msprobe's item.
+
+    Raises:
+        ProbeUnavailableError: msprobe is not installed.
+    """
     try:
         from msprobe.core.common.const import CompareConst, Const
         from msprobe.core.compare.utils import gen_op_item, op_item_parse, read_op
@@ -45,7 +53,8 @@ def _msprobe_parser():
         raise ProbeUnavailableError(
             f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
         ) from None
-    return _Parser(read_op, op_item_parse, gen_op_item, dict(CompareConst.IO_NAME_MAPPING), Const.MAX_DEPTH)
+    parser = _LeafParser if leaves else _Parser
+    return parser(read_op, op_item_parse, gen_op_item, dict(CompareConst.IO_NAME_MAPPING), Const.MAX_DEPTH)
 
 
 class _Parser:
@@ -56,7 +65,7 @@ class _Parser:
         self.read_op, self.op_item_parse, self.gen_op_item = read_op, op_item_parse, gen_op_item
         self.io_names, self.max_depth = io_names, max_depth
 
-    def read(self, op_data: Any, api: str) -> list[dict[str, Any]]:
+    def read(self, op_data: Any, api: str) -> list[Any]:
         """``read_op(op_data, api)``'s items, equal key for key."""
         last = api.rsplit(".", 2)[-2:]
         if _DEBUG in last[-1:] or _PARAMS_GRAD in last or not isinstance(op_data, dict):
@@ -67,7 +76,7 @@ class _Parser:
                 self._parse(op_data[key], api + suffix, key, 0, found)
         return found
 
-    def _parse(self, node: Any, name: str, state: str, depth: int, out: list[dict[str, Any]]) -> None:
+    def _parse(self, node: Any, name: str, state: str, depth: int, out: list[Any]) -> None:
         """``op_item_parse``'s walk, appending to ``out``."""
         if state in (_INPUT_ARGS, _INPUT_KWARGS):
             state = "input"
@@ -80,15 +89,63 @@ class _Parser:
             for i, value in enumerate(node):
                 at = name if flat else f"{name}.{i}"
                 if type(value) is dict and type(value.get("type")) is str and _plain(value):  # the common leaf
-                    out.append(_tensor_item(value, at, "input" if state in (_INPUT_ARGS, _INPUT_KWARGS) else state))
+                    out.append(self.plain(value, at, "input" if state in (_INPUT_ARGS, _INPUT_KWARGS) else state))
                 else:
                     self._parse(value, at, state, depth + 1, out)
         elif isinstance(node, dict):
             if isinstance(node.get("type"), str):
-                out.append(_tensor_item(node, name, state) if _plain(node) else self.gen_op_item(node, name, state))
+                out.append(self.plain(node, name, state) if _plain(node) else self.leaf(node, name, state))
                 return
             for key, value in node.items():
                 self._parse(value, f"{name}.{key}", state, depth + 1, out)
+
+    @staticmethod
+    def plain(leaf: dict[str, Any], name: str, state: str) -> Any:
+        return tensor_item(leaf, name, state)
+
+    def leaf(self, leaf: dict[str, Any], name: str, state: str) -> Any:
+        """Any other leaf: msprobe's ``gen_op_item``."""
+        return self.gen_op_item(leaf, name, state)
+
+
+class _LeafParser(_Parser):
+    """:class:`_Parser` that hands a plain tensor entry over as it stands (:func:`msprobe_parser`), and may read a
+    dump of :func:`~precision_harness.dumps.files.parse_dump_raw`: what it gives msprobe's functions is restored
+    to floats first (``gen_op_item`` turns a scalar's value into text for its md5)."""
+
+    def __init__(self, read_op, op_item_parse, gen_op_item, io_names: dict[str, str], max_depth: int) -> None:
+        super().__init__(_restoring(read_op), _restoring(op_item_parse), _restoring(gen_op_item), io_names, max_depth)
+
+    @staticmethod
+    def plain(leaf: dict[str, Any], name: str, state: str) -> Any:
+        return (leaf, name, state, TENSOR)
+
+    def leaf(self, leaf: dict[str, Any], name: str, state: str) -> Any:
+        """A plain scalar argument as ``(entry, name, state, SCALAR)``; any other leaf msprobe's item."""
+        if _scalar(leaf) and name.rsplit(".", 1)[-1] not in _PEERS:
+            return (leaf, name, state, SCALAR)
+        return self.gen_op_item(leaf, name, state)
+
+
+#: the kinds of leaf :class:`_LeafParser` hands over as they stand
+TENSOR, SCALAR = 1, 2
+#: the argument names ``gen_op_item`` reads as a peer rank, not a scalar
+_PEERS = frozenset({"src", "dst", "group_src", "group_dst"})
+_SCALAR_TYPES = frozenset({"int", "float", "bool"})
+
+
+def _scalar(leaf: dict[str, Any]) -> bool:
+    """A scalar argument ``gen_op_item`` reads by its last case (``{"type": "float", "value": 0.5}``): its
+    statistics are its value, its dtype ``str(type(value))``, its shape ``"[]"``."""
+    if len(leaf) != 2 or leaf.get("type") not in _SCALAR_TYPES:
+        return False
+    value = leaf.get("value")
+    return type(value) in (int, float, bool) or (type(value) is str and value in NON_FINITE)
+
+
+def _restoring(fn):
+    """``fn`` given its first argument with its non-finite strings restored (:func:`restore_non_finite`)."""
+    return lambda node, *args: fn(restore_non_finite(node), *args)
 
 
 _DEBUG, _PARAMS_GRAD, _P2P = "debug", "parameters_grad", "torch.distributed.P2POp"
@@ -109,13 +166,18 @@ def _plain(leaf: dict[str, Any]) -> bool:
     return type(dtype) is str and dtype != "torch.bool" and dtype != "" and leaf.keys() <= _TENSOR_KEYS
 
 
-def _tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
-    """``gen_op_item(leaf, name, state)`` for a :func:`_plain` leaf, step for step (msprobe.core.compare.utils)."""
+def tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
+    """``gen_op_item(leaf, name, state)`` for a :func:`_plain` leaf, step for step (msprobe.core.compare.utils).
+
+    A statistic read by :func:`~precision_harness.dumps.files.parse_dump_raw` as a
+    :data:`~precision_harness.dumps.files.NON_FINITE` string is its float here."""
     item = {**leaf, "data_name": "-1", "full_op_name": name, "state": state, "md5": _NO_VALUE_MD5}
     grad = item.get("requires_grad")
     item["requires_grad"] = str(grad) if type(grad) is bool else grad
     for statistic in STATISTICS:
-        item.setdefault(statistic, None)
+        value = item.setdefault(statistic, None)
+        if type(value) is str and value in NON_FINITE:
+            item[statistic] = NON_FINITE[value]
     return item
 
 
@@ -140,7 +202,7 @@ def rows(dump: dict[str, Any]) -> dict[str, dict[str, Any]]:
     Raises:
         ProbeUnavailableError: msprobe is not installed.
     """
-    parser = _msprobe_parser()
+    parser = msprobe_parser()
     found: dict[str, dict[str, Any]] = {}
     for api, op_data in dump["data"].items():
         kwargs = f"{api}.kwargs."

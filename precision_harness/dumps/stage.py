@@ -37,8 +37,9 @@ class StageSource(Protocol):
         """``["rank0", ...]``: every rank with a dump.json, sorted."""
         ...
 
-    def load(self, rank: str) -> dict[str, Any]:
-        """The rank's parsed dump.json, its stage_outputs.json merged in. Raises GoldenCorruptError."""
+    def load(self, rank: str, *, raw: bool = False) -> dict[str, Any]:
+        """The rank's parsed dump.json, its stage_outputs.json merged in; with ``raw``, its non-finite values left
+        as :func:`~precision_harness.dumps.files.parse_dump_raw` reads them. Raises GoldenCorruptError."""
         ...
 
     def digest(self, rank: str) -> str:
@@ -77,10 +78,10 @@ class DirStage:
     def ranks(self) -> list[str]:
         return sorted(rank_dirs(self.path))
 
-    def load(self, rank: str) -> dict[str, Any]:
+    def load(self, rank: str, *, raw: bool = False) -> dict[str, Any]:
         rank_dir = self.path / "step0" / rank
         extra = rank_dir / STAGE_OUTPUTS
-        return merged(load_dump(rank_dir / DUMP), load_dump(extra) if extra.is_file() else None)
+        return merged(load_dump(rank_dir / DUMP, raw=raw), load_dump(extra, raw=raw) if extra.is_file() else None)
 
     def digest(self, rank: str) -> str:
         rank_dir = self.path / "step0" / rank

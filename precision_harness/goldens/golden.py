@@ -32,6 +32,7 @@ from precision_harness.dumps.files import (
     STAGE_OUTPUTS,
     merged,
     parse_dump,
+    parse_dump_raw,
     parse_metrics,
     rank_digest,
     sha256_file,
@@ -241,19 +242,21 @@ class Golden:
         name = self.manifest.get("metrics", METRICS)
         return parse_metrics(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
 
-    def load_dump(self, step: int, stage: str, rank: str) -> dict[str, Any]:
-        """One rank's parsed dump.json, its stage_outputs.json merged in where it has one.
+    def load_dump(self, step: int, stage: str, rank: str, *, raw: bool = False) -> dict[str, Any]:
+        """One rank's parsed dump.json, its stage_outputs.json merged in where it has one (with ``raw``, its
+        non-finite values as :func:`~precision_harness.dumps.files.parse_dump_raw` reads them).
 
         Raises:
             GoldenCorruptError: missing, edited or corrupt.
         """
         rank_dir = f"step_{step}/{stage}/step0/{rank}"
-        dump = self._parse(f"{rank_dir}/dump.json")
+        dump = self._parse(f"{rank_dir}/dump.json", raw)
         extra = f"{rank_dir}/{STAGE_OUTPUTS}"
-        return merged(dump, self._parse(extra) if extra in self.contents else None)
+        return merged(dump, self._parse(extra, raw) if extra in self.contents else None)
 
-    def _parse(self, name: str) -> dict[str, Any]:
-        return parse_dump(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
+    def _parse(self, name: str, raw: bool = False) -> dict[str, Any]:
+        parse = parse_dump_raw if raw else parse_dump
+        return parse(self.read(name), shown=display_path(self.path / self.contents.get(name, name)))
 
     def read(self, name: str) -> bytes:
         """The content of file ``name`` (its content name), checked against both recorded digests.
@@ -345,8 +348,8 @@ class GoldenStage:
     def ranks(self) -> list[str]:
         return sorted(self._digests)
 
-    def load(self, rank: str) -> dict[str, Any]:
-        return self.golden.load_dump(self.step, self.name, rank)
+    def load(self, rank: str, *, raw: bool = False) -> dict[str, Any]:
+        return self.golden.load_dump(self.step, self.name, rank, raw=raw)
 
     def digest(self, rank: str) -> str:
         return self._digests[rank]
