@@ -28,9 +28,13 @@ gate: $(VENV)/.gate          ## the main job: every scenario against golden/, pl
 	$(BIN)/pytest scenarios precision_tests
 
 # PRECISION_REQUIRE_VERL: the [verl] extra is installed here, so a verl that does not import fails the
-# parity tests (tests/test_verl_parity.py) instead of skipping them
-test: $(VENV)/.test          ## everything: gate, invariants, harness tests, verl parity
-	PRECISION_REQUIRE_VERL=1 $(BIN)/pytest -p no:cacheprovider
+# parity tests (tests/test_verl_parity.py) instead of skipping them. Two xdist workers (CI's 2 cores): the
+# tests that run examples/verl_cpu where it stands share one worker (xdist_group "verl_cpu_example").
+# The gate itself (scenarios/, precision_tests/) is `make gate`; these are the harness's own tests.
+TEST_WORKERS ?= 2
+
+test: $(VENV)/.test          ## the harness's tests, the verl parity and the verl examples end to end
+	PRECISION_REQUIRE_VERL=1 $(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) tests
 
 lint: $(VENV)/.test          ## ruff lint and format check, import contracts (configured in pyproject.toml)
 	$(BIN)/ruff check .

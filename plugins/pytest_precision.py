@@ -205,21 +205,33 @@ def pytest_cmdline_main(config: pytest.Config) -> Any:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker under loadgroup: make sure each scenario item's node id ends in ``@<scenario>``.
+    """On an xdist worker under loadgroup: make sure each scenario item's node id ends in ``@<scenario>``, and
+    any other item's in ``@<its xdist_group mark's name>``.
 
     xdist 3.8 groups by that suffix but writes it to ``item._nodeid``, which pytest >= 9.2 no longer reads
-    (structured node ids; pytest-dev/pytest-xdist#1386): without this a scenario's items spread over workers.
+    (structured node ids; pytest-dev/pytest-xdist#1386): without this a scenario's items spread over workers,
+    and so do the tests of a project's own ``xdist_group`` (a suite that runs beside its gate under ``-n``).
     """
     if not (hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False)):
         return
     for item in items:
-        if isinstance(item, PrecisionItem) and "@" not in item.nodeid.rsplit("]", 1)[-1]:
-            grouped = f"{item.nodeid}@{item.scenario.name}"
+        group = _xdist_group(item)
+        if group and "@" not in item.nodeid.rsplit("]", 1)[-1].rsplit("::", 1)[-1]:
+            grouped = f"{item.nodeid}@{group}"
             node_id = getattr(item, "_id", None)
             if node_id is not None and hasattr(type(node_id), "parse"):
                 item._id = type(node_id).parse(grouped)
             else:  # pragma: no cover - pytest < 9.2 reads _nodeid (and xdist already set it)
                 item._nodeid = grouped
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    if isinstance(item, PrecisionItem):
+        return item.scenario.name
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
 @pytest.hookimpl(optionalhook=True)

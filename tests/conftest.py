@@ -42,3 +42,31 @@ def project(recorded_project: Path, pytester: pytest.Pytester) -> pytest.Pyteste
     """pytester whose directory holds a copy of the recorded project (golden included)."""
     shutil.copytree(recorded_project, pytester.path, ignore=shutil.ignore_patterns(".precision"), dirs_exist_ok=True)
     return pytester
+
+
+#: modules whose module-scoped fixtures run a gate, a recording or a verl run, several tests reading each: under
+#: ``make test``'s xdist workers (``--dist loadgroup``) each module stays on one worker, so each fixture runs once
+ONE_WORKER_MODULES = frozenset(
+    {
+        "test_api_replay",
+        "test_bisect",
+        "test_code_path_planted",
+        "test_golden_history",
+        "test_judgement",
+        "test_judgement_planted",
+        "test_level_auto",
+        "test_option_precision_ray_address",
+        "test_option_precision_report",
+        "test_real_upgrade",
+        "test_rollout_is_gate",
+        "test_wheel",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(module))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -128,10 +129,14 @@ def scaled(node, factor: float, i: list[int]) -> None:
 
 
 def golden_stages():
+    """Every committed golden's stages of step 1 (every step with ``PRECISION_NIGHTLY=1``: step 2's dumps hold
+    the same calls with other values, so they add time, not call shapes)."""
+    every_step = os.environ.get("PRECISION_NIGHTLY") == "1"
     for path in GOLDENS:
         golden = Golden.from_dir(path)
         for step, stage in sorted(golden.stages()):
-            yield pytest.param(path, step, stage, id=f"{path.parent.name}-{path.name}-{step}-{stage}")
+            if every_step or step == 1:
+                yield pytest.param(path, step, stage, id=f"{path.parent.name}-{path.name}-{step}-{stage}")
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=lambda p: f"{p.parent.name}-{p.name}")

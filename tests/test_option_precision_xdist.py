@@ -65,3 +65,19 @@ def test_dash_n_defaults_to_loadgroup(project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["scheduling tests via LoadGroupScheduling", "*PASSED scenarios/tiny_ppo.yaml::metrics@tiny_ppo*"]
     )
+
+
+def test_a_projects_own_xdist_group_stays_on_one_worker(pytester: pytest.Pytester) -> None:
+    """Beside the gate, ``-n 2`` keeps a project's ``xdist_group`` tests on one worker (xdist 3.8 alone spreads
+    them under pytest 9.2: pytest-dev/pytest-xdist#1386); ungrouped tests still spread."""
+    body = "\n".join(
+        f"{mark}def test_{prefix}_{i}(worker_id):\n    open('{prefix}_{i}', 'w').write(worker_id)\n"
+        for prefix, mark in (("grouped", "@pytest.mark.xdist_group('g')\n"), ("free", ""))
+        for i in range(8)
+    )
+    pytester.makepyfile(test_groups="import pytest\n\n" + body)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=16)
+    workers = {prefix: {p.read_text() for p in pytester.path.glob(f"{prefix}_*")} for prefix in ("grouped", "free")}
+    assert len(workers["grouped"]) == 1, workers
+    assert workers["free"] == {"gw0", "gw1"}, workers

@@ -34,6 +34,10 @@ import pytest
 from precision_harness.errors import ScenarioError
 from precision_harness.runs import command_runner, kind_runners, verl_engine
 
+#: these tests run examples/verl_cpu where it stands (its .precision/ and the processes a run leaves): one xdist
+#: worker runs them all, one at a time
+pytestmark = pytest.mark.xdist_group("verl_cpu_example")
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"
 SCENARIO = EXAMPLE / "scenarios" / "grpo_dp2_bf16_cpu.yaml"
