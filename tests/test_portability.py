@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from harness_testing import base_data, write_dump
+from harness_testing import NIGHTLY, base_data, write_dump
 
 from precision_harness import cli
 from precision_harness.errors import RunFailedError
@@ -232,7 +232,7 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
     assert len(message.splitlines()) == 1
 
 
-@pytest.mark.skipif(os.environ.get("PRECISION_NIGHTLY") != "1", reason="nightly: PRECISION_NIGHTLY=1 runs it")
+@NIGHTLY
 def test_every_committed_scenario_is_dispatch_independent(tmp_path: Path) -> None:
     failures = []
     for path in sorted((REPO / "scenarios").glob("*.yaml")):
