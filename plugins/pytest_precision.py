@@ -256,6 +256,19 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tell the session each scenario's selected items, so a check runs it only as far as they need (``-k step_1``,
+    a pasted rerun line). Not where a test takes ``precision_run``: it is given the gate's run, whole."""
+    if any("precision_run" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    selected: dict[str, list[ItemKey]] = {}
+    for item in session.items:
+        if isinstance(item, PrecisionItem):
+            selected.setdefault(item.scenario.name, []).append(item.key)
+    for name, keys in selected.items():
+        session.config.stash[_SESSION_KEY].select(name, keys)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
     """Start every selected scenario's run up front so runs overlap (bounded by --precision-jobs)."""
@@ -362,6 +375,12 @@ class PrecisionItem(pytest.Item):
         self.add_marker(pytest.mark.xdist_group(name=scenario.name))
         self.add_marker(pytest.mark.precision_scenario(scenario.name))
 
+    #: what the item checks
+    key: ItemKey = METRICS_ITEM
+
+    def runtest(self) -> None:
+        self._verdict(self.key)
+
     def _verdict(self, key: ItemKey) -> None:
         __tracebackhide__ = True
         precision = self.config.stash[_SESSION_KEY]
@@ -389,9 +408,7 @@ class StageItem(PrecisionItem):
     def __init__(self, *, step: int, stage: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step, self.stage = step, stage
-
-    def runtest(self) -> None:
-        self._verdict(ItemKey(self.step, self.stage))
+        self.key = ItemKey(step, stage)
 
 
 class InvariantItem(StageItem):
@@ -400,6 +417,3 @@ class InvariantItem(StageItem):
 
 class MetricsItem(PrecisionItem):
     """Compare the scenario's metrics.jsonl against the golden's."""
-
-    def runtest(self) -> None:
-        self._verdict(METRICS_ITEM)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -49,10 +49,10 @@ from precision_harness.check.items import Outcome, OutcomeKind, check_items, ide
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import settings_changed
 from precision_harness.dumps.stage import DirStage
-from precision_harness.errors import GoldenDeviceModelError, GoldenMissingError, PrecisionError, ScenarioError
+from precision_harness.errors import GoldenMissingError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
 from precision_harness.goldens.store import GoldenStore
-from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios
+from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios, settle
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport, run_info
@@ -68,6 +68,8 @@ from precision_harness.session_plan import (
     Plan,
     Recording,
     ScenarioState,
+    device_model_error,
+    last_step_needed,
     msprobe_available,
     no_msprobe,
     record_run,
@@ -99,6 +101,7 @@ class PrecisionSession:
         self.on_progress: Callable[[str], None] | None = None  #: called with a line as each stage starts
         self._pools = RunPools(options)  #: one pool of --precision-jobs runs, else one per device
         self._states: dict[str, ScenarioState] = {}
+        self._last_steps: dict[str, int | None] = {}  #: per scenario, :meth:`select`'s last step
 
     def _abs(self, p: Path) -> Path:
         p = Path(p)
@@ -143,7 +146,7 @@ class PrecisionSession:
             except PrecisionError as exc:
                 return Plan(GoldenAction.ERROR, scenario, error=exc)
             pinned = golden if scenario.pins_rollouts and mode == "check" else None
-            plan = Plan(GoldenAction.CHECK, self._runs(scenario, golden), golden=golden, pinned=pinned)
+            plan = Plan(GoldenAction.CHECK, self._run_to(self._runs(scenario, golden)), golden=golden, pinned=pinned)
         if not msprobe_available():
             return Plan(GoldenAction.ERROR, scenario, error=no_msprobe())
         return plan
@@ -158,6 +161,19 @@ class PrecisionSession:
             reason = device_availability.unavailable_reason(st.device)
             return f"{st.scenario.name}: {reason}" if reason else None
         return None
+
+    def select(self, name: str, keys: Iterable[ItemKey]) -> None:
+        """Scenario ``name``'s selected items, before its plan: a check runs it only as far as they need."""
+        self._last_steps[name] = last_step_needed(keys)
+
+    def _run_to(self, scenario: Scenario) -> Scenario:
+        """``scenario`` run only to the last step of its selected items (:meth:`select`), noted in the summary."""
+        step = self._last_steps.get(scenario.name)
+        overrides = scenario.run_to(step)
+        if overrides is None:
+            return scenario
+        self.report.notes.append(f"{scenario.name}: run to step {step} of {scenario.total_steps}, as selected")
+        return scenario.with_overrides(overrides, directory=self._variants(scenario), name=scenario.name)
 
     def _runs(self, scenario: Scenario, golden: Golden) -> Scenario:
         """The scenario as a check runs it: a ``level: auto`` scenario whose golden was recorded at L1
@@ -390,14 +406,8 @@ class PrecisionSession:
         """
         if st.environment is None:
             st.environment = EnvironmentDiff.between(golden.env, run.run_json.get("env"))
-        model = st.environment.device_model
-        if model is not None and not self.options.golden_device:
-            path = display_path(self.store.path(st.scenario.name, st.golden_device))
-            raise GoldenDeviceModelError(
-                f"{path}/: recorded on {model.golden}, this run is on {model.run}: a golden is not used for another "
-                f"{model.what} model silently; gate across models with --precision-golden-device {st.golden_device} "
-                f"(tolerance.cross_device rules) or re-record it on this model with: {update_command(st.scenario)}"
-            )
+        if st.environment.device_model is not None and not self.options.golden_device:
+            raise device_model_error(st, self.store.path(st.scenario.name, st.golden_device))
         return st.environment
 
     def _localize(
@@ -479,17 +489,9 @@ class PrecisionSession:
         if not self.usage.partial:
             self.usage.check_complete(discover_scenarios(self.rootdir, scenario_dirs), rootdir=self.rootdir)
         self.report.partial = list(self.usage.partial)
-        if self.usage.partial and self.options.prune:
-            reason = "; ".join(self.usage.partial)
-            self.report.notes.append(f"precision-prune: nothing removed, not a full run ({reason})")
-        elif not self.usage.partial:
-            for name, device in self.store.unused(self.usage.names):
-                path = str(self.shown(self.store.path(name, device)))
-                if self.options.prune:
-                    self.store.remove(name, device)
-                    self.report.pruned.append(path)
-                else:
-                    self.report.unused.append({"scenario": name, "device": device, "path": path})
+        settled = settle(self.usage, self.store, prune=self.options.prune, shown=self.shown)
+        self.report.unused, self.report.pruned = settled.unused, settled.pruned
+        self.report.notes += [settled.note] if settled.note else []
         if self.options.report is not None:
             t0 = time.perf_counter()
             paths = self.report.write(self._abs(self.options.report))

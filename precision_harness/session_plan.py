@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,10 +19,10 @@ from pathlib import Path
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.errors import PrecisionError, ProbeUnavailableError, RunFailedError
+from precision_harness.errors import GoldenDeviceModelError, PrecisionError, ProbeUnavailableError, RunFailedError
 from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
-from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.golden import Golden, update_command
 from precision_harness.goldens.manifest import LOCALIZE_DIR
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.history import golden_history
@@ -89,6 +90,26 @@ class ScenarioState:
         """Another device's golden, or another accelerator model's (allowed by --precision-golden-device)."""
         model = self.environment.device_model if self.environment is not None else None
         return self.golden_device != self.device or model is not None
+
+
+def device_model_error(st: ScenarioState, golden_path: Path) -> GoldenDeviceModelError:
+    """The error of a check against a golden recorded on another GPU/NPU model, without --precision-golden-device
+    (goldens are kept per device type, not model)."""
+    model = st.environment.device_model if st.environment is not None else None
+    assert model is not None
+    return GoldenDeviceModelError(
+        f"{display_path(golden_path)}/: recorded on {model.golden}, this run is on {model.run}: a golden is not used "
+        f"for another {model.what} model silently; gate across models with --precision-golden-device "
+        f"{st.golden_device} (tolerance.cross_device rules) or re-record it on this model with: "
+        f"{update_command(st.scenario)}"
+    )
+
+
+def last_step_needed(keys: Iterable[ItemKey]) -> int | None:
+    """The last step the selected items of one scenario check, or None where one of them needs the whole run
+    (``metrics``): a check runs the scenario only that far (:meth:`ScenarioBase.run_to`)."""
+    steps = [key.step for key in keys]
+    return None if not steps or None in steps else max(steps)
 
 
 def missing_dumps(scenario: Scenario, run_dir: Path) -> list[str]:

@@ -13,14 +13,13 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 from harness_testing import left_behind
 
 from precision_harness.runs import command_runner as command
-from precision_harness.runs import kind_runners, processes, verl_engine
+from precision_harness.runs import kind_runners, verl_engine
 
 #: these tests run examples/verl_cpu where it stands (its .precision/ and the processes a run leaves): one xdist
 #: worker runs them all, one at a time
@@ -54,56 +53,6 @@ def test_transfer_queue_is_installed_with_verl() -> None:
     import importlib.util
 
     assert importlib.util.find_spec("transfer_queue") is not None, "pip install 'pytest-precision[verl]'"
-
-
-def _run_marked(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run ``argv`` as the gate does (own session, marked); kill everything marked afterwards."""
-    run_id = uuid.uuid4().hex
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env={**os.environ, **env, command.ENV_RUN_ID: run_id},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        text=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            processes.kill_group(proc)
-        left = command.reap(run_id)
-    assert not left, f"processes left behind: {left}"
-    return proc.returncode, out
-
-
-@pytest.mark.slow
-def test_main_ppo_starts_and_gets_past_the_transfer_queue_import(tmp_path: Path) -> None:
-    """verl's real entry point, in this venv: Hydra, validation, Ray and the TaskRunner start, and the run reaches
-    ``import transfer_queue`` and the v1 trainer registry (an unknown trainer mode stops it right after)."""
-    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    overrides = {
-        "trainer.v1.trainer_mode": "precision_probe_no_such_trainer",
-        "algorithm.adv_estimator": "grpo",
-        "data.train_files": str(EXAMPLE / "data" / "train.parquet"),
-        "data.val_files": str(EXAMPLE / "data" / "train.parquet"),
-        "data.train_batch_size": 4,
-        "actor_rollout_ref.model.path": str(EXAMPLE / "model"),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "ray_kwargs.ray_init.num_cpus": 2,
-        "trainer.n_gpus_per_node": 1,
-        "trainer.logger": ["console"],
-    }
-    argv = verl_engine.argv(None, overrides)
-    assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
-    code, out = _run_marked(argv, env={"RAY_DEDUP_LOGS": "0"}, cwd=tmp_path, timeout=300)
-    assert "No module named 'transfer_queue'" not in out
-    assert "Unknown trainer 'precision_probe_no_such_trainer'" in out, out[-3000:]
-    assert code != 0
 
 
 # --- the CPU support: overrides, environment, bad input (fast; verl is imported only in subprocesses) ---

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from precision_harness.goldens.store import GoldenStore
 
 #: pytest's default ``norecursedirs``
 DEFAULT_NORECURSE = ("*.egg", ".*", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
@@ -74,3 +76,29 @@ def discover_scenarios(
         if here.name in dir_names:
             found += [here / f for f in sorted(files) if f.endswith((".yaml", ".yml"))]
     return found
+
+
+@dataclass
+class Settled:
+    """What the end of a run did with the goldens no collected scenario uses."""
+
+    unused: list[dict[str, str]] = field(default_factory=list)  #: listed: ``{"scenario", "device", "path"}``
+    pruned: list[str] = field(default_factory=list)  #: removed (``--precision-prune``): their paths as shown
+    note: str = ""  #: why nothing was pruned (a partial run)
+
+
+def settle(usage: GoldenUsage, store: GoldenStore, *, prune: bool, shown: Callable[[Path], Path]) -> Settled:
+    """List the goldens ``usage`` did not use, or remove them under ``prune``; neither after a partial run."""
+    out = Settled()
+    if usage.partial:
+        if prune:
+            out.note = f"precision-prune: nothing removed, not a full run ({'; '.join(usage.partial)})"
+        return out
+    for name, device in store.unused(usage.names):
+        path = str(shown(store.path(name, device)))
+        if prune:
+            store.remove(name, device)
+            out.pruned.append(path)
+        else:
+            out.unused.append({"scenario": name, "device": device, "path": path})
+    return out

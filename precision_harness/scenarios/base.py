@@ -55,6 +55,9 @@ class ScenarioBase:
     records_weight_sync: ClassVar[bool]
     #: whether its runs can dump ``rollout_generate`` (verl: on cpu, the gate's rollout server)
     dumps_rollout: ClassVar[bool]
+    #: whether the gate decides where its runs end (:meth:`run_to`): the built-in loop's
+    #: ``trainer.total_training_steps``, verl's last profiled step; a command runs as it runs
+    ends_runs: ClassVar[bool] = False
     #: cross-field rules the schema cannot express (:mod:`.validation`), run when the file is loaded
     consistency_checks: ClassVar[tuple[Callable[[ScenarioBase], None], ...]]
 
@@ -172,6 +175,14 @@ class ScenarioBase:
     def stop_after(self, step: int) -> dict[str, Any]:
         """Overrides that end a run after ``step`` (none where the run ends at its last profiled step)."""
         return {}
+
+    def run_to(self, step: int | None) -> dict[str, Any] | None:
+        """Overrides that end a run after ``step`` and profile only the steps up to it (what a check whose
+        selected items end at ``step`` runs), or None: the run ends there anyway, or the gate cannot end it
+        (a command scenario's own process runs as it runs), or no step is given."""
+        if step is None or not self.ends_runs or step >= self.total_steps:
+            return None
+        return {**self.stop_after(step), "global_profiler.steps": [s for s in self.steps if s <= step]}
 
     def localizes_stage(self, stage: str) -> bool:
         """Whether a failing ``stage`` item is rerun at :data:`LOCALIZE_LEVEL` (``level: auto``)."""

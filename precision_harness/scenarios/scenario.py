@@ -96,6 +96,7 @@ class BuiltinScenario(Scenario):
 
     kind = "builtin"
     allows_auto = True
+    ends_runs = True
     records_rollout = True
     records_weight_sync = True
     dumps_rollout = True
@@ -244,6 +245,8 @@ class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
     kind = "verl"
+    #: the gate sets ``trainer.total_training_steps`` to the last profiled step (runs/verl_engine.py)
+    ends_runs = True
     #: the gate's extension writes each stage's inputs and outputs from verl's batch, on every device
     #: (precision_harness/runs/verl_stages/stage_window.py)
     allows_auto = True
