@@ -42,6 +42,7 @@ def _pasted(cwd: Path, out: str) -> str:
     args = _rerun_line(out)
     again = _pytest(cwd, *args)
     assert "1 failed" in again and "critic_update[step_1]" in again, again[-3000:]
+    assert "tiny_ppo: run to step 1 of 2, as selected" in again, again[-3000:]  # the one step the item needs
     assert "no golden" not in again and "not found" not in again, again[-3000:]
     return again
 
