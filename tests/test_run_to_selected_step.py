@@ -48,6 +48,33 @@ def test_run_to_ends_builtin_and_verl_runs_but_not_a_command(tmp_path: Path) -> 
     assert command.run_to(1) is None  # the gate does not end a command's own process
 
 
+VERL = """engine: verl
+verl:
+  overrides: {algorithm.adv_estimator: grpo%s}
+global_profiler:
+  steps: [1, 2, 3]
+  global_tool_config:
+    precision_debugger: {stages: [actor_update]}
+"""
+
+
+@pytest.mark.parametrize(
+    "more",
+    [
+        ", actor_rollout_ref.actor.optim.lr_warmup_steps_ratio: 0.1",
+        ", critic.optim.lr_scheduler_type: cosine",
+        ", actor_rollout_ref.actor.optim: automodel",
+    ],
+)
+def test_verl_runs_are_not_ended_early_where_the_lr_schedule_reads_the_total_steps(tmp_path: Path, more: str) -> None:
+    """verl's lr warmup ratio and cosine decay are computed over trainer.total_training_steps, which the gate sets
+    to the last profiled step: stopping such a run early would change step 1's learning rate."""
+    assert _scenario(tmp_path, VERL % "").run_to(1) == {"global_profiler.steps": [1]}
+    assert _scenario(tmp_path, VERL % more).run_to(1) is None
+    entrypoint = VERL.replace("verl:\n", "verl:\n  entrypoint: [python, my_main_ppo.py]\n") % ""
+    assert _scenario(tmp_path, entrypoint).run_to(1) is None  # its own config may schedule the rate
+
+
 def test_selecting_step_1_runs_to_step_1_and_gates_it(project: pytest.Pytester) -> None:
     result = project.runpytest_subprocess("-k", "step_1")
     result.assert_outcomes(passed=5)

@@ -241,6 +241,12 @@ class CommandScenario(Scenario):
         return command_scenario.numeric_settings(self.config, NUMERIC_SETTINGS)
 
 
+#: verl optimizer keys that make the learning rate depend on the total steps (verl's ``_build_lr_scheduler``)
+LR_SCHEDULE_KEYS = frozenset(
+    {"lr_scheduler_type", "warmup_style", "lr_warmup_steps_ratio", "min_lr_ratio", "num_cycles", "total_training_steps"}
+)
+
+
 class VerlScenario(CommandScenario):
     """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
 
@@ -282,6 +288,15 @@ class VerlScenario(CommandScenario):
     def pins_rollouts(self) -> bool:
         """``verl.pin_rollouts``."""
         return bool(self.config["verl"]["pin_rollouts"])
+
+    def run_to(self, step: int | None) -> dict[str, Any] | None:
+        """As :meth:`ScenarioBase.run_to`, but never where the learning rate may be scheduled over
+        ``trainer.total_training_steps`` (verl's ``_build_lr_scheduler``: a warmup ratio, a cosine decay): a run
+        stopped early would train its first steps at another rate. verl's own config schedules none (constant, no
+        warmup); a scenario's own entrypoint, or an override of the schedule or of the optimizer group, may."""
+        verl = self.config["verl"]
+        scheduled = [k for k in verl["overrides"] if k.rsplit(".", 1)[-1] in LR_SCHEDULE_KEYS or k.endswith("optim")]
+        return None if verl["entrypoint"] or scheduled else super().run_to(step)
 
     def localizes_stage(self, stage: str) -> bool:
         """Not ``rollout_generate``: the gate's rollout server records its tokens and log-probs whatever the level,
