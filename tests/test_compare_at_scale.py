@@ -4,7 +4,8 @@
 - the orjson parse equals ``json.loads`` on every committed golden payload (non-finite values included);
 - the columns (:func:`~precision_harness.dumps.columns.columns`) name the rows as :func:`rows` does and read
   their statistics as ``stat_table.four`` does, from a dump parsed with its non-finite values restored or not;
-- every Drift, Problem, profile entry, count and changed code path of the vectorised :func:`compare_rank`
+- every kept Drift (a rank's first and largest), Problem, profile entry, count (drifts not kept, drifts by API and
+  statistic) and changed code path of the vectorised :func:`compare_rank`
   (columnar where both dumps hold the same calls) equals the row-by-row reference's (the compare as b9eb971
   ran it, below) on every committed golden stage, perturbed, and on synthetic plants of each failure mode,
   the dumps parsed as ``json.loads`` does and as :func:`parse_dump_raw` does;
@@ -95,6 +96,7 @@ def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: st
         at = block.target[0] if block.target else (block.after[0] if block.after else None)
         order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
         verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
+    verdict.bound()  # every drift built one by one, then kept as a verdict keeps them (check.drift_set)
     return verdict
 
 
@@ -110,6 +112,7 @@ def assert_same_verdict(new: compare.RankVerdict, ref: compare.RankVerdict) -> N
         assert (a.tensor, a.statistic, a.tol, a.order, a.rank) == (b.tensor, b.statistic, b.tol, b.order, b.rank)
         assert all(same_floats(x, y) for x, y in ((a.golden, b.golden), (a.target, b.target), (a.rel, b.rel)))
         assert a.ratio == b.ratio
+    assert new.drift_set == ref.drift_set  # the count of those not kept, every drift by API and statistic
     assert new.profile == ref.profile
     assert new.code_paths == ref.code_paths
 
