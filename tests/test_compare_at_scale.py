@@ -378,3 +378,20 @@ def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
     assert [p.name for p in tables] == ["compare_result_rank0.csv", "compare_result_rank1.csv"]
     assert all(len(p.read_text().splitlines()) - 1 == 2 * 600 for p in tables)
     assert "msprobe read" not in out.text and not (stage_art / "msprobe_window").exists()
+
+
+def test_the_msprobe_window_holds_a_dumps_non_finite_values_as_msprobe_wrote_them(tmp_path: Path) -> None:
+    """The window is cut from dumps read raw (check.msprobe_window): its calls get their NaN/Infinity back."""
+    from precision_harness.check.msprobe_window import write_window
+
+    for side, scale in (("golden", 1.0), ("run", 1.1)):
+        data = base_data()
+        data["Functional.softmax.0.forward"]["output"][0].update(Max=0.9 * scale, Min=-math.inf, Mean=math.nan)
+        write_dump(tmp_path / side / "step_1" / "actor_update", data)
+    run, golden = (DirStage(tmp_path / side / "step_1" / "actor_update") for side in ("run", "golden"))
+    verdict = compare.compare_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy()))
+    window = write_window(run, golden, verdict, tmp_path / "art")
+    for side in (window.target_dir, window.golden_dir):
+        text = (side / "step0" / "rank0" / "dump.json").read_text()
+        assert "-Infinity" in text and "NaN" in text and "\\u0000" not in text
+        assert math.isnan(json.loads(text)["data"]["Functional.softmax.0.forward"]["output"][0]["Mean"])
