@@ -395,3 +395,28 @@ def test_the_msprobe_window_holds_a_dumps_non_finite_values_as_msprobe_wrote_the
         text = (side / "step0" / "rank0" / "dump.json").read_text()
         assert "-Infinity" in text and "NaN" in text and "\\u0000" not in text
         assert math.isnan(json.loads(text)["data"]["Functional.softmax.0.forward"]["output"][0]["Mean"])
+
+
+@pytest.mark.parametrize("plant", [p for p in plants() if p != "too_different"])
+def test_where_the_change_entered_is_read_from_the_calls_up_to_it_as_from_every_call(
+    plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drift_origin names the rows of the calls up to the earliest changed row only: the same origin as from all."""
+    from precision_harness.check import drift_origin
+
+    sides = {}
+    for side, data in zip(("run", "golden"), plants()[plant], strict=True):
+        extra = {"Functional.relu.9.forward": {"input_args": [tensor()], "output": [tensor(Max=7.0)]}}
+        write_dump(tmp_path / side / "step_1" / "actor_update", {**data, **extra})  # a call after every plant
+        sides[side] = DirStage(tmp_path / side / "step_1" / "actor_update")
+    verdict = compare.compare_stage(
+        sides["run"], sides["golden"], CheckSettings(scenario="s", policy=POLICIES["default"])
+    )
+    calls_up_to, read = drift_origin._calls_up_to, []
+    monkeypatch.setattr(
+        drift_origin, "_calls_up_to", lambda dump, name: read.append(calls_up_to(dump, name)) or read[-1]
+    )
+    cut = drift_origin.classify(verdict, sides["run"], sides["golden"])
+    assert all("Functional.relu.9.forward" not in calls for calls in read)  # the call after the plant: not read
+    monkeypatch.setattr(drift_origin, "_calls_up_to", lambda dump, name: list(dump["data"]))
+    assert cut == drift_origin.classify(verdict, sides["run"], sides["golden"])
