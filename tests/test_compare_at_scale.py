@@ -4,7 +4,8 @@
 - the orjson parse equals ``json.loads`` on every committed golden payload (non-finite values included);
 - the columns (:func:`~precision_harness.dumps.columns.columns`) name the rows as :func:`rows` does and read
   their statistics as ``stat_table.four`` does, from a dump parsed with its non-finite values restored or not;
-- every Drift, Problem, profile entry, count and changed code path of the vectorised :func:`compare_rank`
+- every kept Drift (a rank's first and largest), Problem, profile entry, count (drifts not kept, drifts by API and
+  statistic) and changed code path of the vectorised :func:`compare_rank`
   (columnar where both dumps hold the same calls) equals the row-by-row reference's (the compare as b9eb971
   ran it, below) on every committed golden stage, perturbed, and on synthetic plants of each failure mode,
   the dumps parsed as ``json.loads`` does and as :func:`parse_dump_raw` does;
@@ -95,6 +96,7 @@ def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: st
         at = block.target[0] if block.target else (block.after[0] if block.after else None)
         order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
         verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
+    verdict.bound()  # every drift built one by one, then kept as a verdict keeps them (check.drift_set)
     return verdict
 
 
@@ -110,6 +112,7 @@ def assert_same_verdict(new: compare.RankVerdict, ref: compare.RankVerdict) -> N
         assert (a.tensor, a.statistic, a.tol, a.order, a.rank) == (b.tensor, b.statistic, b.tol, b.order, b.rank)
         assert all(same_floats(x, y) for x, y in ((a.golden, b.golden), (a.target, b.target), (a.rel, b.rel)))
         assert a.ratio == b.ratio
+    assert new.drift_set == ref.drift_set  # the count of those not kept, every drift by API and statistic
     assert new.profile == ref.profile
     assert new.code_paths == ref.code_paths
 
@@ -375,3 +378,45 @@ def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
     assert [p.name for p in tables] == ["compare_result_rank0.csv", "compare_result_rank1.csv"]
     assert all(len(p.read_text().splitlines()) - 1 == 2 * 600 for p in tables)
     assert "msprobe read" not in out.text and not (stage_art / "msprobe_window").exists()
+
+
+def test_the_msprobe_window_holds_a_dumps_non_finite_values_as_msprobe_wrote_them(tmp_path: Path) -> None:
+    """The window is cut from dumps read raw (check.msprobe_window): its calls get their NaN/Infinity back."""
+    from precision_harness.check.msprobe_window import write_window
+
+    for side, scale in (("golden", 1.0), ("run", 1.1)):
+        data = base_data()
+        data["Functional.softmax.0.forward"]["output"][0].update(Max=0.9 * scale, Min=-math.inf, Mean=math.nan)
+        write_dump(tmp_path / side / "step_1" / "actor_update", data)
+    run, golden = (DirStage(tmp_path / side / "step_1" / "actor_update") for side in ("run", "golden"))
+    verdict = compare.compare_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy()))
+    window = write_window(run, golden, verdict, tmp_path / "art")
+    for side in (window.target_dir, window.golden_dir):
+        text = (side / "step0" / "rank0" / "dump.json").read_text()
+        assert "-Infinity" in text and "NaN" in text and "\\u0000" not in text
+        assert math.isnan(json.loads(text)["data"]["Functional.softmax.0.forward"]["output"][0]["Mean"])
+
+
+@pytest.mark.parametrize("plant", [p for p in plants() if p != "too_different"])
+def test_where_the_change_entered_is_read_from_the_calls_up_to_it_as_from_every_call(
+    plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drift_origin names the rows of the calls up to the earliest changed row only: the same origin as from all."""
+    from precision_harness.check import drift_origin
+
+    sides = {}
+    for side, data in zip(("run", "golden"), plants()[plant], strict=True):
+        extra = {"Functional.relu.9.forward": {"input_args": [tensor()], "output": [tensor(Max=7.0)]}}
+        write_dump(tmp_path / side / "step_1" / "actor_update", {**data, **extra})  # a call after every plant
+        sides[side] = DirStage(tmp_path / side / "step_1" / "actor_update")
+    verdict = compare.compare_stage(
+        sides["run"], sides["golden"], CheckSettings(scenario="s", policy=POLICIES["default"])
+    )
+    calls_up_to, read = drift_origin._calls_up_to, []
+    monkeypatch.setattr(
+        drift_origin, "_calls_up_to", lambda dump, name: read.append(calls_up_to(dump, name)) or read[-1]
+    )
+    cut = drift_origin.classify(verdict, sides["run"], sides["golden"])
+    assert all("Functional.relu.9.forward" not in calls for calls in read)  # the call after the plant: not read
+    monkeypatch.setattr(drift_origin, "_calls_up_to", lambda dump, name: list(dump["data"]))
+    assert cut == drift_origin.classify(verdict, sides["run"], sides["golden"])

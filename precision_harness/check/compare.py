@@ -31,8 +31,9 @@ import numpy as np
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
+from precision_harness.check.drift_set import Drift, DriftSet, kept, table_drifts
 from precision_harness.check.stat_table import Cells, StatTable
-from precision_harness.check.tolerance import Tol, TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, columns
 from precision_harness.dumps.files import DUMP, collector_paused, restore_non_finite
@@ -42,21 +43,6 @@ from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.progress import RankProgress
-
-
-@dataclass(frozen=True)
-class Drift:
-    """One statistic of one tensor beyond tolerance."""
-
-    tensor: str  #: msprobe tensor name, e.g. ``Functional.linear.7.forward.output.0``
-    statistic: str  #: Max, Min, Mean or Norm
-    golden: float
-    target: float
-    ratio: float  #: |target - golden| / allowance; > 1 fails
-    rel: float  #: |target - golden| / |golden|
-    tol: Tol
-    order: int  #: row index in execution order
-    rank: str = "rank0"
 
 
 @dataclass(frozen=True)
@@ -94,8 +80,11 @@ class RankVerdict(_Verdict):
 
     rank: str
     checked: int = 0
+    #: the first and the largest drifts (:mod:`~precision_harness.check.drift_set`), in row order
     drifts: list[Drift] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    #: the count of the drifts not kept, and every drift by API and statistic
+    drift_set: DriftSet = field(default_factory=DriftSet)
     profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
     #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
@@ -105,9 +94,18 @@ class RankVerdict(_Verdict):
     #: tensor rows neither side recorded a statistic of: compared by nothing
     unchecked: list[str] = field(default_factory=list)
     _nan_reported: bool = field(default=False, repr=False)
+    _table_kept: list[Drift] = field(default_factory=list, repr=False)  #: those judged at once, until bound()
 
     def problem(self, text: str) -> None:
         self.problems.append(Problem(text, self.rank))
+
+    def bound(self) -> None:
+        """Keep the rank's first and largest drifts (:func:`~precision_harness.check.drift_set.kept`): those built
+        row by row, counted here, with those already selected from the table's arrays."""
+        self.drift_set.count(self.drifts)
+        every = sorted(self.drifts + self._table_kept, key=lambda d: (d.order, STATISTICS.index(d.statistic)))
+        self.drifts, self._table_kept = kept(every), []
+        self.drift_set.dropped += len(every) - len(self.drifts)
 
 
 @dataclass
@@ -118,8 +116,11 @@ class StageVerdict(_Verdict):
     step: int
     stage: str
     checked: int = 0  #: statistics compared
+    #: each rank's first and largest drifts (:mod:`~precision_harness.check.drift_set`), by rank and row order
     drifts: list[Drift] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)  #: always-failures, one line each
+    #: the count of the drifts not kept, and every drift by API and statistic
+    drift_set: DriftSet = field(default_factory=DriftSet)
     tolerance: str = ""
     identical: bool = False  #: every rank's digest equals the golden's
     ranks: list[str] = field(default_factory=list)
@@ -144,6 +145,11 @@ class StageVerdict(_Verdict):
         """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), and
         every tensor row compared by nothing is one the scenario allows."""
         return super().passed and not self.failing_code_paths and not self.failing_unchecked
+
+    @property
+    def beyond(self) -> int:
+        """Statistics beyond tolerance, every one counted (only some are kept as :attr:`drifts`)."""
+        return len(self.drifts) + self.drift_set.dropped
 
     @property
     def failing_unchecked(self) -> list[tuple[str, str]]:
@@ -188,6 +194,7 @@ class StageVerdict(_Verdict):
         """Take in one rank's result."""
         self.checked += rank.checked
         self.drifts += rank.drifts
+        self.drift_set.merge(rank.drift_set)
         self.problems += rank.problems
         self.profile += rank.profile
         self.code_paths += rank.code_paths
@@ -202,7 +209,8 @@ def compare_rank(
 
     msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
     the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
-    row by row; drifts, problems and the profile come out in row order either way. Where both dumps hold the
+    row by row; drifts, problems and the profile come out in row order either way, the drifts bounded
+    (:meth:`RankVerdict.bound`). Where both dumps hold the
     same calls (the common case), both are read as :func:`~precision_harness.dumps.columns.columns` and a row's
     object is built only where its verdict needs it. The dumps may be parsed by ``parse_dump`` or
     ``parse_dump_raw`` (they are restored in place where the row-by-row way reads them).
@@ -210,6 +218,16 @@ def compare_rank(
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
     """
+    dumps = [t_dump, g_dump]
+    del t_dump, g_dump  # _compared holds the only references, so it frees each dump once its rows are named
+    verdict = _compared(dumps, policy=policy, stage=stage, rank=rank)
+    verdict.bound()
+    return verdict
+
+
+def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: str, rank: str) -> RankVerdict:
+    t_dump, g_dump = dumps
+    dumps.clear()
     verdict = RankVerdict(rank)
     pairing = pair_calls(t_dump, g_dump)
     if not pairing.alignable:
@@ -250,8 +268,9 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
     """Every row of ``plan`` into ``v``, in order: regular rows from one :class:`StatTable`, the rest row by row."""
     compared = [step for step in plan if isinstance(step, _Row)]
     table = StatTable([(r.name, r.target, r.golden) for r in compared], policy, stage)
+    v._table_kept += table_drifts(table, ([r.name for r in compared], [r.order for r in compared]), v.rank, v.drift_set)
     checked = table.present.sum(axis=1).tolist()
-    regular, notable, worst = table.regular.tolist(), table.notable.tolist(), table.worst.tolist()
+    regular, nonfinite, worst = table.regular.tolist(), table.nonfinite.tolist(), table.worst.tolist()
     i = 0
     for step in plan:
         if isinstance(step, str):
@@ -261,8 +280,8 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
             _compare_row(v, step, policy=policy, stage=stage)
         else:
             v.checked += checked[i]
-            if notable[i]:
-                _notable_row(v, (step.name, step.order), table, i)
+            if nonfinite[i]:
+                _nonfinite_row(v, step.name, table, i)
             v.profile.append((v.rank, step.order, step.name, worst[i]))
         i += 1
 
@@ -271,7 +290,8 @@ def _judge_columns(
     v: RankVerdict, sides: tuple[Columns, Columns], layouts: Layouts, policy: TolerancePolicy, stage: str
 ) -> None:
     """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
-    the regular rows judged at once, a row object built only for a row that is not regular or says something."""
+    the regular rows judged at once, a row object built only for a row that is not regular, and a drift only
+    for one the verdict keeps (:func:`~precision_harness.check.drift_set.table_drifts`)."""
     t, g = sides
     g_at, golden = aligned_golden_columns(t, g)
     paired = g_at >= 0
@@ -285,8 +305,11 @@ def _judge_columns(
     cells = Cells(t.stats, golden.stats, present, regular, scale, t.layout, layouts.dtypes, t.names)
     table = StatTable.of_cells(cells, policy, stage)
     v.checked += int(present.sum())
+    v._table_kept += table_drifts(table, (t.names, range(len(t.names))), v.rank, v.drift_set)
     names, worst, order = t.names, table.worst.tolist(), 0
-    for i in np.flatnonzero(~regular | table.notable).tolist():
+    said = ~regular
+    said[np.flatnonzero(table.nonfinite)[:1]] = True  # only a rank's first non-finite value is a problem
+    for i in np.flatnonzero(said).tolist():
         v.profile.extend(zip(repeat(v.rank, i - order), range(order, i), names[order:i], worst[order:i], strict=True))
         order = i + 1
         if not paired[i]:  # a paired call with other tensors: a structural change
@@ -294,7 +317,7 @@ def _judge_columns(
         elif not regular[i]:
             _compare_row(v, _Row(names[i], i, t.item(i), g.item(int(g_at[i]))), policy=policy, stage=stage)
         else:
-            _notable_row(v, (names[i], i), table, i)
+            _nonfinite_row(v, names[i], table, i)
             v.profile.append((v.rank, i, names[i], worst[i]))
     rest = len(names) - order
     v.profile.extend(zip(repeat(v.rank, rest), range(order, len(names)), names[order:], worst[order:], strict=True))
@@ -305,22 +328,14 @@ def _judge_columns(
         ]
 
 
-def _notable_row(v: RankVerdict, row: tuple[str, int], table: StatTable, i: int) -> None:
-    """The drifts and the first non-finite value of regular row ``i`` of ``table`` (``row``: its name and order),
-    as :func:`_compare_row` adds them."""
-    name, order = row
+def _nonfinite_row(v: RankVerdict, name: str, table: StatTable, i: int) -> None:
+    """The first value of regular row ``i`` of ``table`` (named ``name``) that is non-finite where the golden's is
+    finite, as :func:`_compare_row` reports it: once a rank."""
     for k, stat in enumerate(STATISTICS):
-        if not table.present[i, k]:
-            continue
         t_val, g_val = float(table.target[i, k]), float(table.golden[i, k])
-        if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
+        if table.present[i, k] and not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
             v.problem(f"{name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
-        ratio = float(table.ratio[i, k])
-        if ratio > 1.0:
-            tol = table.tol(i, k)
-            rel = relative_change(t_val, g_val)
-            v.drifts.append(Drift(name, stat, g_val, t_val, ratio, rel, tol, order, v.rank))
 
 
 def _too_different(pairing: Pairing) -> str:

@@ -45,6 +45,7 @@ from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
+from precision_harness.dumps.files import restore_non_finite
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows
 from precision_harness.dumps.stage import StageSource
@@ -184,10 +185,14 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     if block is not None:
         return block
     _, rank, name, _ = earliest
-    table = rows(target.load(rank))
+    dump = target.load(rank, raw=True)
+    calls = _calls_up_to(dump, name)
+    table = rows(_restored(dump, calls))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
         row, name, rank = {"api": _api_of(shown[2]), "state": "output"}, shown[2], shown[1]
+        calls = list(dump["data"])  # its call may come later: every row, as before the cut
+        table = rows(_restored(dump, calls))
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
@@ -195,7 +200,7 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     producer = _producer(name, table) if structural and kind in _OUTSIDE else None
     if producer is not None:  # computed inside the stage: its dtype or shape changed there, not upstream
         kind = OriginKind.UNRECORDED
-    paired = _paired_golden(target, golden, rank) if kind is OriginKind.API else None
+    paired = _paired_golden((dump, target), golden, rank, calls) if kind is OriginKind.API else None
     inputs_rel = _inputs_rel(api, table, paired) if paired is not None else None
     return DriftOrigin(
         kind, name, api, rank, verdict.stage, shown[2], structural=structural, producer=producer,
@@ -247,12 +252,32 @@ def _code_path_origin(verdict: StageVerdict, earliest: _Point | None) -> DriftOr
     return DriftOrigin(OriginKind.CODE_PATH, block.row, block.api, block.rank, verdict.stage, first, code_path=block)
 
 
-def _paired_golden(target: StageSource, golden: StageSource | None, rank: str) -> dict[str, dict[str, Any]] | None:
-    """The golden's rows of ``rank`` named as the run's calls they pair with (dumps.pairing); None without a golden."""
+def _calls_up_to(dump: dict[str, Any], name: str) -> list[str]:
+    """The calls of a parsed dump.json up to the last one whose rows ``name`` can be (a row's name starts with its
+    call's key): every row the classification reads (those of the row's own call, and those before it) comes from
+    them. Every call where none matches (a row of stage_outputs.json, say)."""
+    keys = list(dump["data"])
+    last = max((i for i, key in enumerate(keys) if name.startswith(key + ".")), default=len(keys) - 1)
+    return keys[: last + 1]
+
+
+def _restored(dump: dict[str, Any], calls: list[str]) -> dict[str, Any]:
+    """``dump`` (read raw) cut to ``calls``, their non-finite values restored: restoring a rank's every call, and
+    naming its every row, cost more than the rest of the classification."""
+    data = dump["data"]
+    return {**dump, "data": {key: restore_non_finite(data[key]) for key in calls}}
+
+
+def _paired_golden(
+    run: tuple[dict[str, Any], StageSource], golden: StageSource | None, rank: str, calls: list[str]
+) -> dict[str, dict[str, Any]] | None:
+    """The golden's rows of ``rank`` named as the run's ``calls`` they pair with (dumps.pairing; ``run``: the run's
+    dump read raw, and its stage); None without a golden."""
     if golden is None:
         return None
-    mine, theirs = target.load(rank), golden.load(rank)
-    return rows(aligned_golden(theirs, pair_calls(mine, theirs)))
+    mine, theirs = run[0], golden.load(rank, raw=True)
+    named = aligned_golden(theirs, pair_calls(mine, theirs))
+    return rows(_restored(named, [key for key in calls if key in named["data"]]))
 
 
 def _inputs_rel(api: str, table: dict[str, dict[str, Any]], golden: dict[str, dict[str, Any]]) -> float:

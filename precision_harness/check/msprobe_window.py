@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.files import DUMP
+from precision_harness.dumps.files import DUMP, restore_non_finite
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import StageSource
 
@@ -83,7 +83,8 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
     rank = first_divergent_rank(verdict)
     if rank is None or rank not in target.ranks() or rank not in golden.ranks():
         return None
-    t_dump, g_dump = target.load(rank), golden.load(rank)
+    # raw: only the window's calls get their non-finite values back, not every call of the rank
+    t_dump, g_dump = target.load(rank, raw=True), golden.load(rank, raw=True)
     apis = list(t_dump["data"])
     at = _divergent_call(apis, verdict, rank)
     start, end = max(0, at - WINDOW_CALLS), min(len(apis), at + WINDOW_CALLS + 1)
@@ -91,8 +92,8 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
     keep = apis[start:end]
     out = artifacts / WINDOW_DIR
     sides = {
-        "run": {**t_dump, "data": {api: t_dump["data"][api] for api in keep}},
-        "golden": {**g_dump, "data": {api: named[api] for api in keep if api in named}},
+        "run": {**t_dump, "data": {api: restore_non_finite(t_dump["data"][api]) for api in keep}},
+        "golden": {**g_dump, "data": {api: restore_non_finite(named[api]) for api in keep if api in named}},
     }
     for side, dump in sides.items():
         rank_dir = out / side / "step0" / rank

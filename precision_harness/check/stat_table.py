@@ -77,8 +77,7 @@ class StatTable:
         rtol, atol: ``(rows, 4)`` float64 tolerances of each cell (the policy's, per row: atol scales with the
             row's RMS and calibrated noise is the row's own).
         ratio: ``(rows, 4)`` float64 tolerance ratios (0 where absent); ``worst``: their row maximum.
-        notable: ``(rows,)`` bool: a regular row with a ratio above 1 or a value non-finite where the
-            golden's is finite.
+        nonfinite: ``(rows,)`` bool: a regular row with a value non-finite where the golden's is finite.
     """
 
     def __init__(
@@ -129,7 +128,7 @@ class StatTable:
         self.ratio = np.where(self.present, _ratios(self.target, self.golden, tols, cells.scale), 0.0)
         self.worst = self.ratio.max(axis=1, initial=0.0)
         nonfinite = ~np.isfinite(self.target) & np.isfinite(self.golden) & self.present
-        self.notable = self.regular & ((self.ratio > 1.0).any(axis=1) | nonfinite.any(axis=1))
+        self.nonfinite = self.regular & nonfinite.any(axis=1)
 
     def _read(self, t_item: dict[str, Any], g_item: dict[str, Any]) -> tuple | None:
         """``(target stats, golden stats, the golden's RMS)`` of a regular row; None otherwise."""

@@ -160,9 +160,8 @@ def stage_text(
         where = (
             f"{v.stage} @ step_{v.step}, {first_rank} (differs on {', '.join(v.failing_ranks)} of {len(v.ranks)} ranks)"
         )
-    n = len({(d.rank, d.tensor, d.statistic) for d in v.drifts})
     if v.drifts:
-        lines = [f"{where}: {n} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
+        lines = [f"{where}: {v.beyond} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
     elif v.problems:
         lines = [f"{where}: {len(v.problems)} structural difference(s) from the golden"]
     elif v.failing_unchecked:

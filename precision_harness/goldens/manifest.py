@@ -101,7 +101,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def dump_level(root: Path, files: list[str]) -> str | None:
     """The ``level`` msprobe wrote into the first dump.json of ``files``."""
     dump = next((rel for rel in files if rel.endswith("/dump.json")), None)
-    return load_dump(root / dump).get("level") if dump else None
+    # raw: the level is all that is read, and restoring a large dump's non-finite values costs more than its parse
+    return load_dump(root / dump, raw=True).get("level") if dump else None
 
 
 def statistics_counts(contents: dict[str, bytes], prefix: str) -> dict[str, int]:

@@ -32,6 +32,8 @@ REPORT_FORMAT = 1
 MAX_PROFILE_POINTS = 4000
 #: problems kept per record
 MAX_RECORD_PROBLEMS = 20
+#: the (API, statistic) entries of a failing stage's drift profile a record keeps, the most drifts first
+MAX_BY_API = 20
 #: scenarios named in a summary line about an environment difference before "and N more"
 MAX_NAMED_SCENARIOS = 3
 
@@ -101,6 +103,8 @@ class ItemRecord:
     worst_ratio: float | None = None  #: None: infinite, structural, or not compared
     checked: int = 0
     beyond: int = 0
+    #: ``{"api", "statistic", "count", "worst_ratio"}`` of the APIs with the most drifts (check.drift_set)
+    beyond_by_api: list[dict[str, Any]] = field(default_factory=list)
     first_divergence: dict[str, Any] | None = None
     largest: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
@@ -175,6 +179,12 @@ class ItemRecord:
         if isinstance(v, MetricsVerdict):
             self.worst_ratio = None if v.problems else _finite(max((d.ratio for d in v.drifts), default=0.0))
             return
+        self.beyond = v.beyond  # every drift counted, only the first and the largest kept (check.drift_set)
+        most = sorted(v.drift_set.by_api.items(), key=lambda kv: (-kv[1][0], kv[0]))[:MAX_BY_API]
+        self.beyond_by_api = [
+            {"api": api, "statistic": stat, "count": n, "worst_ratio": _finite(worst)}
+            for (api, stat), (n, worst) in most
+        ]
         self.worst_ratio = _finite(v.worst_ratio)
         self.unchecked = len(v.unchecked)
         self.first_divergence, self.largest = _drift_json(v.first_divergence), _drift_json(v.largest)
