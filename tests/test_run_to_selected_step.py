@@ -68,11 +68,18 @@ global_profiler:
 )
 def test_verl_runs_are_not_ended_early_where_the_lr_schedule_reads_the_total_steps(tmp_path: Path, more: str) -> None:
     """verl's lr warmup ratio and cosine decay are computed over trainer.total_training_steps, which the gate sets
-    to the last profiled step: stopping such a run early would change step 1's learning rate."""
-    assert _scenario(tmp_path, VERL % "").run_to(1) == {"global_profiler.steps": [1]}
-    assert _scenario(tmp_path, VERL % more).run_to(1) is None
+    to the last profiled step: stopping such a run early, as a check of step 1's items or a rerun to step 1
+    would, changes step 1's learning rate."""
+    plain, scheduled = _scenario(tmp_path, VERL % ""), _scenario(tmp_path, VERL % more)
+    assert plain.run_to(1) == {"global_profiler.steps": [1]}
+    assert scheduled.run_to(1) is None
     entrypoint = VERL.replace("verl:\n", "verl:\n  entrypoint: [python, my_main_ppo.py]\n") % ""
     assert _scenario(tmp_path, entrypoint).run_to(1) is None  # its own config may schedule the rate
+    # level auto's L1 rerun and the judgement's capture rerun of step 1 keep the check's total steps there
+    assert plain.localize_overrides(1, "actor_update")["global_profiler.steps"] == [1]
+    assert scheduled.localize_overrides(1, "actor_update")["global_profiler.steps"] == [1, 3]
+    capture = scheduled.capture_overrides(2, "actor_update", ["Functional.linear.0.forward"])
+    assert capture["global_profiler.steps"] == [2, 3]
 
 
 def test_selecting_step_1_runs_to_step_1_and_gates_it(project: pytest.Pytester) -> None:

@@ -154,7 +154,7 @@ class ScenarioBase:
         """
         return {
             LEVEL_KEY: LOCALIZE_LEVEL,
-            "global_profiler.steps": [step],
+            "global_profiler.steps": self.rerun_steps(step),
             STAGES_KEY: [stage],
             **self.stop_after(step),
         }
@@ -167,7 +167,7 @@ class ScenarioBase:
         collects the listed ones). The level is the gate's (``auto``: its localisation level, L1), so
         the calls are the ones the checked dump names.
         """
-        overrides = {**self.stop_after(step), "global_profiler.steps": [step], STAGES_KEY: [stage]}
+        overrides = {**self.stop_after(step), "global_profiler.steps": self.rerun_steps(step), STAGES_KEY: [stage]}
         if self.localizes:
             overrides[LEVEL_KEY] = LOCALIZE_LEVEL
         return {**overrides, TASK_KEY: TENSOR_TASK, LIST_KEY: list(apis)}
@@ -175,6 +175,11 @@ class ScenarioBase:
     def stop_after(self, step: int) -> dict[str, Any]:
         """Overrides that end a run after ``step`` (none where the run ends at its last profiled step)."""
         return {}
+
+    def rerun_steps(self, step: int) -> list[int]:
+        """The profiled steps of a rerun to ``step`` (level auto's localisation, the judgement's capture): ``[step]``
+        where the rerun may end there, which only reads ``step``'s dump."""
+        return [step]
 
     def run_to(self, step: int | None) -> dict[str, Any] | None:
         """Overrides that end a run after ``step`` and profile only the steps up to it (what a check whose
