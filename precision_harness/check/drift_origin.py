@@ -45,7 +45,7 @@ from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.files import restore_non_finite
+from precision_harness.dumps.files import restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows
 from precision_harness.dumps.stage import StageSource
@@ -187,12 +187,12 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     _, rank, name, _ = earliest
     dump = target.load(rank, raw=True)
     calls = _calls_up_to(dump, name)
-    table = rows(_restored(dump, calls))
+    table = rows(restored_calls(dump, calls))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
         row, name, rank = {"api": _api_of(shown[2]), "state": "output"}, shown[2], shown[1]
         calls = list(dump["data"])  # its call may come later: every row, as before the cut
-        table = rows(_restored(dump, calls))
+        table = rows(restored_calls(dump, calls))
     api = str(row["api"])
     has_inputs = any(r["api"] == api and r.get("state") == "input" for r in table.values())
     kind = _kind(row, has_inputs=has_inputs)
@@ -261,13 +261,6 @@ def _calls_up_to(dump: dict[str, Any], name: str) -> list[str]:
     return keys[: last + 1]
 
 
-def _restored(dump: dict[str, Any], calls: list[str]) -> dict[str, Any]:
-    """``dump`` (read raw) cut to ``calls``, their non-finite values restored: restoring a rank's every call, and
-    naming its every row, cost more than the rest of the classification."""
-    data = dump["data"]
-    return {**dump, "data": {key: restore_non_finite(data[key]) for key in calls}}
-
-
 def _paired_golden(
     run: tuple[dict[str, Any], StageSource], golden: StageSource | None, rank: str, calls: list[str]
 ) -> dict[str, dict[str, Any]] | None:
@@ -277,7 +270,7 @@ def _paired_golden(
         return None
     mine, theirs = run[0], golden.load(rank, raw=True)
     named = aligned_golden(theirs, pair_calls(mine, theirs))
-    return rows(_restored(named, [key for key in calls if key in named["data"]]))
+    return rows(restored_calls(named, calls))
 
 
 def _inputs_rel(api: str, table: dict[str, dict[str, Any]], golden: dict[str, dict[str, Any]]) -> float:

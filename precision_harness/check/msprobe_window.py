@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.files import DUMP, restore_non_finite
+from precision_harness.dumps.files import DUMP, restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import StageSource
 
@@ -88,13 +88,10 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
     apis = list(t_dump["data"])
     at = _divergent_call(apis, verdict, rank)
     start, end = max(0, at - WINDOW_CALLS), min(len(apis), at + WINDOW_CALLS + 1)
-    named = aligned_golden(g_dump, pair_calls(t_dump, g_dump))["data"]
+    named = aligned_golden(g_dump, pair_calls(t_dump, g_dump))
     keep = apis[start:end]
     out = artifacts / WINDOW_DIR
-    sides = {
-        "run": {**t_dump, "data": {api: restore_non_finite(t_dump["data"][api]) for api in keep}},
-        "golden": {**g_dump, "data": {api: restore_non_finite(named[api]) for api in keep if api in named}},
-    }
+    sides = {"run": restored_calls(t_dump, keep), "golden": restored_calls(named, keep)}
     for side, dump in sides.items():
         rank_dir = out / side / "step0" / rank
         rank_dir.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ import gc
 import hashlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,14 @@ def restore_non_finite(node: Any) -> Any:
         elif isinstance(value, (dict, list)):
             restore_non_finite(value)
     return node
+
+
+def restored_calls(dump: dict[str, Any], calls: Iterable[str]) -> dict[str, Any]:
+    """``dump`` (parsed raw: :func:`load_dump` with ``raw=True``) cut to those of ``calls`` it holds, in that order,
+    their non-finite values restored (in place): what a reader of a few calls of a large dump needs, without
+    restoring and keeping every call."""
+    data = dump["data"]
+    return {**dump, "data": {key: restore_non_finite(data[key]) for key in calls if key in data}}
 
 
 def _where(content: bytes, exc: ValueError) -> str:

@@ -176,16 +176,25 @@ class ScenarioBase:
         """Overrides that end a run after ``step`` (none where the run ends at its last profiled step)."""
         return {}
 
+    @property
+    def lr_may_follow_total_steps(self) -> bool:
+        """Whether the learning rate may be scheduled over the run's total steps, which the gate sets to the last
+        profiled step (verl's ``_build_lr_scheduler``: a warmup ratio, a cosine decay): then no run the gate
+        makes may end early, or it trains its first steps at another rate. Never for the built-in loop."""
+        return False
+
     def rerun_steps(self, step: int) -> list[int]:
-        """The profiled steps of a rerun to ``step`` (level auto's localisation, the judgement's capture): ``[step]``
-        where the rerun may end there, which only reads ``step``'s dump."""
-        return [step]
+        """The profiled steps of a rerun to ``step`` (level auto's localisation, the judgement's capture): ``[step]``,
+        and the last profiled step too where :attr:`lr_may_follow_total_steps`, so the rerun keeps the check's
+        total and trains ``step`` at its rate (it runs on past ``step``; only ``step``'s dump is read)."""
+        return sorted({step, self.total_steps}) if self.lr_may_follow_total_steps else [step]
 
     def run_to(self, step: int | None) -> dict[str, Any] | None:
         """Overrides that end a run after ``step`` and profile only the steps up to it (what a check whose
         selected items end at ``step`` runs), or None: the run ends there anyway, or the gate cannot end it
-        (a command scenario's own process runs as it runs), or no step is given."""
-        if step is None or not self.ends_runs or step >= self.total_steps:
+        (a command scenario's own process runs as it runs), may not (:attr:`lr_may_follow_total_steps`), or no
+        step is given."""
+        if step is None or not self.ends_runs or self.lr_may_follow_total_steps or step >= self.total_steps:
             return None
         return {**self.stop_after(step), "global_profiler.steps": [s for s in self.steps if s <= step]}
 

@@ -289,22 +289,10 @@ class VerlScenario(CommandScenario):
         """``verl.pin_rollouts``."""
         return bool(self.config["verl"]["pin_rollouts"])
 
-    def run_to(self, step: int | None) -> dict[str, Any] | None:
-        """As :meth:`ScenarioBase.run_to`, but never where the learning rate may be scheduled over
-        ``trainer.total_training_steps`` (verl's ``_build_lr_scheduler``: a warmup ratio, a cosine decay): a run
-        stopped early would train its first steps at another rate. verl's own config schedules none (constant, no
-        warmup); a scenario's own entrypoint, or an override of the schedule or of the optimizer group, may."""
-        return None if self.lr_may_follow_total_steps else super().run_to(step)
-
-    def rerun_steps(self, step: int) -> list[int]:
-        """``[step]``, and the last profiled step too where the learning rate may follow the total steps: the gate
-        sets ``trainer.total_training_steps`` to the last profiled step, so the rerun trains ``step`` at the rate
-        the check did (it runs on past ``step``; only ``step``'s dump is read)."""
-        return sorted({step, self.total_steps}) if self.lr_may_follow_total_steps else [step]
-
     @property
     def lr_may_follow_total_steps(self) -> bool:
-        """A scenario of its own ``entrypoint``, or an override of verl's lr schedule or optimizer group."""
+        """A scenario of its own ``entrypoint``, or an override of verl's lr schedule or optimizer group: verl's own
+        config schedules none (constant, no warmup)."""
         verl = self.config["verl"]
         scheduled = [k for k in verl["overrides"] if k.rsplit(".", 1)[-1] in LR_SCHEDULE_KEYS or k.endswith("optim")]
         return bool(verl["entrypoint"] or scheduled)
