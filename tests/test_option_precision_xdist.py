@@ -69,13 +69,23 @@ def test_dash_n_defaults_to_loadgroup(project: pytest.Pytester) -> None:
 
 def test_a_projects_own_xdist_group_stays_on_one_worker(pytester: pytest.Pytester) -> None:
     """Beside the gate, ``-n 2`` keeps a project's ``xdist_group`` tests on one worker (xdist 3.8 alone spreads
-    them under pytest 9.2: pytest-dev/pytest-xdist#1386); ungrouped tests still spread."""
+    them under pytest 9.2: pytest-dev/pytest-xdist#1386); ungrouped tests still spread.
+
+    Each ungrouped test waits (up to 20 s after the first began) until ungrouped tests have run on two workers:
+    loadgroup then hands the rest to the worker that finished the group, so "they spread" does not depend on which
+    worker is quicker, and a scheduler that put them all in one group would time out and fail the assertion."""
+    wait = (
+        "    deadline = min(p.stat().st_mtime for p in pathlib.Path().glob('free_*')) + 20\n"
+        "    while len({p.read_text() for p in pathlib.Path().glob('free_*')}) < 2 and time.time() < deadline:\n"
+        "        time.sleep(0.05)\n"
+    )
     body = "\n".join(
-        f"{mark}def test_{prefix}_{i}(worker_id):\n    open('{prefix}_{i}', 'w').write(worker_id)\n"
+        f"{mark}def test_{prefix}_{i}(worker_id):\n    pathlib.Path('{prefix}_{i}').write_text(worker_id)\n"
+        + (wait if prefix == "free" else "")
         for prefix, mark in (("grouped", "@pytest.mark.xdist_group('g')\n"), ("free", ""))
         for i in range(8)
     )
-    pytester.makepyfile(test_groups="import pytest\n\n" + body)
+    pytester.makepyfile(test_groups="import pathlib\nimport time\n\nimport pytest\n\n" + body)
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
     workers = {prefix: {p.read_text() for p in pytester.path.glob(f"{prefix}_*")} for prefix in ("grouped", "free")}
