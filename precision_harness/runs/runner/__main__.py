@@ -16,6 +16,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import precision_harness.runs.runner.lean_imports  # noqa: F401  (before transformers: see the module)
+
 _T0 = time.perf_counter()
 #: set in a child of the warm server (precision_harness.runs.warm), recorded in run.json
 WARM = False
