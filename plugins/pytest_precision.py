@@ -153,6 +153,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     precision = config.stash[_SESSION_KEY]
     if _is_xdist_worker(config):
         config.workeroutput["precision_usage"] = precision.usage.to_json()  # type: ignore[attr-defined]
+        config.workeroutput["precision_notes"] = list(precision.report.notes)  # type: ignore[attr-defined]
         return
     if config.option.collectonly:
         return
@@ -164,13 +165,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: merge which scenarios a worker collected (each worker collects every scenario).
+    """xdist controller: merge which scenarios a worker collected (each worker collects every scenario) and the
+    summary notes its runs wrote ("run to step N of M, as selected").
 
     Item records need no merging: they reach the controller on each TestReport.
     """
     output = getattr(node, "workeroutput", {})
+    precision = node.config.stash[_SESSION_KEY]
     if output.get("precision_usage") is not None:
-        node.config.stash[_SESSION_KEY].usage.merge(output["precision_usage"])
+        precision.usage.merge(output["precision_usage"])
+    precision.report.add_notes(output.get("precision_notes", ()))
 
 
 def _check_device_options(options: PrecisionOptions, *, is_worker: bool) -> None:

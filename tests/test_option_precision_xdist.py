@@ -60,11 +60,13 @@ def test_xdist_and_serial_agree_on_a_suite_with_one_drifted_scenario(project: py
 def test_dash_n_defaults_to_loadgroup(project: pytest.Pytester) -> None:
     result = project.runpytest_subprocess("-n", "2", "--collect-only", "-q")
     assert result.ret == 0
-    result = project.runpytest_subprocess("-n", "2", "-v", "-k", "metrics")
+    result = project.runpytest_subprocess("-n", "2", "-v", "-k", "actor_update and step_1")
     result.assert_outcomes(passed=1)  # workers deselect; the controller reports no deselected count
     result.stdout.fnmatch_lines(
-        ["scheduling tests via LoadGroupScheduling", "*PASSED scenarios/tiny_ppo.yaml::metrics@tiny_ppo*"]
+        ["scheduling tests via LoadGroupScheduling", "*PASSED scenarios/tiny_ppo.yaml::actor_update?step_1?@tiny_ppo*"]
     )
+    # the worker's summary note reaches the controller's summary, once
+    assert result.outlines.count("tiny_ppo: run to step 1 of 2, as selected") == 1, result.outlines
 
 
 def test_a_projects_own_xdist_group_stays_on_one_worker(pytester: pytest.Pytester) -> None:

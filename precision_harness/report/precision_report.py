@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,6 +336,10 @@ class PrecisionReport:
         if undeclared:
             stages = ", ".join(undeclared)
             self.notes.append(f"{scenario}: dumped but not declared in precision_debugger.stages (not gated): {stages}")
+
+    def add_notes(self, notes: Iterable[str]) -> None:
+        """Add the notes another process wrote (an xdist worker's), each once: workers plan the same scenarios."""
+        self.notes += [note for note in dict.fromkeys(notes) if note not in self.notes]
 
     def _run_lines(self) -> Iterator[str]:
         for name, records in self._by_scenario().items():
