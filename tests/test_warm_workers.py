@@ -109,14 +109,14 @@ def test_server_starts_with_the_determinism_environment_and_the_caller_s_is_rest
     assert dict(os.environ) == before
 
 
-def test_a_runner_process_imports_transformers_without_scikit_learn() -> None:
-    """transformers imports scikit-learn (and scipy) where it is installed; a runner process never uses it
+def test_a_runner_process_imports_transformers_without_scikit_learn_or_scipy() -> None:
+    """transformers imports scikit-learn and SciPy where they are installed; a runner process never uses them
     (precision_harness.runs.runner.lean_imports), fresh or forked from the warm server."""
     assert warm.PRELOAD.index("precision_harness.runs.runner.lean_imports") < warm.PRELOAD.index("torch")
     probe = (
         "import sys, precision_harness.runs.runner.__main__, transformers.models.qwen2.modeling_qwen2 as m;"
-        "from transformers.utils import is_sklearn_available;"
-        "print(is_sklearn_available(), sys.modules.get('sklearn'), 'scipy.stats' in sys.modules)"
+        "from transformers.utils import is_scipy_available, is_sklearn_available;"
+        "print(is_sklearn_available(), is_scipy_available(), sys.modules.get('sklearn'), sys.modules.get('scipy'))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "None", "False"]
+    assert out.split() == ["False", "False", "None", "None"]

@@ -33,7 +33,7 @@ from typing import Any
 
 #: what the server imports once (the worker's heavy imports; nothing here builds a device context)
 PRELOAD = (
-    "precision_harness.runs.runner.lean_imports",  # first: transformers must not find scikit-learn
+    "precision_harness.runs.runner.lean_imports",  # first: transformers must not find scikit-learn or SciPy
     "torch",
     "numpy",
     "transformers.models.qwen2.modeling_qwen2",

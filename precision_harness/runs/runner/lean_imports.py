@@ -1,19 +1,25 @@
-"""The runner's process does not import scikit-learn, which transformers would import for nothing.
+"""The runner's process does not import scikit-learn or SciPy, which transformers would import for nothing.
 
-transformers 5.x (``transformers/generation/candidate_generator.py``) imports ``sklearn.metrics.roc_curve`` when
-scikit-learn is installed, for assisted generation's confidence threshold. msprobe's requirement ``skl2onnx``
-installs scikit-learn, so every run paid its import, scipy's included: 2 to 3 s of the 10 to 12 s a runner
-process spends importing (2-core AMD EPYC), and the built-in loop never generates with an assistant model.
+transformers 5.x imports both at import time where they are installed, for models and features the built-in loop
+never uses: ``sklearn.metrics.roc_curve`` for assisted generation's confidence threshold
+(``transformers/generation/candidate_generator.py``) and ``scipy.optimize.linear_sum_assignment`` for the
+object-detection losses (``transformers/loss/loss_for_object_detection.py``). msprobe's requirement ``skl2onnx``
+installs scikit-learn (and SciPy with it), so every runner process paid their imports: about a quarter of the 10
+to 12 s a runner spends importing on a 2-core AMD EPYC, before it trains anything.
 
-Importing this module marks ``sklearn`` absent in ``sys.modules`` (unless it is already imported), so
-transformers' ``is_sklearn_available()`` is false and ``import sklearn`` raises ImportError, in this process only.
-Importing is the switch because the warm server's preload (:mod:`precision_harness.runs.warm`) can only import.
-The runner runs no user code, so nothing in it wants scikit-learn; verl's processes, which run users' reward
-functions, are left alone.
+Importing this module marks ``sklearn`` and ``scipy`` absent in ``sys.modules`` (unless already imported), so
+transformers' ``is_sklearn_available()`` and ``is_scipy_available()`` are false and importing either raises
+ImportError, in this process only. Importing is the switch because the warm server's preload
+(:mod:`precision_harness.runs.warm`) can only import. The runner runs no user code, and neither torch nor msprobe
+imports them on its paths; verl's processes, which run users' reward functions, are left alone.
 """
 
 from __future__ import annotations
 
 import sys
 
-sys.modules.setdefault("sklearn", None)  # type: ignore[arg-type]
+#: transformers' optional imports the built-in loop never uses
+UNUSED = ("sklearn", "scipy")
+
+for _name in UNUSED:
+    sys.modules.setdefault(_name, None)  # type: ignore[arg-type]
