@@ -310,6 +310,37 @@ def test_the_pool_gives_the_verdict_the_process_gives(tmp_path: Path, monkeypatc
     )
 
 
+def test_a_passing_stage_keeps_its_worst_point_and_a_failing_stage_its_whole_profile(tmp_path: Path) -> None:
+    """A passing stage's profile (every row of every rank) is read only for its worst ratio: it keeps that point,
+    the first of the largest; a failing stage keeps every row (where the change entered, the replay, the plot)."""
+    for rank in ("rank0", "rank1"):
+        write_dump(tmp_path / "golden" / "step_1" / "actor_update", base_data(), rank)
+        within, beyond = base_data(), base_data()
+        within["Functional.linear.0.forward"]["output"][0]["Max"] = 3.0 * (1 + 1e-7)
+        within["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.9 * (1 + 2e-7 if rank == "rank1" else 1)
+        beyond["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.95 if rank == "rank1" else 0.9
+        write_dump(tmp_path / "passing" / "step_1" / "actor_update", within, rank)
+        write_dump(tmp_path / "failing" / "step_1" / "actor_update", beyond, rank)
+    stage = "step_1/actor_update"
+    golden, settings = DirStage(tmp_path / "golden" / stage), CheckSettings(scenario="s", policy=TolerancePolicy())
+    every = []
+    for rank in ("rank0", "rank1"):
+        pair = [
+            json.loads((tmp_path / side / stage / "step0" / rank / "dump.json").read_text())
+            for side in ("passing", "golden")
+        ]
+        every += compare.compare_rank(*pair, policy=settings.policy, stage="actor_update", rank=rank).profile
+    passing = compare.compare_stage(DirStage(tmp_path / "passing" / stage), golden, settings)
+    assert passing.passed and len(every) == 16 and 0 < passing.worst_ratio < 1
+    assert passing.profile == [max(every, key=lambda p: p[3])] and passing.profile[0][:3] == (
+        "rank1",
+        7,
+        "Functional.softmax.0.forward.output.0",
+    )
+    failing = compare.compare_stage(DirStage(tmp_path / "failing" / stage), golden, settings)
+    assert not failing.passed and len(failing.profile) == 16
+
+
 def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past COMPARE_QUIET_S a stage reports every rank it compared; before it, nothing (set to 0 and to 1 hour)."""
     from precision_harness import progress

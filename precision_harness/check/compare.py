@@ -124,8 +124,9 @@ class StageVerdict(_Verdict):
     tolerance: str = ""
     identical: bool = False  #: every rank's digest equals the golden's
     ranks: list[str] = field(default_factory=list)
-    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift
-    #: profile a report plots (empty for identical dumps).
+    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift profile a
+    #: report plots, where the change entered and the replay read, whole on a failing stage; a passing stage
+    #: keeps only its worst point, all its readers use (:meth:`settle`); empty for identical dumps.
     profile: list[ProfilePoint] = field(default_factory=list)
     #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
@@ -189,6 +190,13 @@ class StageVerdict(_Verdict):
     @property
     def largest(self) -> Drift | None:
         return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
+
+    def settle(self) -> None:
+        """Once every rank is in: a passing stage drops its profile but for its worst point (the first of the
+        largest ratio), which is all :attr:`worst_ratio` and the code path line read of a passing verdict; at 7B a
+        stage's profile is 1.6 M rows, and a check holds every stage's verdict to the end."""
+        if self.passed and self.profile:
+            self.profile = [max(self.profile, key=lambda p: p[3])]
 
     def add(self, rank: RankVerdict) -> None:
         """Take in one rank's result."""
@@ -447,6 +455,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = _placed(verdict.code_paths, target)
+    verdict.settle()
     return verdict
 
 
