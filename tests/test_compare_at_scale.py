@@ -19,6 +19,7 @@ import copy
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,48 @@ def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> Non
     assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), ref)
     if plant not in ("identical", "within", "inf_both", "mean_near_zero") and policy != "exact":
         assert not new.passed or new.code_paths  # the plant is seen, not compared away
+
+
+class _Freed(dict):
+    """A parsed dump a weak reference can watch."""
+
+
+@pytest.mark.parametrize("plant", list(plants()))
+def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
+    plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_rank_verdict reads the run's dump as columns and frees it before the golden's is parsed: the verdict is
+    compare_rank's on both dumps parsed at once (the plants with other calls go the row-by-row way)."""
+    target, golden = plants()[plant]
+    write_dump(tmp_path / "run", target)
+    write_dump(tmp_path / "golden", golden)
+    run_stage, golden_stage = DirStage(tmp_path / "run", step=1), DirStage(tmp_path / "golden", step=1)
+    args = {"policy": POLICIES["default"], "stage": golden_stage.name, "rank": "rank0"}
+    reference = compare.compare_rank(run_stage.load("rank0", raw=True), golden_stage.load("rank0", raw=True), **args)
+    watched: list[weakref.ref] = []
+    load, golden_load = run_stage.load, golden_stage.load
+
+    def run_load(rank: str, *, raw: bool = False) -> dict:
+        dump = _Freed(load(rank, raw=raw))
+        watched.append(weakref.ref(dump))
+        return dump
+
+    def golden_read(rank: str, *, raw: bool = False) -> dict:
+        assert watched[0]() is None, "the run's parsed dump is still held"
+        return golden_load(rank, raw=raw)
+
+    monkeypatch.setattr(run_stage, "load", run_load)
+    monkeypatch.setattr(golden_stage, "load", golden_read)
+    assert_same_verdict(compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference)
+
+
+def test_the_columns_keep_no_tensor_entry_of_the_parsed_dump() -> None:
+    """Every plain tensor row is kept as an Entry tuple, rebuilt key for key: the parsed dump can be freed."""
+    dump = parse_dump(json.dumps({"data": base_data()}).encode(), shown="dump.json")
+    found = columns(dump, Layouts())
+    leaves = [leaf for call in dump["data"].values() for leaf in call["input_args"] + call["output"]]
+    assert all(type(found.sources[i]) is tuple for i in range(len(found.names)))
+    assert [json.dumps(found.entry(i)) for i in range(len(found.names))] == [json.dumps(leaf) for leaf in leaves]
 
 
 def test_the_same_calls_are_compared_as_columns_without_a_row_object_per_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,11 +60,14 @@ class Layouts:
         codes: ``{(dtype, shape's type, shape as a tuple): code}``.
         dtypes: the dtype of each code, as the tolerance policy reads it (``str``).
         numels: the elements of each code's shape (:func:`~precision_harness.dumps.rows.numel`).
+        keys: the key of each code (its dtype and shape as the dump holds them: a plain row's entry is rebuilt
+            from them, :meth:`Columns.item`).
     """
 
     codes: dict[tuple[Any, ...], int] = field(default_factory=dict)
     dtypes: list[str] = field(default_factory=list)
     numels: list[int] = field(default_factory=list)
+    keys: list[tuple[Any, ...]] = field(default_factory=list)
 
     def code(self, dtype: Any, shape: Any) -> int:
         """The code of a row judged by ``dtype`` with ``shape``; :data:`NO_LAYOUT` where either is unhashable."""
@@ -77,6 +80,7 @@ class Layouts:
             found = self.codes[key] = len(self.dtypes)
             self.dtypes.append(str(dtype))
             self.numels.append(numel(shape))
+            self.keys.append(key)
         return found
 
 
@@ -87,7 +91,8 @@ class Columns:
     Attributes:
         names: ``(rows,)`` msprobe's row names (``rows()``' keys).
         apis: ``(rows,)`` the dump.json key of each row's call.
-        sources: ``(rows,)`` the tensor entry of a plain row (in the parsed dump), else msprobe's item.
+        sources: ``(rows,)`` a plain tensor row's entry as an :data:`Entry` (none of the parsed dump is kept, so it
+            is freed once its columns are built), a plain scalar's entry, else msprobe's item.
         states: ``(rows,)`` msprobe's state of a plain tensor row (``input``, ``output``...); ``(state, SCALAR)``
             for a plain scalar argument's row; None for an item row.
         layout: ``(rows,)`` int64 :class:`Layouts` code of ``(dtype or type, shape)``.
@@ -98,12 +103,14 @@ class Columns:
 
     names: list[str]
     apis: list[str]
-    sources: list[dict[str, Any]]
+    sources: list[Any]
     states: list[Any]
     layout: np.ndarray
     stats: np.ndarray
     present: np.ndarray
     scalar: np.ndarray
+    #: :attr:`Layouts.keys`, for a plain row's entry
+    keys: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
 
     def item(self, i: int) -> dict[str, Any]:
         """Row ``i`` as :func:`~precision_harness.dumps.rows.rows` gives it (built now for a plain row)."""
@@ -113,9 +120,44 @@ class Columns:
         if type(state) is tuple:  # a scalar argument: msprobe's own item, as rows() builds it
             item = msprobe_parser(leaves=True).gen_op_item(self.sources[i], self.names[i], state[0])
         else:
-            item = tensor_item(self.sources[i], self.names[i], state)
+            item = tensor_item(self.entry(i), self.names[i], state)
         item["api"] = self.apis[i]
         return item
+
+    def entry(self, i: int) -> dict[str, Any]:
+        """The tensor entry of plain row ``i`` as the dump holds it (key for key, in its order), rebuilt from its
+        :data:`Entry`: dtype and shape from its layout code, the statistics from :attr:`stats` where all four are
+        floats (float64 holds a float exactly), else as kept."""
+        source = self.sources[i]
+        if type(source) is not tuple:
+            return source
+        keys, kind, grad, four = source
+        dtype, shape_type, shape = self.keys[int(self.layout[i])]
+        four = self.stats[i].tolist() if four is None else four
+        found = {"type": kind, "dtype": dtype, "shape": list(shape) if shape_type is list else shape}
+        found.update(zip(STATISTICS, four, strict=True), requires_grad=grad)
+        return {key: found[key] for key in keys}
+
+
+#: a plain tensor row's entry as :class:`Columns` keeps it: ``(its keys in order, its type, its requires_grad, its four
+#: statistics or None where all four are floats)``; its dtype and shape are its layout code's
+Entry = tuple[tuple[str, ...], str, Any, list[Any] | None]
+
+
+def _entry(leaf: dict[str, Any], four: list[Any], code: int, shared: dict[Any, Any]) -> Any:
+    """A plain tensor row's entry (a dict of the parsed dump) as an :data:`Entry`: a tuple whose strings and keys
+    are shared with every other row's (in ``shared``), about a sixth of the entry's memory. The entry itself where
+    its layout has no code (an unhashable shape)."""
+    if code == NO_LAYOUT:
+        return leaf
+    keys, kind = tuple(leaf), leaf["type"]
+    floats = type(four[0]) is float and type(four[1]) is float and type(four[2]) is float and type(four[3]) is float
+    return (
+        shared.setdefault(keys, keys),
+        shared.setdefault(kind, kind),
+        leaf.get("requires_grad"),
+        None if floats else four,
+    )
 
 
 @dataclass(frozen=True)
@@ -166,7 +208,7 @@ def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
             rows.mark()
         if len(set(rows.names)) != len(rows.names):  # a name met again: rows() keeps its last row in place
             return walked_columns(dump, layouts)
-        return _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours))
+        return _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours), layouts)
 
 
 def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
@@ -180,19 +222,22 @@ def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
     names: list[str] = []
     apis: list[str] = []
     rows: list[tuple[Any, Any, int, Any]] = []  # (source, state, layout code, the four statistics)
+    shared: dict[Any, Any] = {}
     with collector_paused():
         for api, op_data in dump["data"].items():
             kwargs = f"{api}.kwargs."
             for found in parser.read(op_data, api):
                 name, row = _row(found, api, kwargs, layouts)
                 i = at.setdefault(name, len(names))
+                if type(row[1]) is str:  # a plain tensor row
+                    row = (_entry(row[0], row[3], row[2], shared), *row[1:])
                 if i == len(names):
                     names.append(name)
                     apis.append(api)
                     rows.append(row)
                 else:
                     apis[i], rows[i] = api, row
-        return _columns(names, apis, tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4)
+        return _columns(names, apis, tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4, layouts)
 
 
 class _Rows:
@@ -205,12 +250,13 @@ class _Rows:
         self.states: list[Any] = []
         self.codes: list[int] = []
         self.fours: list[Any] = []
+        self.shared: dict[Any, Any] = {}  #: the strings and key tuples the rows' entries share (:func:`_entry`)
         self._done = 0
 
     def add(self, name: str, row: tuple[Any, Any, int, Any], api: str) -> None:
         self.names.append(name)
         self.apis.append(api)
-        self.sources.append(row[0])
+        self.sources.append(_entry(row[0], row[3], row[2], self.shared) if type(row[1]) is str else row[0])
         self.states.append(row[1])
         self.codes.append(row[2])
         self.fours.append(row[3])
@@ -283,8 +329,10 @@ def _leaf_rows(leaves: Any, state: str, rows: _Rows, layouts: Layouts, api: str)
             shape = leaf.get("shape")
             found = codes.get((dtype, list, tuple(shape))) if type(shape) is list else None
             codes_.append(code(dtype, shape) if found is None else found)
-            fours.append([leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")])
+            four = [leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")]
+            fours.append(four)
             states.append(state)
+            leaf = _entry(leaf, four, codes_[-1], rows.shared)
         elif type(leaf.get("type")) is str and plain_scalar(leaf) and name.rsplit(".", 1)[-1] not in PEERS:
             value = leaf["value"]
             value = NON_FINITE.get(value, value) if type(value) is str else value
@@ -348,7 +396,7 @@ def _four_of_item(item: dict[str, Any]) -> list[Any] | None:
     return [item.get(s) for s in STATISTICS]
 
 
-def _columns(names: list[str], apis: list[str], rows: tuple[list[Any], ...]) -> Columns:
+def _columns(names: list[str], apis: list[str], rows: tuple[list[Any], ...], layouts: Layouts) -> Columns:
     """The arrays of :class:`Columns` from the rows' sources, states, layout codes and statistics (one list each)."""
     n = len(names)
     sources, states, layout, values = rows
@@ -357,7 +405,7 @@ def _columns(names: list[str], apis: list[str], rows: tuple[list[Any], ...]) -> 
     dense, present = dense.reshape(-1, 4), present.reshape(-1, 4)
     stats, has = np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool)
     stats[~scalar], has[~scalar] = dense, present
-    return Columns(names, apis, sources, states, np.array(layout, dtype=np.int64), stats, has, scalar)
+    return Columns(names, apis, sources, states, np.array(layout, dtype=np.int64), stats, has, scalar, layouts.keys)
 
 
 #: the types of statistic numpy reads as ``to_float`` does (None as NaN, marked absent)
