@@ -19,6 +19,7 @@ import copy
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,48 @@ def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> Non
         assert not new.passed or new.code_paths  # the plant is seen, not compared away
 
 
+class _Freed(dict):
+    """A parsed dump a weak reference can watch."""
+
+
+@pytest.mark.parametrize("plant", list(plants()))
+def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
+    plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_rank_verdict reads the run's dump as columns and frees it before the golden's is parsed: the verdict is
+    compare_rank's on both dumps parsed at once (the plants with other calls go the row-by-row way)."""
+    target, golden = plants()[plant]
+    write_dump(tmp_path / "run", target)
+    write_dump(tmp_path / "golden", golden)
+    run_stage, golden_stage = DirStage(tmp_path / "run", step=1), DirStage(tmp_path / "golden", step=1)
+    args = {"policy": POLICIES["default"], "stage": golden_stage.name, "rank": "rank0"}
+    reference = compare.compare_rank(run_stage.load("rank0", raw=True), golden_stage.load("rank0", raw=True), **args)
+    watched: list[weakref.ref] = []
+    load, golden_load = run_stage.load, golden_stage.load
+
+    def run_load(rank: str, *, raw: bool = False) -> dict:
+        dump = _Freed(load(rank, raw=raw))
+        watched.append(weakref.ref(dump))
+        return dump
+
+    def golden_read(rank: str, *, raw: bool = False) -> dict:
+        assert watched[0]() is None, "the run's parsed dump is still held"
+        return golden_load(rank, raw=raw)
+
+    monkeypatch.setattr(run_stage, "load", run_load)
+    monkeypatch.setattr(golden_stage, "load", golden_read)
+    assert_same_verdict(compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference)
+
+
+def test_the_columns_keep_no_tensor_entry_of_the_parsed_dump() -> None:
+    """Every plain tensor row is kept as an Entry tuple, rebuilt key for key: the parsed dump can be freed."""
+    dump = parse_dump(json.dumps({"data": base_data()}).encode(), shown="dump.json")
+    found = columns(dump, Layouts())
+    leaves = [leaf for call in dump["data"].values() for leaf in call["input_args"] + call["output"]]
+    assert all(type(found.sources[i]) is tuple for i in range(len(found.names)))
+    assert [json.dumps(found.entry(i)) for i in range(len(found.names))] == [json.dumps(leaf) for leaf in leaves]
+
+
 def test_the_same_calls_are_compared_as_columns_without_a_row_object_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """A drifting golden stage with the same calls on both sides: no rows() dict, a row object only per drift."""
     source = Golden.from_dir(GOLDENS[0]).stage(*min(Golden.from_dir(GOLDENS[0]).stages()))
@@ -308,6 +351,37 @@ def test_the_pool_gives_the_verdict_the_process_gives(tmp_path: Path, monkeypatc
         here.profile,
         here.checked,
     )
+
+
+def test_a_passing_stage_keeps_its_worst_point_and_a_failing_stage_its_whole_profile(tmp_path: Path) -> None:
+    """A passing stage's profile (every row of every rank) is read only for its worst ratio: it keeps that point,
+    the first of the largest; a failing stage keeps every row (where the change entered, the replay, the plot)."""
+    for rank in ("rank0", "rank1"):
+        write_dump(tmp_path / "golden" / "step_1" / "actor_update", base_data(), rank)
+        within, beyond = base_data(), base_data()
+        within["Functional.linear.0.forward"]["output"][0]["Max"] = 3.0 * (1 + 1e-7)
+        within["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.9 * (1 + 2e-7 if rank == "rank1" else 1)
+        beyond["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.95 if rank == "rank1" else 0.9
+        write_dump(tmp_path / "passing" / "step_1" / "actor_update", within, rank)
+        write_dump(tmp_path / "failing" / "step_1" / "actor_update", beyond, rank)
+    stage = "step_1/actor_update"
+    golden, settings = DirStage(tmp_path / "golden" / stage), CheckSettings(scenario="s", policy=TolerancePolicy())
+    every = []
+    for rank in ("rank0", "rank1"):
+        pair = [
+            json.loads((tmp_path / side / stage / "step0" / rank / "dump.json").read_text())
+            for side in ("passing", "golden")
+        ]
+        every += compare.compare_rank(*pair, policy=settings.policy, stage="actor_update", rank=rank).profile
+    passing = compare.compare_stage(DirStage(tmp_path / "passing" / stage), golden, settings)
+    assert passing.passed and len(every) == 16 and 0 < passing.worst_ratio < 1
+    assert passing.profile == [max(every, key=lambda p: p[3])] and passing.profile[0][:3] == (
+        "rank1",
+        7,
+        "Functional.softmax.0.forward.output.0",
+    )
+    failing = compare.compare_stage(DirStage(tmp_path / "failing" / stage), golden, settings)
+    assert not failing.passed and len(failing.profile) == 16
 
 
 def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

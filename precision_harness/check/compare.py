@@ -36,7 +36,7 @@ from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, columns
-from precision_harness.dumps.files import DUMP, collector_paused, restore_non_finite
+from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors
 from precision_harness.dumps.stage import StageSource
@@ -124,8 +124,9 @@ class StageVerdict(_Verdict):
     tolerance: str = ""
     identical: bool = False  #: every rank's digest equals the golden's
     ranks: list[str] = field(default_factory=list)
-    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift
-    #: profile a report plots (empty for identical dumps).
+    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift profile a
+    #: report plots, where the change entered and the replay read, whole on a failing stage; a passing stage
+    #: keeps only its worst point, all its readers use (:meth:`settle`); empty for identical dumps.
     profile: list[ProfilePoint] = field(default_factory=list)
     #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
@@ -190,6 +191,13 @@ class StageVerdict(_Verdict):
     def largest(self) -> Drift | None:
         return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
 
+    def settle(self) -> None:
+        """Once every rank is in: a passing stage drops its profile but for its worst point (the first of the
+        largest ratio), which is all :attr:`worst_ratio` and the code path line read of a passing verdict; at 7B a
+        stage's profile is 1.6 M rows, and a check holds every stage's verdict to the end."""
+        if self.passed and self.profile:
+            self.profile = [max(self.profile, key=lambda p: p[3])]
+
     def add(self, rank: RankVerdict) -> None:
         """Take in one rank's result."""
         self.checked += rank.checked
@@ -210,10 +218,9 @@ def compare_rank(
     msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
     the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
     row by row; drifts, problems and the profile come out in row order either way, the drifts bounded
-    (:meth:`RankVerdict.bound`). Where both dumps hold the
-    same calls (the common case), both are read as :func:`~precision_harness.dumps.columns.columns` and a row's
-    object is built only where its verdict needs it. The dumps may be parsed by ``parse_dump`` or
-    ``parse_dump_raw`` (they are restored in place where the row-by-row way reads them).
+    (:meth:`RankVerdict.bound`). Where both dumps hold the same calls (the common case), both are read as
+    :func:`~precision_harness.dumps.columns.columns` and a row's object is built only where its verdict needs it.
+    The dumps may be parsed by ``parse_dump`` or ``parse_dump_raw`` (restored in place for the row-by-row way).
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
@@ -442,39 +449,41 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         return verdict
     jobs = [(target, golden, policy, rank) for rank in shared]
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
-    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=_dump_bytes(target, shared)):
+    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=rank_pool.dump_bytes(target, shared)):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = _placed(verdict.code_paths, target)
+    verdict.settle()
     return verdict
 
 
 def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:
-    """One rank of a stage, read and compared (in a pool's worker where the stage is large).
+    """One rank of a stage, read and compared (in a pool's worker where the stage is large), one parsed dump at a
+    time: the run's is read as columns and freed before the golden's is parsed. Where the calls differ (a changed
+    code path), the run's is parsed again for the row-by-row way (:func:`compare_rank`).
 
     A run's dump.json that does not parse fails its rank with the parser's one line (file, byte offset); the
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
     """
     try:
-        dumps = [target.load(rank, raw=True)]
+        t_dump = target.load(rank, raw=True)
     except GoldenCorruptError as exc:
         verdict = RankVerdict(rank)
         verdict.problem(str(exc))
         return verdict
-    dumps.append(golden.load(rank, raw=True))
     with collector_paused():  # millions of acyclic objects: the collections they set off cost more than the compare
-        # popped, so compare_rank holds the only references and frees each dump once its rows are named
-        return compare_rank(dumps.pop(0), dumps.pop(), policy=policy, stage=golden.name, rank=rank)
-
-
-def _dump_bytes(target: StageSource, ranks: list[str]) -> int:
-    """Bytes of the run's dump.json files of ``ranks`` (0 for a source that is not a folder on disk)."""
-    folder = getattr(target, "path", None)
-    if folder is None:
-        return 0
-    files = [Path(folder) / "step0" / rank / DUMP for rank in ranks]
-    return sum(f.stat().st_size for f in files if f.is_file())
+        layouts = Layouts()
+        t_calls, t_columns = list(t_dump["data"]), columns(t_dump, layouts)
+        del t_dump  # the columns keep none of it
+        g_dump = golden.load(rank, raw=True)
+        if list(g_dump["data"]) != t_calls:
+            return compare_rank(target.load(rank, raw=True), g_dump, policy=policy, stage=golden.name, rank=rank)
+        sides, verdict = (t_columns, columns(g_dump, layouts)), RankVerdict(rank)
+        del g_dump, t_columns
+        _judge_columns(verdict, sides, layouts, policy, golden.name)
+        verdict.bound()
+        return verdict
 
 
 def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePathChange]:

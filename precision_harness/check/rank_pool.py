@@ -21,7 +21,10 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
+
+from precision_harness.dumps.files import DUMP
 
 T = TypeVar("T")
 
@@ -51,6 +54,16 @@ def map_ranks(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, size: in
     if workers < 2 or size < MIN_POOL_BYTES or os.environ.get("PYTEST_XDIST_WORKER"):
         return (fn(*job) for job in jobs)
     return _executor(workers).map(fn, *zip(*jobs, strict=True))
+
+
+def dump_bytes(target: Any, ranks: list[str]) -> int:
+    """Bytes of the dump.json files of ``ranks`` in ``target`` (a StageSource; 0 for one that is not a folder on
+    disk), the ``size`` :func:`map_ranks` is given."""
+    folder = getattr(target, "path", None)
+    if folder is None:
+        return 0
+    files = [Path(folder) / "step0" / rank / DUMP for rank in ranks]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def _executor(workers: int) -> ProcessPoolExecutor:

@@ -68,7 +68,7 @@ class _Parser:
     def read(self, op_data: Any, api: str) -> list[Any]:
         """``read_op(op_data, api)``'s items, equal key for key."""
         last = api.rsplit(".", 2)[-2:]
-        if _DEBUG in last[-1:] or _PARAMS_GRAD in last or not isinstance(op_data, dict):
+        if DEBUG in last[-1:] or PARAMS_GRAD in last or not isinstance(op_data, dict):
             return self.read_op(op_data, api)
         found: list[dict[str, Any]] = []
         for key, suffix in self.io_names.items():
@@ -80,12 +80,12 @@ class _Parser:
         """``op_item_parse``'s walk, appending to ``out``."""
         if state in (_INPUT_ARGS, _INPUT_KWARGS):
             state = "input"
-        if node is None or depth > self.max_depth or (isinstance(node, dict) and node.get("class_type") == _P2P):
+        if node is None or depth > self.max_depth or (isinstance(node, dict) and node.get("class_type") == P2P):
             out += self.op_item_parse(node, name, state, depth)
         elif not node:
             return
         elif isinstance(node, list):
-            flat = _PARAMS_GRAD in name and _PARAMS_GRAD in name.split(".")
+            flat = PARAMS_GRAD in name and PARAMS_GRAD in name.split(".")
             for i, value in enumerate(node):
                 at = name if flat else f"{name}.{i}"
                 if type(value) is dict and type(value.get("type")) is str and _plain(value):  # the common leaf
@@ -122,7 +122,7 @@ class _LeafParser(_Parser):
 
     def leaf(self, leaf: dict[str, Any], name: str, state: str) -> Any:
         """A plain scalar argument as ``(entry, name, state, SCALAR)``; any other leaf msprobe's item."""
-        if _scalar(leaf) and name.rsplit(".", 1)[-1] not in _PEERS:
+        if plain_scalar(leaf) and name.rsplit(".", 1)[-1] not in PEERS:
             return (leaf, name, state, SCALAR)
         return self.gen_op_item(leaf, name, state)
 
@@ -130,11 +130,11 @@ class _LeafParser(_Parser):
 #: the kinds of leaf :class:`_LeafParser` hands over as they stand
 TENSOR, SCALAR = 1, 2
 #: the argument names ``gen_op_item`` reads as a peer rank, not a scalar
-_PEERS = frozenset({"src", "dst", "group_src", "group_dst"})
+PEERS = frozenset({"src", "dst", "group_src", "group_dst"})
 _SCALAR_TYPES = frozenset({"int", "float", "bool"})
 
 
-def _scalar(leaf: dict[str, Any]) -> bool:
+def plain_scalar(leaf: dict[str, Any]) -> bool:
     """A scalar argument ``gen_op_item`` reads by its last case (``{"type": "float", "value": 0.5}``): its
     statistics are its value, its dtype ``str(type(value))``, its shape ``"[]"``."""
     if len(leaf) != 2 or leaf.get("type") not in _SCALAR_TYPES:
@@ -148,22 +148,22 @@ def _restoring(fn):
     return lambda node, *args: fn(restore_non_finite(node), *args)
 
 
-_DEBUG, _PARAMS_GRAD, _P2P = "debug", "parameters_grad", "torch.distributed.P2POp"
+DEBUG, PARAMS_GRAD, P2P = "debug", "parameters_grad", "torch.distributed.P2POp"
 _INPUT_ARGS, _INPUT_KWARGS = "input_args", "input_kwargs"
 
 
 #: the keys of the tensor entry msprobe writes under ``task: statistics``; a leaf with any other key (``md5``,
 #: ``data_name``, ``value``...) goes to ``gen_op_item``
-_TENSOR_KEYS = frozenset({"type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"})
+TENSOR_KEYS = frozenset({"type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad"})
 #: ``gen_op_item``'s md5 of a leaf without ``value``: ``crc32(str(''))``
 _NO_VALUE_MD5 = f"{zlib.crc32(b''):08x}"
 
 
 def _plain(leaf: dict[str, Any]) -> bool:
     """A tensor entry ``gen_op_item`` reads without a special case: a string dtype other than ``torch.bool``
-    (whose Max and Min are booleans, turned into text), and only :data:`_TENSOR_KEYS`."""
+    (whose Max and Min are booleans, turned into text), and only :data:`TENSOR_KEYS`."""
     dtype = leaf.get("dtype")
-    return type(dtype) is str and dtype != "torch.bool" and dtype != "" and leaf.keys() <= _TENSOR_KEYS
+    return type(dtype) is str and dtype != "torch.bool" and dtype != "" and leaf.keys() <= TENSOR_KEYS
 
 
 def tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
@@ -178,6 +178,26 @@ def tensor_item(leaf: dict[str, Any], name: str, state: str) -> dict[str, Any]:
         value = item.setdefault(statistic, None)
         if type(value) is str and value in NON_FINITE:
             item[statistic] = NON_FINITE[value]
+    return item
+
+
+#: msprobe's ``CompareConst.IO_NAME_MAPPING`` (mindstudio-probe 26.2): the argument kinds its parser reads, in its
+#: order, and each one's row name suffix. Held here so that a dump read without the parser (``dumps/columns.py``)
+#: does not import msprobe (1.3 s a process); ``tests/test_compare_at_scale.py`` checks it equals msprobe's.
+IO_NAME_MAPPING = {
+    "input_args": ".input",
+    "input_kwargs": ".input",
+    "input": ".input",
+    "output": ".output",
+    "parameters": ".parameters",
+}
+
+
+def none_item(name: str, state: str) -> dict[str, Any]:
+    """``op_item_parse(None, name, state)``'s one item (msprobe.core.compare.utils, its ``default_item``): the row
+    of an argument msprobe recorded as null (``state`` already ``input`` for an argument)."""
+    item: dict[str, Any] = {"full_op_name": name, "type": None, **dict.fromkeys(STATISTICS), "dtype": None}
+    item.update({"shape": None, "md5": None, "value": None, "data_name": "-1", "state": state, "requires_grad": None})
     return item
 
 
