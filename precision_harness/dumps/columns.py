@@ -334,17 +334,24 @@ def _leaf_rows(leaves: Any, state: str, rows: _Rows, layouts: Layouts, api: str)
             states.append(state)
             leaf = _entry(leaf, four, codes_[-1], rows.shared)
         elif type(leaf.get("type")) is str and plain_scalar(leaf) and name.rsplit(".", 1)[-1] not in PEERS:
-            value = leaf["value"]
-            value = NON_FINITE.get(value, value) if type(value) is str else value
-            codes_.append(code(str(type(value)), "[]"))
-            fours.append([value] * 4)
-            states.append((state, SCALAR))
+            scalar = _scalar_row(leaf, state, layouts)
+            codes_.append(scalar[0])
+            fours.append(scalar[1])
+            states.append(scalar[2])
         else:
             return False
         names.append(name)
         apis.append(api)
         sources.append(leaf)
     return True
+
+
+def _scalar_row(leaf: dict[str, Any], state: str, layouts: Layouts) -> tuple[int, list[Any], tuple[str, int]]:
+    """A plain scalar argument's layout code, four statistics and state: ``gen_op_item``'s statistics of a scalar
+    are its value (:data:`~precision_harness.dumps.rows.SCALAR`)."""
+    value = leaf["value"]
+    value = NON_FINITE.get(value, value) if type(value) is str else value
+    return layouts.code(str(type(value)), "[]"), [value] * 4, (state, SCALAR)
 
 
 def _input(name: str, api: str, kwargs: str) -> str:
@@ -362,24 +369,17 @@ def _row(found: Any, api: str, kwargs: str, layouts: Layouts) -> tuple[str, tupl
         leaf, name, state, _ = found
         code = layouts.code(leaf["dtype"], leaf.get("shape"))
         four = [leaf.get("Max"), leaf.get("Min"), leaf.get("Mean"), leaf.get("Norm")]
-    else:  # a scalar argument: gen_op_item's statistics are its value (rows.SCALAR)
+    else:
         leaf, name, state, _ = found
-        value = leaf["value"]
-        value = NON_FINITE.get(value, value) if type(value) is str else value
-        code = layouts.code(str(type(value)), "[]")
-        four = [value, value, value, value]
-        state = (state, SCALAR)
-    if name.startswith(kwargs):
-        name = f"{api}.input.{name[len(kwargs) :]}"
+        code, four, state = _scalar_row(leaf, state, layouts)
+    name = _input(name, api, kwargs)
     return name, (leaf, state, code, four)
 
 
 def _item_row(item: dict[str, Any], api: str, kwargs: str) -> tuple[dict[str, Any], str, None]:
     """msprobe's item as rows() keeps it: ``api`` added, a kwargs name normalised."""
     item["api"] = api
-    name = item["full_op_name"]
-    if name.startswith(kwargs):
-        name = item["full_op_name"] = f"{api}.input.{name[len(kwargs) :]}"
+    name = item["full_op_name"] = _input(item["full_op_name"], api, kwargs)
     return item, name, None
 
 
