@@ -9,11 +9,14 @@ synced into it every step through verl's ``update_weights``, rollout correction 
   process never imports torch);
 - the committed golden holds a real training signal (read as JSON, no run);
 - end to end (slow, minutes): five planted regressions, each failing the item it should and
-  nothing earlier in the step's pipeline, and a run that fails mid-way leaving no process behind. Three
-  plants run nightly only (``PRECISION_NIGHTLY=1``): the rollout's log-probs, the weights not synced and the
-  norm's upcast each cost a verl run of minutes, and ``make test`` shows each mechanism on the built-in loop
+  nothing earlier in the step's pipeline, and a run that fails mid-way leaving no process behind. Four
+  plants run nightly only (``PRECISION_NIGHTLY=1``): the rollout's log-probs, the weights not synced, the
+  norm's upcast and one rank's gradient each cost a verl run of minutes (the gradient plant two: its failing
+  ``level: auto`` stage is rerun at L1), and ``make test`` shows each mechanism on the built-in loop
   (tests/test_consistency.py: a rollout's log-probs, a weight sync skipping a layer; a precision plant
-  failing its first stage: tests/test_judgement_planted.py), with verl's trainer shown by the other plants.
+  failing its first stage: tests/test_judgement_planted.py; one Ray rank's batch perturbed, failing
+  ``actor_update`` naming that rank: tests/test_multi_rank.py), with verl's trainer shown by the advantages
+  plant, which also shows verl run to the selected step.
 """
 
 from __future__ import annotations
@@ -290,6 +293,7 @@ def _first_failure(outcomes: dict[str, str]) -> str:
 
 
 @pytest.mark.slow
+@NIGHTLY
 def test_e2e_one_ranks_gradient_perturbed_before_the_reduction_fails_actor_update_naming_that_rank() -> None:
     """Rank 1's loss, and so its gradient before the reduce-scatter, scaled by 1+1e-3 (tests/hooks). Step 1's
     items selected: verl runs one training step of three, and says so."""
@@ -371,6 +375,7 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
         check=False,
     )
     out = proc.stdout
+    assert "grpo_dp2_bf16_cpu: run to step 1 of 3, as selected" in out, out[-4000:]
     outcomes = _outcomes(out)
     failed = {item for item, outcome in outcomes.items() if outcome != "PASSED"}
     assert failed == {"actor_update[step_1]"}, out[-4000:]
