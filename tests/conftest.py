@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from harness_testing import base_data, make_project, run_pytest, write_dump
+
+from precision_harness.runs import warm_shared
 
 
 @pytest.fixture
@@ -70,3 +74,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
         if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(module))
+
+
+_WARM_FOLDER = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test session's ~80 inner pytest sessions and its xdist workers share warm servers, one per run
+    environment (precision_harness.runs.warm_shared), owned by this controller: each would import torch,
+    transformers and msprobe for its own server, ~10 s a time on 2 cores."""
+    if hasattr(config, "workerinput") or os.environ.get(warm_shared.DIR_ENV):
+        return  # an xdist worker inherits the controller's folder; an enclosing run's folder is kept
+    folder = tempfile.mkdtemp(prefix="precision-warm-")
+    os.environ[warm_shared.DIR_ENV], os.environ[warm_shared.OWNER_ENV] = folder, str(os.getpid())
+    config.stash[_WARM_FOLDER] = Path(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_WARM_FOLDER, None)
+    if folder is not None:
+        warm_shared.stop_all(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        for name in (warm_shared.DIR_ENV, warm_shared.OWNER_ENV):
+            os.environ.pop(name, None)

@@ -20,6 +20,7 @@ from precision_harness.errors import HistoryError
 from precision_harness.history.bisect_step import DRIFT, PASS, SKIP, classify
 from precision_harness.history.git_history import Repository
 from precision_harness.history.pytest_ini import golden_dir_at
+from precision_harness.runs import warm_shared
 
 #: each bisection of the loop writes into a new ``<UTC time>/`` folder below this one
 WORK = Path(".precision/artifacts/bisect/loop")
@@ -153,6 +154,8 @@ def test_an_interrupt_halfway_leaves_the_repository_clean(repo) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # the bisection's own processes only: no warm server of the test session's, which outlives this command
+        env={k: v for k, v in os.environ.items() if k not in (warm_shared.DIR_ENV, warm_shared.OWNER_ENV)},
         # a terminal's Ctrl-C: SIGINT handled, even where this pytest runs as a shell's background job
         # (which starts with SIGINT ignored, and Python keeps an ignored SIGINT ignored)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

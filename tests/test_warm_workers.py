@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import multiprocessing.forkserver
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +18,7 @@ import pytest
 from harness_testing import TINY
 
 from precision_harness.errors import RunFailedError
-from precision_harness.runs import kind_runners, launch, warm
+from precision_harness.runs import kind_runners, launch, warm, warm_shared
 from precision_harness.runs.runner.devices import determinism_env
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
@@ -38,23 +40,42 @@ def _variant(tmp_path: Path, overrides: dict) -> Scenario:
     return Scenario.load(TINY).with_overrides(overrides, directory=tmp_path / "scenarios", name="tiny_ppo")
 
 
-def test_warm_and_fresh_runs_write_the_same_bytes(tmp_path: Path) -> None:
+@pytest.fixture
+def shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> warm_shared.SharedServers:
+    """Shared warm servers in a folder of this test's, owned by this process (not the test session's)."""
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    monkeypatch.setenv(warm_shared.DIR_ENV, str(folder))
+    monkeypatch.setenv(warm_shared.OWNER_ENV, str(os.getpid()))
+    yield warm_shared.SharedServers(folder, os.getpid())
+    warm_shared.stop_all(folder)
+
+
+@pytest.fixture
+def per_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's own forkserver, as a pytest session without ``PRECISION_WARM_DIR`` has."""
+    monkeypatch.delenv(warm_shared.DIR_ENV, raising=False)
+
+
+def test_warm_and_fresh_runs_write_the_same_bytes(tmp_path: Path, shared, monkeypatch) -> None:
     scenario = Scenario.load(TINY)
-    fresh = kind_runners.run_scenario(
-        scenario, out_dir=tmp_path / "fresh", device="cpu", options=launch.RunOptions(warm=False)
-    )
-    forked = kind_runners.run_scenario(
-        scenario, out_dir=tmp_path / "warm", device="cpu", options=launch.RunOptions(warm=True)
-    )
-    assert (fresh.run_json["warm"], forked.run_json["warm"]) == (False, True)
-    payloads = _payloads(fresh.run_dir)
+    runs = {}
+    for name, warm_run in (("fresh", False), ("shared", True), ("per_session", True)):
+        if name == "per_session":
+            monkeypatch.delenv(warm_shared.DIR_ENV)
+        options = launch.RunOptions(warm=warm_run)
+        runs[name] = kind_runners.run_scenario(scenario, out_dir=tmp_path / name, device="cpu", options=options)
+    assert [run.run_json["warm"] for run in runs.values()] == [False, True, True]
+    assert len(list(shared.folder.glob("*.pid"))) == 1  # the shared run forked from a server in its folder
+    payloads = _payloads(runs["fresh"].run_dir)
     assert any(name.endswith("dump.json") for name in payloads)
-    assert _payloads(forked.run_dir) == payloads
-    for manifest in (fresh.run_json, forked.run_json):
-        jsonschema.validate(manifest, RUN_SCHEMA)
+    assert _payloads(runs["shared"].run_dir) == payloads
+    assert _payloads(runs["per_session"].run_dir) == payloads
+    for run in runs.values():
+        jsonschema.validate(run.run_json, RUN_SCHEMA)
 
 
-def test_another_determinism_environment_gets_a_fresh_interpreter(tmp_path: Path) -> None:
+def test_another_determinism_environment_gets_a_fresh_interpreter(tmp_path: Path, per_session) -> None:
     # torch reads the thread and ISA settings at import: a server started for 1 thread cannot serve 2
     assert warm.context_for(determinism_env("cpu", 1)) is not None
     assert warm.context_for(determinism_env("cpu", 2)) is None
@@ -120,3 +141,84 @@ def test_a_runner_process_imports_transformers_without_scikit_learn_or_scipy() -
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False", "None", "None"]
+
+
+#: a child module whose run is known: ``main([seconds, code])`` sleeps, then returns ``code``
+SLEEPER = "import time\n\ndef main(argv):\n    time.sleep(float(argv[0]))\n    return int(argv[1])\n"
+
+
+def _sleeper_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **more}
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while warm_shared.running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not warm_shared.running(pid)
+
+
+def test_a_shared_server_serves_several_clients_passes_exit_codes_and_kills_what_it_must(
+    tmp_path: Path, shared, monkeypatch
+) -> None:
+    env, log = _sleeper_env(tmp_path), str(tmp_path / "child.log")
+    first = shared.start(["0", "3"], env, log, "sleeper")
+    first.join(60)
+    assert first.exitcode == 3
+    another = subprocess.run(  # another session, in another process and folder, forks from the same server
+        [sys.executable, "-c", "from precision_harness.runs import warm, warm_shared; import sys;"
+         "c = warm.start(warm.context_for({}), ['0', '5'], dict(__import__('os').environ), sys.argv[1], 'sleeper');"
+         "c.join(60); print(c.exitcode)", log],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert another.stdout.split() == ["5"]
+    assert len(list(shared.folder.glob("*.pid"))) == 1
+    slow = shared.start(["600", "0"], env, log, "sleeper")
+    slow.join(0.5)
+    assert slow.is_alive()
+    slow.kill()
+    slow.join(60)
+    assert slow.exitcode == -signal.SIGKILL
+    orphan = shared.start(["600", "0"], env, log, "sleeper")
+    orphan._conn.close()  # the client vanished: its child is killed
+    assert _gone(orphan.pid)
+
+
+def test_a_shared_server_ends_when_idle_and_with_its_owner(tmp_path: Path, shared, monkeypatch) -> None:
+    env, log = _sleeper_env(tmp_path), str(tmp_path / "child.log")
+    monkeypatch.setattr(warm_shared, "IDLE_S", 1.0)
+    child = shared.start(["0", "0"], env, log, "sleeper")
+    child.join(60)
+    server = int(next(shared.folder.glob("*.pid")).read_text())
+    assert _gone(server), "an idle server stays up"
+    assert not list(shared.folder.glob("*.sock"))
+    owner = subprocess.Popen(["sleep", "600"])
+    try:
+        monkeypatch.setattr(warm_shared, "IDLE_S", 600.0)
+        child = warm_shared.SharedServers(shared.folder, owner.pid).start(["0", "0"], env, log, "sleeper")
+        child.join(60)
+        server = int(next(shared.folder.glob("*.pid")).read_text())
+        assert not _gone(server, within_s=1.5)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _gone(server), "a server outlives its owner"
+
+
+def test_a_shared_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: Path, shared) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\n\nos._exit(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    with pytest.raises(RunFailedError, match=r"^the warm server exited with 3 \(log: .*warm/\w+\.log\)$"):
+        shared.start(["0", "0"], env, str(tmp_path / "child.log"), "sleeper")
+
+
+def test_the_server_key_ignores_only_the_per_test_variables() -> None:
+    env = {"PATH": "/bin", "PRECISION_TEST_PLANT": "loss", "OMP_NUM_THREADS": "1"}
+    same = {**env, "PYTEST_CURRENT_TEST": "t.py::x (call)", "PYTEST_XDIST_WORKER": "gw1"}
+    assert warm_shared.server_key(same) == warm_shared.server_key(env)
+    for name, value in (("PRECISION_TEST_PLANT", "kl"), ("OMP_NUM_THREADS", "2"), ("PYTHONPATH", "/hooks")):
+        assert warm_shared.server_key({**env, name: value}) != warm_shared.server_key(env), name

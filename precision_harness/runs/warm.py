@@ -31,6 +31,8 @@ import threading
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from precision_harness.runs import warm_shared
+
 #: what the server imports once (the worker's heavy imports; nothing here builds a device context)
 PRELOAD = (
     "precision_harness.runs.runner.lean_imports",  # first: transformers must not find scikit-learn or SciPy
@@ -54,13 +56,18 @@ _lock = threading.Lock()
 _server_env: dict[str, str] | None = None
 
 
-def context_for(determinism: dict[str, str]) -> BaseContext | None:
+def context_for(determinism: dict[str, str]) -> BaseContext | warm_shared.SharedServers | None:
     """The forkserver context whose server was started with ``determinism`` (None: use a fresh process).
 
     The first call starts the server with ``determinism`` in its environment; a later call with
     other values gets None, because what torch read at import cannot change in a child.
+    Where ``PRECISION_WARM_DIR`` is set, the shared servers instead (:mod:`precision_harness.runs.warm_shared`):
+    there each run environment has its own server.
     """
     global _server_env
+    shared = warm_shared.configured()
+    if shared is not None:
+        return shared
     with _lock:
         if _server_env is None:
             _start_server(determinism)
@@ -90,12 +97,16 @@ def _start_server(determinism: dict[str, str]) -> None:
                 os.environ[key] = value
 
 
-def started() -> BaseContext | None:
+def started() -> BaseContext | warm_shared.SharedServers | None:
     """The forkserver context if this process started the warm server already (whatever its environment), else None.
 
     The replay worker takes it where it exists: its figures do not depend on the server's thread settings
     (it pins one thread itself), and starting a server for it alone would cost what a fresh process does.
+    Where ``PRECISION_WARM_DIR`` is set, the shared servers: one for its environment may be up already.
     """
+    shared = warm_shared.configured()
+    if shared is not None:
+        return shared
     with _lock:
         return multiprocessing.get_context("forkserver") if _server_env is not None else None
 
@@ -126,8 +137,17 @@ def run_child(argv: list[str], env: dict[str, str], log_path: str, module: str =
     sys.exit(code)
 
 
-def start(context: BaseContext, argv: list[str], env: dict[str, str], log_path: str, module: str = RUNNER) -> Any:
-    """Fork a child of the warm server running :func:`run_child` (``module``'s ``main``); returns the ``Process``."""
+def start(
+    context: BaseContext | warm_shared.SharedServers,
+    argv: list[str],
+    env: dict[str, str],
+    log_path: str,
+    module: str = RUNNER,
+) -> Any:
+    """Fork a child of the warm server running :func:`run_child` (``module``'s ``main``); returns the ``Process``
+    (a :class:`~precision_harness.runs.warm_shared.SharedChild` from a shared server)."""
+    if isinstance(context, warm_shared.SharedServers):
+        return context.start(argv, env, log_path, module)
     process = context.Process(
         target=run_child, args=(argv, env, log_path, module), name="precision-worker", daemon=False
     )
