@@ -77,6 +77,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 _WARM_FOLDER = pytest.StashKey[Path]()
+#: the planted changes' variables (tests/hooks/precision_test_hooks.py)
+HOOK_VARIABLES = ("PRECISION_TEST_PLANT", "PRECISION_TEST_PERTURB_RANK")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,6 +89,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # an xdist worker inherits the controller's folder; an enclosing run's folder is kept
     folder = tempfile.mkdtemp(prefix="precision-warm-")
     os.environ[warm_shared.DIR_ENV], os.environ[warm_shared.OWNER_ENV] = folder, str(os.getpid())
+    # the test hooks read their variables at each call (hooks/precision_test_hooks.py's factor()), never at import
+    os.environ[warm_shared.IGNORE_ENV] = ",".join(HOOK_VARIABLES)
     config.stash[_WARM_FOLDER] = Path(folder)
 
 
@@ -95,5 +99,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if folder is not None:
         warm_shared.stop_all(folder)
         shutil.rmtree(folder, ignore_errors=True)
-        for name in (warm_shared.DIR_ENV, warm_shared.OWNER_ENV):
+        for name in (warm_shared.DIR_ENV, warm_shared.OWNER_ENV, warm_shared.IGNORE_ENV):
             os.environ.pop(name, None)

@@ -216,9 +216,12 @@ def test_a_shared_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: 
         shared.start(["0", "0"], env, str(tmp_path / "child.log"), "sleeper")
 
 
-def test_the_server_key_ignores_only_the_per_test_variables() -> None:
+def test_the_server_key_ignores_only_the_per_test_variables_and_those_named() -> None:
     env = {"PATH": "/bin", "PRECISION_TEST_PLANT": "loss", "OMP_NUM_THREADS": "1"}
     same = {**env, "PYTEST_CURRENT_TEST": "t.py::x (call)", "PYTEST_XDIST_WORKER": "gw1"}
     assert warm_shared.server_key(same) == warm_shared.server_key(env)
     for name, value in (("PRECISION_TEST_PLANT", "kl"), ("OMP_NUM_THREADS", "2"), ("PYTHONPATH", "/hooks")):
         assert warm_shared.server_key({**env, name: value}) != warm_shared.server_key(env), name
+    named = {**env, warm_shared.IGNORE_ENV: "PRECISION_TEST_PLANT, PRECISION_TEST_PERTURB_RANK"}
+    assert warm_shared.server_key({**named, "PRECISION_TEST_PLANT": "kl"}) == warm_shared.server_key(named)
+    assert warm_shared.server_key({**named, "OMP_NUM_THREADS": "2"}) != warm_shared.server_key(named)

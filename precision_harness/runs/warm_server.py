@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -58,7 +58,7 @@ def _owner_alive(owner: int) -> bool:
 
 def _read_request(conn: socket.socket) -> dict:
     (size,) = LENGTH.unpack(_read_exactly(conn, LENGTH.size))
-    return pickle.loads(_read_exactly(conn, size))
+    return json.loads(_read_exactly(conn, size))
 
 
 def _read_exactly(conn: socket.socket, size: int) -> bytes:
@@ -123,7 +123,7 @@ def _accept(listener: socket.socket, state: _State, selector: selectors.BaseSele
     conn.setblocking(True)
     try:
         request = _read_request(conn)
-    except (EOFError, OSError, pickle.UnpicklingError):
+    except (EOFError, OSError, ValueError):  # ValueError: not JSON
         conn.close()
         return
     pid = os.fork()
@@ -180,8 +180,9 @@ def serve(state: _State, listener: socket.socket) -> None:
         for pid in state.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(FileNotFoundError):
-            state.socket_path.unlink()
+        if state.listening:  # once it stopped listening, the name may already be a newer server's
+            with contextlib.suppress(FileNotFoundError):
+                state.socket_path.unlink()
 
 
 def _should_close(state: _State) -> bool:

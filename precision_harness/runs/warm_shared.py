@@ -7,8 +7,9 @@ folder, or the harness's own tests, which start about 80) pays that once per ses
 owns the job, sessions share servers (:mod:`precision_harness.runs.warm_server`) kept in that folder:
 
 - one server per run environment (:func:`server_key`: the interpreter and every environment variable but the
-  per-test ones in :data:`VOLATILE`), started by the first session that needs it, under a file lock, so what
-  torch and any ``sitecustomize`` read at import is what a fresh interpreter of that run reads;
+  per-test ones in :data:`VOLATILE` and those ``PRECISION_WARM_IGNORE_VARS`` names), started by the first session
+  that needs it, under a file lock, so what torch and any ``sitecustomize`` read at import is what a fresh
+  interpreter of that run reads;
 - each run is a child forked from it, in the calling session's working directory, with its environment;
 - a server ends with its owner process, after :data:`IDLE_S` seconds unused, or when its socket or folder is
   removed (see :func:`stop_all`).
@@ -20,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import pickle
 import signal
 import socket
 import struct
@@ -43,9 +43,12 @@ OWNER_ENV = "PRECISION_WARM_OWNER"
 VOLATILE = frozenset(
     {"PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT", "PWD", "_"}
 )
+#: more variables no import reads, comma-separated (a ``sitecustomize`` that reads them at each call): runs that
+#: differ only in them share a server
+IGNORE_ENV = "PRECISION_WARM_IGNORE_VARS"
 #: the pid and the exit code go to the client as one signed 64-bit integer each
 WORD = struct.Struct("!q")
-#: a request is a 4-byte length, then the pickled ``{"argv", "env", "log", "module", "cwd"}``
+#: a request is a 4-byte length, then ``{"argv", "env", "log", "module", "cwd"}`` in JSON (data, never code)
 LENGTH = struct.Struct("!I")
 #: seconds a server stays up with no run forked from it (each holds about 450 MB)
 IDLE_S = 90.0
@@ -69,7 +72,7 @@ class SharedServers:
         """
         key = server_key(env)
         conn = self._connect(key, env)
-        request = pickle.dumps({"argv": argv, "env": env, "log": log_path, "module": module, "cwd": os.getcwd()})
+        request = json.dumps({"argv": argv, "env": env, "log": log_path, "module": module, "cwd": os.getcwd()}).encode()
         conn.sendall(LENGTH.pack(len(request)) + request)
         return SharedChild(conn, self.folder / f"{key}.log")
 
@@ -151,8 +154,10 @@ def _open(path: Path) -> socket.socket:
 
 
 def server_key(env: dict[str, str]) -> str:
-    """The server a run with ``env`` forks from: a hash of the interpreter and ``env`` less :data:`VOLATILE`."""
-    kept = sorted((name, value) for name, value in env.items() if name not in VOLATILE)
+    """The server a run with ``env`` forks from: a hash of the interpreter and ``env`` less :data:`VOLATILE` and the
+    names ``env[PRECISION_WARM_IGNORE_VARS]`` lists."""
+    ignored = VOLATILE | {name.strip() for name in env.get(IGNORE_ENV, "").split(",") if name.strip()}
+    kept = sorted((name, value) for name, value in env.items() if name not in ignored)
     return hashlib.sha256(json.dumps([sys.executable, kept]).encode()).hexdigest()[:16]
 
 
