@@ -225,3 +225,16 @@ def test_the_server_key_ignores_only_the_per_test_variables_and_those_named() ->
     named = {**env, warm_shared.IGNORE_ENV: "PRECISION_TEST_PLANT, PRECISION_TEST_PERTURB_RANK"}
     assert warm_shared.server_key({**named, "PRECISION_TEST_PLANT": "kl"}) == warm_shared.server_key(named)
     assert warm_shared.server_key({**named, "OMP_NUM_THREADS": "2"}) != warm_shared.server_key(named)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        (warm_shared.OWNER_ENV, "me", r"^PRECISION_WARM_OWNER='me': expected the pid of the process that owns"),
+        (warm_shared.DIR_ENV, "/no/warm", r"^PRECISION_WARM_DIR=/no/warm: no such folder; create one of the job.s own"),
+    ],
+)
+def test_bad_shared_server_variables_are_one_line(shared, monkeypatch, name: str, value: str, expected: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(RunFailedError, match=expected):
+        warm_shared.configured()

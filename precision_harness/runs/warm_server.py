@@ -7,8 +7,8 @@ the client's environment; the server answers the child's pid, then its exit code
 negative for a signal), as the standard library's forkserver does for ``multiprocessing``.
 
 Its environment is the one its first client's run had, and clients of another environment use another server
-(:func:`precision_harness.runs.warm_shared.server_key`), so what torch and the test hooks read at import is what a
-fresh interpreter of that run would have read.
+(:func:`precision_harness.runs.warm_shared.server_key`), so what torch and a ``sitecustomize`` read at import is
+what a fresh interpreter of that run would have read.
 
 It ends, killing any child still running, when the owner process ``OWNER_PID`` is gone or on SIGTERM. After
 ``IDLE_S`` seconds with no child (each server holds about 450 MB), or once ``SOCKET`` is removed, it stops listening

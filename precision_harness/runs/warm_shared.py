@@ -162,11 +162,19 @@ def server_key(env: dict[str, str]) -> str:
 
 
 def configured() -> SharedServers | None:
-    """The shared servers ``PRECISION_WARM_DIR`` and ``PRECISION_WARM_OWNER`` name, or None where unset."""
+    """The shared servers ``PRECISION_WARM_DIR`` and ``PRECISION_WARM_OWNER`` name, or None where unset.
+
+    Raises:
+        RunFailedError: ``PRECISION_WARM_OWNER`` is not a pid, or ``PRECISION_WARM_DIR`` is not a folder.
+    """
     folder, owner = os.environ.get(DIR_ENV), os.environ.get(OWNER_ENV)
     if not folder or not owner:
         return None
-    return SharedServers(Path(folder), int(owner))
+    if not owner.isdigit():
+        raise RunFailedError(f"{OWNER_ENV}={owner!r}: expected the pid of the process that owns {DIR_ENV}'s servers")
+    if not Path(folder).is_dir():
+        raise RunFailedError(f"{DIR_ENV}={folder}: no such folder; create one of the job's own, or unset it")
+    return SharedServers(Path(folder).resolve(), int(owner))  # absolute: the server runs in that folder
 
 
 def stop_all(folder: Path, wait_s: float = 10.0) -> None:
