@@ -79,6 +79,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 _WARM_FOLDER = pytest.StashKey[Path]()
 #: the planted changes' variables (tests/hooks/precision_test_hooks.py)
 HOOK_VARIABLES = ("PRECISION_TEST_PLANT", "PRECISION_TEST_PERTURB_RANK")
+#: what pytester's subprocess sessions set to each test's folder
+PYTESTER_VARIABLES = ("HOME", "USERPROFILE", "PYTEST_DEBUG_TEMPROOT")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -89,8 +91,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # an xdist worker inherits the controller's folder; an enclosing run's folder is kept
     folder = tempfile.mkdtemp(prefix="precision-warm-")
     os.environ[warm_shared.DIR_ENV], os.environ[warm_shared.OWNER_ENV] = folder, str(os.getpid())
-    # the test hooks read their variables at each call (hooks/precision_test_hooks.py's factor()), never at import
-    os.environ[warm_shared.IGNORE_ENV] = ",".join(HOOK_VARIABLES)
+    # the test hooks read their variables at each call (hooks/precision_test_hooks.py's factor()), never at import;
+    # pytester points HOME at each test's folder, and no run of a built-in scenario reads a home folder
+    os.environ[warm_shared.IGNORE_ENV] = ",".join((*HOOK_VARIABLES, *PYTESTER_VARIABLES))
     config.stash[_WARM_FOLDER] = Path(folder)
 
 

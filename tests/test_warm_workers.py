@@ -164,6 +164,7 @@ def test_a_shared_server_serves_several_clients_passes_exit_codes_and_kills_what
     tmp_path: Path, shared, monkeypatch
 ) -> None:
     env, log = _sleeper_env(tmp_path), str(tmp_path / "child.log")
+    monkeypatch.chdir(tmp_path)  # the other session's folder too, so both are one run environment
     first = shared.start(["0", "3"], env, log, "sleeper")
     first.join(60)
     assert first.exitcode == 3
@@ -225,6 +226,15 @@ def test_the_server_key_ignores_only_the_per_test_variables_and_those_named() ->
     named = {**env, warm_shared.IGNORE_ENV: "PRECISION_TEST_PLANT, PRECISION_TEST_PERTURB_RANK"}
     assert warm_shared.server_key({**named, "PRECISION_TEST_PLANT": "kl"}) == warm_shared.server_key(named)
     assert warm_shared.server_key({**named, "OMP_NUM_THREADS": "2"}) != warm_shared.server_key(named)
+
+
+def test_the_server_key_drops_the_working_directory_from_pythonpath_unless_it_customizes(tmp_path: Path) -> None:
+    env = {"PATH": "/bin", "PYTHONPATH": "/src"}
+    here = {**env, "PYTHONPATH": f"/src{os.pathsep}{tmp_path}"}  # what pytester's subprocess sessions set
+    assert warm_shared.server_key(here, str(tmp_path)) == warm_shared.server_key(env, "/elsewhere")
+    assert warm_shared.server_key(here, "/elsewhere") != warm_shared.server_key(env, "/elsewhere")
+    (tmp_path / "sitecustomize.py").write_text("")  # imported at start-up from PYTHONPATH: the entry counts
+    assert warm_shared.server_key(here, str(tmp_path)) != warm_shared.server_key(env, "/elsewhere")
 
 
 @pytest.mark.parametrize(

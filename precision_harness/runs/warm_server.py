@@ -81,8 +81,7 @@ def _child(request: dict, server_dir: str, closing: list) -> None:
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         os.chdir(request["cwd"])
-        if sys.path and sys.path[0] == server_dir:  # ``python -m`` put the server's directory first
-            sys.path[0] = request["cwd"]
+        _client_sys_path(request, server_dir)
         from precision_harness.runs import warm
 
         warm.run_child(request["argv"], request["env"], request["log"], request["module"])
@@ -94,6 +93,20 @@ def _child(request: dict, server_dir: str, closing: list) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _client_sys_path(request: dict, server_dir: str) -> None:
+    """``sys.path`` as the client's fresh worker would have it: its directory first (``python -m`` put the server's
+    there), without the server's ``PYTHONPATH`` entries that the client's lacks (its first client's folder, which
+    :func:`~precision_harness.runs.warm_shared.server_key` does not count)."""
+    if sys.path and sys.path[0] == server_dir:
+        sys.path[0] = request["cwd"]
+
+    def entries(env: dict) -> set[str]:
+        return {os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
+
+    stale = entries(os.environ) - entries(request["env"])
+    sys.path[1:] = [p for p in sys.path[1:] if os.path.abspath(p) not in stale]
 
 
 def _send(conn: socket.socket, value: int) -> None:

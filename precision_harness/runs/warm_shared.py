@@ -70,9 +70,10 @@ class SharedServers:
         Raises:
             RunFailedError: the server could not be started (its log is named).
         """
-        key = server_key(env)
+        cwd = os.getcwd()
+        key = server_key(env, cwd)
         conn = self._connect(key, env)
-        request = json.dumps({"argv": argv, "env": env, "log": log_path, "module": module, "cwd": os.getcwd()}).encode()
+        request = json.dumps({"argv": argv, "env": env, "log": log_path, "module": module, "cwd": cwd}).encode()
         conn.sendall(LENGTH.pack(len(request)) + request)
         return SharedChild(conn, self.folder / f"{key}.log")
 
@@ -153,12 +154,25 @@ def _open(path: Path) -> socket.socket:
     return conn
 
 
-def server_key(env: dict[str, str]) -> str:
-    """The server a run with ``env`` forks from: a hash of the interpreter and ``env`` less :data:`VOLATILE` and the
-    names ``env[PRECISION_WARM_IGNORE_VARS]`` lists."""
+def server_key(env: dict[str, str], cwd: str | None = None) -> str:
+    """The server a run with ``env`` forks from: a hash of the interpreter and ``env`` less :data:`VOLATILE`, the
+    names ``env[PRECISION_WARM_IGNORE_VARS]`` lists, and ``PYTHONPATH``'s entries that name ``cwd``.
+
+    A fresh worker (``python -m``) has its working directory first on ``sys.path`` already, so such an entry adds
+    nothing to its imports; pytester's subprocess sessions put their own folder there. Where ``cwd`` holds a
+    ``sitecustomize.py`` or ``usercustomize.py`` (imported at start-up), the entry is kept.
+    """
     ignored = VOLATILE | {name.strip() for name in env.get(IGNORE_ENV, "").split(",") if name.strip()}
-    kept = sorted((name, value) for name, value in env.items() if name not in ignored)
-    return hashlib.sha256(json.dumps([sys.executable, kept]).encode()).hexdigest()[:16]
+    kept = dict((name, value) for name, value in env.items() if name not in ignored)
+    if cwd is not None and "PYTHONPATH" in kept and not _customizes(cwd):
+        here = os.path.abspath(cwd)
+        entries = kept["PYTHONPATH"].split(os.pathsep)
+        kept["PYTHONPATH"] = os.pathsep.join(p for p in entries if os.path.abspath(p) != here)
+    return hashlib.sha256(json.dumps([sys.executable, sorted(kept.items())]).encode()).hexdigest()[:16]
+
+
+def _customizes(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, name)) for name in ("sitecustomize.py", "usercustomize.py"))
 
 
 def configured() -> SharedServers | None:
