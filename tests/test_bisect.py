@@ -134,14 +134,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (a container's pid 1 may never reap orphans)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 def test_an_interrupt_halfway_leaves_the_repository_clean(repo) -> None:
     """SIGINT (Ctrl-C) during git bisect run: no worktree, no bisect state, no process, the branch as it was."""
@@ -174,7 +166,7 @@ def test_an_interrupt_halfway_leaves_the_repository_clean(repo) -> None:
     )
     assert_untouched(root, shas[-1])
     assert _scratch_dirs() <= before
-    alive = [p for p in processes if _running(p)]
+    alive = [p for p in processes if warm_shared.running(p)]
     assert not alive, alive
 
 

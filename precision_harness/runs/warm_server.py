@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from precision_harness.runs.warm_shared import LENGTH, WORD
+from precision_harness.runs.warm_shared import LENGTH, WORD, read_exactly
 
 #: seconds between checks that the owner process and the socket still exist
 POLL_S = 1.0
@@ -57,18 +57,8 @@ def _owner_alive(owner: int) -> bool:
 
 
 def _read_request(conn: socket.socket) -> dict:
-    (size,) = LENGTH.unpack(_read_exactly(conn, LENGTH.size))
-    return json.loads(_read_exactly(conn, size))
-
-
-def _read_exactly(conn: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the client closed its connection mid-request")
-        data += chunk
-    return data
+    (size,) = LENGTH.unpack(read_exactly(conn, LENGTH.size))
+    return json.loads(read_exactly(conn, size))
 
 
 def _child(request: dict, server_dir: str, closing: list) -> None:

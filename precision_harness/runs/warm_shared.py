@@ -118,15 +118,12 @@ class SharedChild:
 
     def _read(self, timeout: float | None) -> int:
         self._conn.settimeout(timeout)
-        data = b""
-        while len(data) < WORD.size:
-            chunk = self._conn.recv(WORD.size - len(data))
-            if not chunk:
-                raise RunFailedError(
-                    f"the warm server ended while a run was in progress (log: {display_path(self._server_log)})"
-                )
-            data += chunk
-        return WORD.unpack(data)[0]
+        try:
+            return WORD.unpack(read_exactly(self._conn, WORD.size))[0]
+        except EOFError:
+            raise RunFailedError(
+                f"the warm server ended while a run was in progress (log: {display_path(self._server_log)})"
+            ) from None
 
     def join(self, timeout: float | None = None) -> None:
         """Wait up to ``timeout`` seconds (None: until it ends) for the child's exit code."""
@@ -142,6 +139,22 @@ class SharedChild:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
+
+
+def read_exactly(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``conn`` (both ends of the protocol).
+
+    Raises:
+        EOFError: the other end closed the connection first.
+        TimeoutError: ``conn``'s timeout passed.
+    """
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the other end closed the connection")
+        data += chunk
+    return data
 
 
 def _open(path: Path) -> socket.socket:
