@@ -243,8 +243,9 @@ class _Freed(dict):
 def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
     plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """_rank_verdict reads the run's dump as columns and frees it before the golden's is parsed: the verdict is
-    compare_rank's on both dumps parsed at once (the plants with other calls go the row-by-row way)."""
+    """_rank_verdict, where it reads the dumps one by one (not by one parse, as for dumps of one skeleton), reads the
+    run's as columns and frees it before the golden's is parsed: the verdict is compare_rank's on both dumps parsed
+    at once (the plants with other calls go the row-by-row way)."""
     target, golden = plants()[plant]
     write_dump(tmp_path / "run", target)
     write_dump(tmp_path / "golden", golden)
@@ -265,6 +266,7 @@ def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
 
     monkeypatch.setattr(run_stage, "load", run_load)
     monkeypatch.setattr(golden_stage, "load", golden_read)
+    monkeypatch.setattr(run_stage, "content", lambda rank: None)  # the row-by-row read (tests/test_dump_skeleton.py)
     assert_same_verdict(compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference)
 
 

@@ -38,7 +38,8 @@ from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
-from precision_harness.dumps.rows import count_statistics, rms, row_statistics, rows, tensors
+from precision_harness.dumps.rows import count_statistics, is_tensor, rms, row_statistics, rows, unsummarised
+from precision_harness.dumps.skeleton import same_skeleton_columns
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
@@ -377,7 +378,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         v.structural.add((v.rank, row.name))
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
-    if _is_tensor(t_item) and all(x is None for x in (*t_stats.values(), *g_stats.values())):
+    if is_tensor(t_item) and all(x is None for x in (*t_stats.values(), *g_stats.values())):
         v.unchecked.append(row.name)  # msprobe recorded no statistics (FRACTAL_NZ, fp8 on NPU): compared by nothing
         v.profile.append((v.rank, row.order, row.name, 0.0))
         return
@@ -401,20 +402,6 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
             rel = relative_change(t_val, g_val)
             v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
     v.profile.append((v.rank, row.order, row.name, row_worst))
-
-
-def unsummarised(dump: dict[str, Any]) -> list[str]:
-    """The tensor entries of a parsed dump.json with no statistic at all (msprobe records none of a FRACTAL_NZ or
-    fp8 tensor on NPU), by their :func:`~precision_harness.dumps.rows.tensors` path."""
-    return [
-        path
-        for path, t in tensors(dump["data"])
-        if _is_tensor(t) and all(t.get(s) is None for s in ("Max", "Min", "Mean", "Norm"))
-    ]
-
-
-def _is_tensor(item: dict[str, Any]) -> bool:
-    return str(item.get("type", "")).startswith("torch.") and str(item.get("dtype", "")).startswith("torch.")
 
 
 def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:
@@ -463,9 +450,18 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
     time: the run's is read as columns and freed before the golden's is parsed. Where the calls differ (a changed
     code path), the run's is parsed again for the row-by-row way (:func:`compare_rank`).
 
+    Where the run's dump.json has the golden's skeleton (the same bytes but for the floating-point statistics), one
+    parse serves both (:func:`~precision_harness.dumps.skeleton.same_skeleton_columns`).
+
     A run's dump.json that does not parse fails its rank with the parser's one line (file, byte offset); the
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
     """
+    sides = same_skeleton_columns(target, golden, rank)
+    if sides is not None:
+        verdict = RankVerdict(rank)
+        _judge_columns(verdict, sides[:2], sides[2], policy, golden.name)
+        verdict.bound()
+        return verdict
     try:
         t_dump = target.load(rank, raw=True)
     except GoldenCorruptError as exc:

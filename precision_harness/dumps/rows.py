@@ -268,6 +268,21 @@ def row_statistics(item: dict[str, Any]) -> dict[str, float | None]:
     return {s: to_float(item.get(s)) for s in STATISTICS}
 
 
+def unsummarised(dump: dict[str, Any]) -> list[str]:
+    """The tensor entries of a parsed dump.json with no statistic at all (msprobe records none of a FRACTAL_NZ or
+    fp8 tensor on NPU), by their :func:`tensors` path."""
+    return [
+        path
+        for path, t in tensors(dump["data"])
+        if is_tensor(t) and all(t.get(s) is None for s in ("Max", "Min", "Mean", "Norm"))
+    ]
+
+
+def is_tensor(item: dict[str, Any]) -> bool:
+    """The entry or row is a torch tensor's (its ``type`` and ``dtype`` both ``torch.*``)."""
+    return str(item.get("type", "")).startswith("torch.") and str(item.get("dtype", "")).startswith("torch.")
+
+
 def count_statistics(dump: dict[str, Any]) -> int:
     """Number of values the gate checks in a parsed dump.json: the non-null statistics of every row
     msprobe's parser yields (a scalar argument's value fills all four, as in msprobe's table)."""

@@ -42,6 +42,11 @@ class StageSource(Protocol):
         as :func:`~precision_harness.dumps.files.parse_dump_raw` reads them. Raises GoldenCorruptError."""
         ...
 
+    def content(self, rank: str) -> bytes | None:
+        """The rank's dump.json bytes where they are its whole dump (no stage_outputs.json beside them), else None.
+        Raises GoldenCorruptError (a golden's file missing or edited)."""
+        ...
+
     def digest(self, rank: str) -> str:
         """The rank's :func:`~precision_harness.dumps.files.rank_digest`: equal digests, identical statistics."""
         ...
@@ -82,6 +87,15 @@ class DirStage:
         rank_dir = self.path / "step0" / rank
         extra = rank_dir / STAGE_OUTPUTS
         return merged(load_dump(rank_dir / DUMP, raw=raw), load_dump(extra, raw=raw) if extra.is_file() else None)
+
+    def content(self, rank: str) -> bytes | None:
+        rank_dir = self.path / "step0" / rank
+        if (rank_dir / STAGE_OUTPUTS).is_file():
+            return None
+        try:
+            return (rank_dir / DUMP).read_bytes()
+        except OSError:  # load() names the file in its one line
+            return None
 
     def digest(self, rank: str) -> str:
         rank_dir = self.path / "step0" / rank

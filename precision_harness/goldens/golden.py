@@ -351,6 +351,12 @@ class GoldenStage:
     def load(self, rank: str, *, raw: bool = False) -> dict[str, Any]:
         return self.golden.load_dump(self.step, self.name, rank, raw=raw)
 
+    def content(self, rank: str) -> bytes | None:
+        rank_dir = f"step_{self.step}/{self.name}/step0/{rank}"
+        if f"{rank_dir}/{STAGE_OUTPUTS}" in self.golden.contents:
+            return None
+        return self.golden.read(f"{rank_dir}/{DUMP}")
+
     def digest(self, rank: str) -> str:
         return self._digests[rank]
 
