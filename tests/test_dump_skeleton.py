@@ -53,9 +53,9 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     found: list[str] = []
     make = skeleton.Template.of.__func__
 
-    def of(cls, content: bytes, seen: skeleton.Skeleton, *, shown: str):
+    def of(cls, parts: list[bytes], seen: skeleton.Skeleton, *, shown: str):
         found.append(shown)
-        return make(cls, content, seen, shown=shown)
+        return make(cls, parts, seen, shown=shown)
 
     monkeypatch.setattr(skeleton.Template, "of", classmethod(of))
     return found
@@ -231,3 +231,40 @@ def test_dumps_that_do_not_parse_fail_the_rank_naming_the_run_file_and_offset(tm
     (problem,) = verdict.problems
     assert str(run_stage.path / "step0" / "rank0" / "dump.json") in problem.text
     assert re.search(r"not JSON at byte \d+ of 700 \(", problem.text) and "\n" not in problem.text
+
+
+@pytest.mark.parametrize(
+    ("head", "level"),
+    [
+        (b'{\n "task": "statistics",\n "level": "L1",\n "framework": "pytorch",\n "data": {}}', "L1"),
+        (b'{"task": "tensor", "dump_data_dir": null, "level": "mix", "data": {}}', "mix"),
+        (b'{"data": {}, "level": "L0"}', "L0"),  # after data: the whole file is parsed
+        (b'{"task": "a \\"level\\": \\"L0\\"", "level": "L1", "data": {}}', "L1"),  # a level inside a string
+    ],
+)
+def test_a_run_directorys_level_is_read_from_the_head_of_its_first_dump(
+    head: bytes, level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 7B rank's dump.json is 50 MB: its level is read from the first kilobytes where msprobe put it, else from
+    the whole file, with the same answer."""
+    from precision_harness.goldens import manifest
+
+    (tmp_path / "step_1" / "actor_update" / "step0" / "rank0").mkdir(parents=True)
+    (tmp_path / "step_1" / "actor_update" / "step0" / "rank0" / "dump.json").write_bytes(head)
+    parsed: list[Path] = []
+    load = manifest.load_dump
+    monkeypatch.setattr(manifest, "load_dump", lambda path, raw=False: parsed.append(path) or load(path, raw=raw))
+    assert manifest.dump_level(tmp_path, ["step_1/actor_update/step0/rank0/dump.json"]) == level
+    assert bool(parsed) == (head.startswith(b'{"data"') or b"\\" in head)
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_the_level_read_from_the_head_is_the_parsed_level_on_every_committed_golden(path: Path, tmp_path: Path) -> None:
+    from precision_harness.goldens import manifest
+
+    golden = Golden.from_dir(path)
+    step, stage = min(golden.stages())
+    name = f"step_{step}/{stage}/step0/rank0/dump.json"
+    golden.export(tmp_path, [name])
+    assert manifest._LEVEL.match((tmp_path / name).read_bytes()[:4096])
+    assert manifest.dump_level(tmp_path, [name]) == json.loads((tmp_path / name).read_bytes())["level"]

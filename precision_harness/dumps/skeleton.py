@@ -62,16 +62,16 @@ class Skeleton:
     count: int
 
 
-def read(content: bytes) -> tuple[Skeleton, np.ndarray | None]:
-    """``content``'s skeleton and its literals as ``(count,)`` float64 (None where one reads as a non-finite float:
-    an overflowing exponent, which the parse judges)."""
+def read(content: bytes) -> tuple[Skeleton, np.ndarray | None, list[bytes]]:
+    """``content``'s skeleton, its literals as ``(count,)`` float64 (None where one reads as a non-finite float: an
+    overflowing exponent, which the parse judges), and ``content`` split at them
+    (``[text, key, literal, text, key, literal, ..., text]``)."""
     parts = _STAT.split(content)
     literals = parts[2::3]
     digest = hashlib.sha256(b"\x00".join(parts[0::3]))
     digest.update(b"\x00" + b"".join(parts[1::3]))
-    del parts
     values = np.fromiter(map(float, literals), dtype=np.float64, count=len(literals))
-    return Skeleton(digest.digest(), len(literals)), values if np.isfinite(values).all() else None
+    return Skeleton(digest.digest(), len(literals)), values if np.isfinite(values).all() else None, parts
 
 
 @dataclass
@@ -94,22 +94,23 @@ class Template:
     kept: list[int]
 
     @classmethod
-    def of(cls, content: bytes, skeleton: Skeleton, *, shown: str) -> Template | None:
-        """The template of ``content`` (whose skeleton is ``skeleton``); None where a number of its skeleton could
-        be taken for a marker or the markers do not each land once in a plain tensor row (module docstring).
+    def of(cls, parts: list[bytes], skeleton: Skeleton, *, shown: str) -> Template | None:
+        """The template of a dump split as :func:`read` splits it (``parts``, whose literals are replaced here by
+        markers; the caller's list is emptied, so the parse is the only copy held); None where a number of its
+        skeleton could be taken for a marker or the markers do not each land once in a plain tensor row (module
+        docstring).
 
         Raises:
             GoldenCorruptError: the bytes do not parse (``shown`` names the file).
             ProbeUnavailableError: msprobe (its row parser) is not installed.
         """
-        parts = _STAT.split(content)
         texts = b"\x00".join(parts[0::3])  # no number spans two texts
         if any(huge.search(texts) for huge in _HUGE):
             return None
         del texts
         parts[2::3] = [b"-%de+290" % (k + 1) for k in range(skeleton.count)]
         marked_bytes = b"".join(parts)
-        del parts
+        parts.clear()
         layouts = Layouts()
         marked = columns(parse_dump_raw(marked_bytes, shown=shown), layouts)
         del marked_bytes
@@ -153,18 +154,20 @@ def same_skeleton_columns(target: StageSource, golden: StageSource, rank: str) -
     if golden_bytes is None or b"\x00" in run or b"\x00" in golden_bytes:
         return None
     with collector_paused():
-        t_skeleton, ran = read(run)
+        t_skeleton, ran = read(run)[:2]
         del run
-        skeleton, values = read(golden_bytes)
+        skeleton, values, parts = read(golden_bytes)
+        del golden_bytes
         if ran is None or values is None or t_skeleton != skeleton:
             return None
-        del t_skeleton
-        template = _template(golden_bytes, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}")
+        template = _template(parts, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}")
+        del parts
         return None if template is None else (template.columns(ran), template.columns(values), template.layouts)
 
 
-def _template(content: bytes, skeleton: Skeleton, *, shown: str) -> Template | None:
-    """The template of ``skeleton``: the last one built where it is of that skeleton, else one built of ``content``."""
+def _template(parts: list[bytes], skeleton: Skeleton, *, shown: str) -> Template | None:
+    """The template of ``skeleton``: the last one built where it is of that skeleton, else one built of ``parts``
+    (:meth:`Template.of`)."""
     global _last, _refused
     if _last is not None and _last.skeleton == skeleton:
         return _last
@@ -172,7 +175,7 @@ def _template(content: bytes, skeleton: Skeleton, *, shown: str) -> Template | N
         return None
     _last = _refused = None  # freed before the next is built
     try:
-        _last = Template.of(content, skeleton, shown=shown)
+        _last = Template.of(parts, skeleton, shown=shown)
     except GoldenCorruptError:  # bytes that do not parse: the row-by-row read names the file and the byte offset
         _last = None
     if _last is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,28 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+#: msprobe writes ``task``, ``level``, ``framework`` and ``dump_data_dir`` before ``data``: the level is in the head
+_LEVEL = re.compile(
+    rb'^\s*\{\s*(?:"(?:task|framework|dump_data_dir)"\s*:\s*(?:"[^"\\]*"|null)\s*,\s*)*"level"\s*:\s*"([^"\\]*)"'
+)
+
+
 def dump_level(root: Path, files: list[str]) -> str | None:
-    """The ``level`` msprobe wrote into the first dump.json of ``files``."""
+    """The ``level`` msprobe wrote into the first dump.json of ``files``: read from its first kilobytes where the
+    level comes before ``data`` (as msprobe writes it), else from the whole file parsed (a 7B rank's dump is
+    50 MB). Raises GoldenCorruptError where that parse fails."""
     dump = next((rel for rel in files if rel.endswith("/dump.json")), None)
+    if dump is None:
+        return None
+    try:
+        with open(root / dump, "rb") as fh:
+            head = _LEVEL.match(fh.read(4096))
+    except OSError:
+        head = None
+    if head is not None:
+        return head.group(1).decode("utf-8", "replace")
     # raw: the level is all that is read, and restoring a large dump's non-finite values costs more than its parse
-    return load_dump(root / dump, raw=True).get("level") if dump else None
+    return load_dump(root / dump, raw=True).get("level")
 
 
 def statistics_counts(contents: dict[str, bytes], prefix: str) -> dict[str, int]:
