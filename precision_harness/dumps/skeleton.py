@@ -95,10 +95,10 @@ class Template:
 
     @classmethod
     def of(cls, parts: list[bytes], skeleton: Skeleton, *, shown: str) -> Template | None:
-        """The template of a dump split as :func:`read` splits it (``parts``, whose literals are replaced here by
-        markers; the caller's list is emptied, so the parse is the only copy held); None where a number of its
-        skeleton could be taken for a marker or the markers do not each land once in a plain tensor row (module
-        docstring).
+        """The template of a dump split as :func:`read` splits it (``parts``: its literals are replaced here by
+        markers, and the list is emptied once joined, so that the parse is the only copy held); None where a
+        number of its skeleton could be taken for a marker or the markers do not each land once in a plain tensor
+        row (module docstring).
 
         Raises:
             GoldenCorruptError: the bytes do not parse (``shown`` names the file).
