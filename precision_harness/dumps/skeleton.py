@@ -62,16 +62,19 @@ class Skeleton:
     count: int
 
 
-def read(content: bytes) -> tuple[Skeleton, np.ndarray | None, list[bytes]]:
-    """``content``'s skeleton, its literals as ``(count,)`` float64 (None where one reads as a non-finite float: an
-    overflowing exponent, which the parse judges), and ``content`` split at them
-    (``[text, key, literal, text, key, literal, ..., text]``)."""
+def read(content: bytes) -> tuple[Skeleton, list[bytes]]:
+    """``content``'s skeleton and ``content`` split at its literals (``[text, key, literal, ..., text]``)."""
     parts = _STAT.split(content)
-    literals = parts[2::3]
     digest = hashlib.sha256(b"\x00".join(parts[0::3]))
     digest.update(b"\x00" + b"".join(parts[1::3]))
+    return Skeleton(digest.digest(), len(parts) // 3), parts
+
+
+def floats(literals: list[bytes]) -> np.ndarray | None:
+    """``(literals,)`` float64 of each literal; None where one reads as a non-finite float (an overflowing exponent,
+    which the parse judges)."""
     values = np.fromiter(map(float, literals), dtype=np.float64, count=len(literals))
-    return Skeleton(digest.digest(), len(literals)), values if np.isfinite(values).all() else None, parts
+    return values if np.isfinite(values).all() else None
 
 
 @dataclass
@@ -154,11 +157,15 @@ def same_skeleton_columns(target: StageSource, golden: StageSource, rank: str) -
     if golden_bytes is None or b"\x00" in run or b"\x00" in golden_bytes:
         return None
     with collector_paused():
-        t_skeleton, ran = read(run)[:2]
-        del run
-        skeleton, values, parts = read(golden_bytes)
+        t_skeleton, parts = read(run)
+        ran = floats(parts[2::3])
+        del run, parts
+        skeleton, parts = read(golden_bytes)
         del golden_bytes
-        if ran is None or values is None or t_skeleton != skeleton:
+        if ran is None or t_skeleton != skeleton:  # another skeleton: its literals are never read
+            return None
+        values = floats(parts[2::3])
+        if values is None:
             return None
         template = _template(parts, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}")
         del parts
