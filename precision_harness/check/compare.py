@@ -31,6 +31,7 @@ import numpy as np
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
+from precision_harness.check.drift_profile import DriftProfile
 from precision_harness.check.drift_set import Drift, DriftSet, kept, table_drifts
 from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
@@ -60,10 +61,6 @@ class Problem:
         return f"{self.rank}: {self.text}" if self.rank is not None else self.text
 
 
-#: ``(rank, order, tensor, worst tolerance ratio of its statistics)`` of one compared row
-ProfilePoint = tuple[str, int, str, float]
-
-
 class _Verdict:
     """What every verdict answers: passed, when nothing drifted beyond tolerance and nothing always fails."""
 
@@ -86,7 +83,7 @@ class RankVerdict(_Verdict):
     problems: list[Problem] = field(default_factory=list)
     #: the count of the drifts not kept, and every drift by API and statistic
     drift_set: DriftSet = field(default_factory=DriftSet)
-    profile: list[ProfilePoint] = field(default_factory=list)  #: every compared row, in execution order
+    profile: DriftProfile = field(default_factory=DriftProfile)  #: every compared row, in execution order
     #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
     #: ``(rank, row)`` of every paired row whose dtype or shape changed (its profile ratio is ``inf``, as is that
@@ -102,11 +99,13 @@ class RankVerdict(_Verdict):
 
     def bound(self) -> None:
         """Keep the rank's first and largest drifts (:func:`~precision_harness.check.drift_set.kept`): those built
-        row by row, counted here, with those already selected from the table's arrays."""
+        row by row, counted here, with those already selected from the table's arrays; the profile packed into
+        columns (:mod:`~precision_harness.check.drift_profile`)."""
         self.drift_set.count(self.drifts)
         every = sorted(self.drifts + self._table_kept, key=lambda d: (d.order, STATISTICS.index(d.statistic)))
         self.drifts, self._table_kept = kept(every), []
         self.drift_set.dropped += len(every) - len(self.drifts)
+        self.profile.pack()
 
 
 @dataclass
@@ -128,7 +127,7 @@ class StageVerdict(_Verdict):
     #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift profile a
     #: report plots, where the change entered and the replay read, whole on a failing stage; a passing stage
     #: keeps only its worst point, all its readers use (:meth:`settle`); empty for identical dumps.
-    profile: list[ProfilePoint] = field(default_factory=list)
+    profile: DriftProfile = field(default_factory=DriftProfile)
     #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
     #: any changed block fails the stage (the scenario's ``tolerance.code_path: fail``), even one whose
@@ -167,7 +166,7 @@ class StageVerdict(_Verdict):
     @property
     def worst_ratio(self) -> float:
         """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
-        worst = max([d.ratio for d in self.drifts] + [p[3] for p in self.profile], default=0.0)
+        worst = max([d.ratio for d in self.drifts] + [self.profile.max_ratio()])
         worst = max([worst] + [c.ratio for c in self.code_paths])
         return math.inf if self.problems or self.failing_code_paths or self.failing_unchecked else worst
 
@@ -197,7 +196,7 @@ class StageVerdict(_Verdict):
         largest ratio), which is all :attr:`worst_ratio` and the code path line read of a passing verdict; at 7B a
         stage's profile is 1.6 M rows, and a check holds every stage's verdict to the end."""
         if self.passed and self.profile:
-            self.profile = [max(self.profile, key=lambda p: p[3])]
+            self.profile = DriftProfile([self.profile.worst()])
 
     def add(self, rank: RankVerdict) -> None:
         """Take in one rank's result."""

@@ -247,7 +247,7 @@ def code_path_line(v: StageVerdict, environment: EnvironmentDiff, *, rerecord: s
         return None
     software = "; ".join(map(str, environment.software))
     cause = f"{software} changed the code path" if software else "the code path changed"
-    paired = max((p[3] for p in v.profile), default=0.0)
+    paired = v.profile.max_ratio()
     leaving = max(c.ratio for c in v.code_paths)
     values = f"every paired value {_within(paired)}, the values leaving the changed calls {_within(leaving)}"
     again = f": {rerecord}" if rerecord else ""

@@ -1,0 +1,82 @@
+"""The drift profile kept as columns (precision_harness/check/drift_profile.py): the same points, in the same
+order, as the list of tuples it replaces, whatever was appended, packed, added or pickled."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import random
+
+import pytest
+
+from precision_harness.check.drift_profile import DriftProfile
+
+
+def _points(rank: str, n: int, seed: int, *, names: list[str] | None = None) -> list[tuple[str, int, str, float]]:
+    rng = random.Random(seed)
+    names = names or [f"Functional.linear.{i}.forward.output.0" for i in range(n)]
+    return [(rank, i, names[i], rng.choice([0.0, rng.random() * 3, math.inf])) for i in range(n)]
+
+
+def _profile_and_list(seed: int) -> tuple[DriftProfile, list]:
+    """A stage's profile as compare builds it (ranks packed and added, some points appended after) and the list."""
+    rng = random.Random(seed)
+    stage, expected = DriftProfile(), []
+    for r in range(rng.randint(0, 4)):
+        rank = DriftProfile()
+        points = _points(f"rank{r}", rng.randint(0, 40), seed + r)
+        cut = rng.randint(0, len(points))
+        rank.extend(points[:cut])
+        for p in points[cut:]:
+            rank.append(p)
+        if rng.random() < 0.5:
+            rank = pickle.loads(pickle.dumps(rank.pack()))  # as it comes back from the rank pool
+        stage += rank
+        expected += points
+    tail = _points("rank9", rng.randint(0, 5), seed)
+    stage.extend(tail)
+    return stage, expected + tail
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_profile_reads_as_the_list_of_its_points(seed: int) -> None:
+    profile, expected = _profile_and_list(seed)
+    assert list(profile) == expected and profile == expected and len(profile) == len(expected)
+    assert bool(profile) is bool(expected)
+    assert profile.max_ratio() == max((p[3] for p in expected), default=0.0)
+    assert profile.worst() == max(expected, key=lambda p: p[3], default=None)
+    for index in range(-len(expected), len(expected)):
+        assert profile[index] == expected[index]
+    for start in (None, 0, 3, 17, 200):
+        for stop in (None, 5, 30, -2):
+            for step in (None, 1, 2, 7, 64, -1, -3):
+                assert profile[start:stop:step] == expected[start:stop:step], (start, stop, step)
+    assert pickle.loads(pickle.dumps(profile)) == expected
+
+
+def test_an_index_past_the_end_is_an_index_error() -> None:
+    profile = DriftProfile(_points("rank0", 3, 0)).pack()
+    with pytest.raises(IndexError):
+        profile[3]
+    with pytest.raises(IndexError):
+        DriftProfile()[0]
+
+
+def test_ranks_of_the_same_rows_share_one_name_list_and_runs_of_a_rank_pack_apart() -> None:
+    """Each rank's names come back from the pool as new strings: a stage keeps one list of them."""
+    names = [f"Torch.matmul.{i}.forward.output.0" for i in range(50)]
+    stage = DriftProfile()
+    for r in range(3):
+        rank = DriftProfile(_points(f"rank{r}", 50, r, names=[n + "" for n in list(names)]))
+        stage += pickle.loads(pickle.dumps(rank))
+    lists = {id(chunk.names) for chunk in stage._chunks}
+    assert len(stage._chunks) == 3 and len(lists) == 1
+    mixed = DriftProfile(_points("rank0", 2, 0) + _points("rank1", 2, 0) + _points("rank0", 1, 0)).pack()
+    assert [c.rank for c in mixed._chunks] == ["rank0", "rank1", "rank0"]
+
+
+def test_a_profile_is_not_equal_to_other_points_or_to_other_types() -> None:
+    points = _points("rank0", 4, 1)
+    profile = DriftProfile(points).pack()
+    assert profile != points[:3] and profile != [*points[:3], ("rank0", 3, "x", 0.0)]
+    assert profile != "not a profile" and DriftProfile() == []
