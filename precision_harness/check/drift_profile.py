@@ -88,7 +88,22 @@ class DriftProfile:
 
     def worst(self) -> ProfilePoint | None:
         """The first point of the largest ratio, as ``max(profile, key=ratio)`` gives it; None for an empty one."""
-        return max(self, key=lambda p: p[3], default=None)
+        best: ProfilePoint | None = None
+        for chunk in self._chunks:
+            if np.isnan(chunk.ratios).any():  # max() keeps a NaN it meets first: read as it does
+                candidates = chunk.points()
+            elif len(chunk.ratios):
+                i = int(np.argmax(chunk.ratios))  # the chunk's first of its largest
+                candidates = chunk.points(i, i + 1)
+            else:
+                continue
+            for point in candidates:
+                if best is None or point[3] > best[3]:
+                    best = point
+        for point in self._points:
+            if best is None or point[3] > best[3]:
+                best = point
+        return best
 
     def __len__(self) -> int:
         return sum(len(c.orders) for c in self._chunks) + len(self._points)
