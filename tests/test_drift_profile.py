@@ -7,6 +7,7 @@ import math
 import pickle
 import random
 
+import numpy as np
 import pytest
 
 from precision_harness.check.drift_profile import DriftProfile
@@ -85,3 +86,21 @@ def test_a_profile_is_not_equal_to_other_points_or_to_other_types() -> None:
     profile = DriftProfile(points).pack()
     assert profile != points[:3] and profile != [*points[:3], ("rank0", 3, "x", 0.0)]
     assert profile != "not a profile" and DriftProfile() == []
+
+
+def test_columns_added_at_once_read_as_the_points_they_replace() -> None:
+    """A judged table's spans, between rows added one by one, as compare's columnar judging adds them."""
+    names = [f"Torch.add.{i}.forward.output.0" for i in range(10)]
+    worst = np.array([0.0, 0.5, math.inf, 1.5, 0.0, 2.0, 0.1, 0.2, 0.3, 0.4])
+    profile = DriftProfile()
+    profile.extend_columns("rank1", (0, 3), names, worst)
+    profile.append(("rank1", 3, names[3], 9.0))
+    profile.extend_columns("rank1", (4, 4), names, worst)  # an empty span adds nothing
+    profile.extend_columns("rank1", (4, 10), names, worst)
+    expected = [("rank1", i, names[i], 9.0 if i == 3 else float(worst[i])) for i in range(10)]
+    assert profile == expected and profile.worst() == expected[2] and len(profile._chunks) == 3
+    whole = DriftProfile()
+    whole.extend_columns("rank0", (0, 10), names, worst)
+    assert whole._chunks[0].names is names and whole == [
+        ("rank0", *p[1:3], float(worst[i])) for i, p in enumerate(expected)
+    ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -313,11 +312,11 @@ def _judge_columns(
     table = StatTable.of_cells(cells, policy, stage)
     v.checked += int(present.sum())
     v._table_kept += table_drifts(table, (t.names, range(len(t.names))), v.rank, v.drift_set)
-    names, worst, order = t.names, table.worst.tolist(), 0
+    names, worst, order = t.names, table.worst, 0
     said = ~regular
     said[np.flatnonzero(table.nonfinite)[:1]] = True  # only a rank's first non-finite value is a problem
     for i in np.flatnonzero(said).tolist():
-        v.profile.extend(zip(repeat(v.rank, i - order), range(order, i), names[order:i], worst[order:i], strict=True))
+        v.profile.extend_columns(v.rank, (order, i), names, worst)
         order = i + 1
         if not paired[i]:  # a paired call with other tensors: a structural change
             v.problem(f"{names[i]}: not in the golden")
@@ -325,9 +324,8 @@ def _judge_columns(
             _compare_row(v, _Row(names[i], i, t.item(i), g.item(int(g_at[i]))), policy=policy, stage=stage)
         else:
             _nonfinite_row(v, names[i], table, i)
-            v.profile.append((v.rank, i, names[i], worst[i]))
-    rest = len(names) - order
-    v.profile.extend(zip(repeat(v.rank, rest), range(order, len(names)), names[order:], worst[order:], strict=True))
+            v.profile.append((v.rank, i, names[i], float(worst[i])))
+    v.profile.extend_columns(v.rank, (order, len(names)), names, worst)
     if t.names != g.names:
         mine = set(names)
         v.problems += [

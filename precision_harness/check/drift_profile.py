@@ -54,6 +54,16 @@ class DriftProfile:
     def extend(self, points: Iterable[ProfilePoint]) -> None:
         self._points.extend(points)
 
+    def extend_columns(self, rank: str, span: tuple[int, int], names: list[str], ratios: np.ndarray) -> None:
+        """Add the rows ``span`` (``(start, stop)``, their orders) of one rank's judged table: ``names`` and
+        ``ratios`` (``(rows,)`` float64, the rows' worst ratios) indexed by order, taken as columns at once."""
+        start, stop = span
+        if start >= stop:
+            return
+        self.pack()
+        kept = names if (start, stop) == (0, len(names)) else names[start:stop]
+        self._add(_Chunk(rank, np.arange(start, stop, dtype=np.int64), kept, ratios[start:stop].astype(np.float64)))
+
     def pack(self) -> DriftProfile:
         """The points appended so far as columns, one :class:`_Chunk` per run of one rank; returns itself."""
         points, self._points = self._points, []
