@@ -38,41 +38,41 @@ class _Chunk:
 
 
 class DriftProfile:
-    """The points of a drift profile in execution order (module docstring): appended one by one or many at once,
-    packed into columns when :meth:`pack` is called (a rank's result is, before it leaves the rank pool) and when
-    another profile is added; compares equal to any sequence of the same points."""
+    """The points of a drift profile in execution order (module docstring): appended one by one, many at once or as
+    a table's columns, and packed into one :class:`_Chunk` per run of one rank when read, pickled (a rank's result
+    leaves the rank pool so) or added to; compares equal to any sequence of the same points."""
 
-    __slots__ = ("_chunks", "_points")
+    __slots__ = ("_chunks", "_pending")
 
     def __init__(self, points: Iterable[ProfilePoint] = ()) -> None:
         self._chunks: list[_Chunk] = []
-        self._points: list[ProfilePoint] = list(points)  # appended since the last pack
+        self._pending: list[ProfilePoint | _Chunk] = list(points)  # added since the last pack, in order
 
     def append(self, point: ProfilePoint) -> None:
-        self._points.append(point)
+        self._pending.append(point)
 
     def extend(self, points: Iterable[ProfilePoint]) -> None:
-        self._points.extend(points)
+        self._pending.extend(points)
 
     def extend_columns(self, rank: str, span: tuple[int, int], names: list[str], ratios: np.ndarray) -> None:
         """Add the rows ``span`` (``(start, stop)``, their orders) of one rank's judged table: ``names`` and
         ``ratios`` (``(rows,)`` float64, the rows' worst ratios) indexed by order, taken as columns at once."""
         start, stop = span
-        if start >= stop:
-            return
-        self.pack()
-        kept = names if (start, stop) == (0, len(names)) else names[start:stop]
-        self._add(_Chunk(rank, np.arange(start, stop, dtype=np.int64), kept, ratios[start:stop].astype(np.float64)))
+        if start < stop:
+            kept = names if (start, stop) == (0, len(names)) else names[start:stop]
+            self._pending.append(_Chunk(rank, np.arange(start, stop, dtype=np.int64), kept, ratios[start:stop]))
 
     def pack(self) -> DriftProfile:
-        """The points appended so far as columns, one :class:`_Chunk` per run of one rank; returns itself."""
-        points, self._points = self._points, []
-        start = 0
-        for end in range(1, len(points) + 1):
-            if end == len(points) or points[end][0] != points[start][0]:
-                ranks, orders, names, ratios = zip(*points[start:end], strict=True)
-                self._add(_Chunk(ranks[0], np.array(orders, np.int64), list(names), np.array(ratios, np.float64)))
-                start = end
+        """What was added since the last pack as columns, one :class:`_Chunk` per run of one rank; returns itself."""
+        pending, self._pending = self._pending, []
+        group: list[ProfilePoint | _Chunk] = []
+        for piece in pending:
+            if group and _rank(piece) != _rank(group[0]):
+                self._add(_merged(group))
+                group = []
+            group.append(piece)
+        if group:
+            self._add(_merged(group))
         return self
 
     def __iadd__(self, other: Iterable[ProfilePoint]) -> DriftProfile:
@@ -82,7 +82,7 @@ class DriftProfile:
             for chunk in other.pack()._chunks:
                 self._add(chunk)
         else:
-            self._points.extend(other)
+            self._pending.extend(other)
         return self
 
     def _add(self, chunk: _Chunk) -> None:
@@ -93,38 +93,31 @@ class DriftProfile:
 
     def max_ratio(self, default: float = 0.0) -> float:
         """The largest worst ratio of any point (``inf`` for a structural change), ``default`` with none."""
-        found = [float(c.ratios.max()) for c in self._chunks if len(c.ratios)] + [p[3] for p in self._points]
-        return max(found, default=default)
+        return max((float(c.ratios.max()) for c in self.pack()._chunks), default=default)
 
     def worst(self) -> ProfilePoint | None:
         """The first point of the largest ratio, as ``max(profile, key=ratio)`` gives it; None for an empty one."""
         best: ProfilePoint | None = None
-        for chunk in self._chunks:
+        for chunk in self.pack()._chunks:
             if np.isnan(chunk.ratios).any():  # max() keeps a NaN it meets first: read as it does
                 candidates = chunk.points()
-            elif len(chunk.ratios):
+            else:
                 i = int(np.argmax(chunk.ratios))  # the chunk's first of its largest
                 candidates = chunk.points(i, i + 1)
-            else:
-                continue
             for point in candidates:
                 if best is None or point[3] > best[3]:
                     best = point
-        for point in self._points:
-            if best is None or point[3] > best[3]:
-                best = point
         return best
 
     def __len__(self) -> int:
-        return sum(len(c.orders) for c in self._chunks) + len(self._points)
+        return sum(len(c.orders) for c in self.pack()._chunks)
 
     def __bool__(self) -> bool:
-        return bool(self._points) or any(len(c.orders) for c in self._chunks)
+        return bool(self._pending or self._chunks)
 
     def __iter__(self) -> Iterator[ProfilePoint]:
-        for chunk in self._chunks:
+        for chunk in self.pack()._chunks:
             yield from chunk.points()
-        yield from self._points
 
     @overload
     def __getitem__(self, index: int) -> ProfilePoint: ...
@@ -150,7 +143,7 @@ class DriftProfile:
                 found += chunk.points(first, min(stop - offset, n), step)
                 start += -(-(n - first) // step) * step
             offset += n
-        return found + self._points[max(start - offset, 0) : max(stop - offset, 0) : step]
+        return found
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, DriftProfile | list | tuple):
@@ -162,9 +155,37 @@ class DriftProfile:
     def __repr__(self) -> str:
         return f"DriftProfile({len(self)} points)"
 
-    def __getstate__(self) -> tuple[list[_Chunk], list[ProfilePoint]]:
-        self.pack()  # a rank's points cross the pool's pipe as columns
-        return self._chunks, self._points
+    def __getstate__(self) -> list[_Chunk]:
+        return self.pack()._chunks  # a rank's points cross the pool's pipe as columns
 
-    def __setstate__(self, state: tuple[list[_Chunk], list[ProfilePoint]]) -> None:
-        self._chunks, self._points = state
+    def __setstate__(self, state: list[_Chunk]) -> None:
+        self._chunks, self._pending = state, []
+
+
+def _rank(piece: ProfilePoint | _Chunk) -> str:
+    return piece.rank if isinstance(piece, _Chunk) else piece[0]
+
+
+def _merged(pieces: list[ProfilePoint | _Chunk]) -> _Chunk:
+    """One rank's pieces, in order, as one chunk (a lone chunk as it is)."""
+    if len(pieces) == 1 and isinstance(pieces[0], _Chunk):
+        return pieces[0]
+    orders: list[np.ndarray] = []
+    names: list[str] = []
+    ratios: list[np.ndarray] = []
+    points: list[ProfilePoint] = []
+    for piece in [*pieces, None]:
+        if isinstance(piece, tuple):
+            points.append(piece)
+            continue
+        if points:  # the points since the last chunk, as columns
+            _, point_orders, point_names, point_ratios = zip(*points, strict=True)
+            orders.append(np.array(point_orders, np.int64))
+            names += point_names
+            ratios.append(np.array(point_ratios, np.float64))
+            points = []
+        if piece is not None:
+            orders.append(piece.orders)
+            names += piece.names
+            ratios.append(piece.ratios)
+    return _Chunk(_rank(pieces[0]), np.concatenate(orders), names, np.concatenate(ratios).astype(np.float64))
