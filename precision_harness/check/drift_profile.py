@@ -3,9 +3,10 @@
 A failing stage keeps its whole profile (a report plots it; where the change entered and the replay read it). At
 7B a stage's profile is about 1.6 M rows: as a list of tuples that is about 350 MB a stage, one tuple, one int,
 one float and one copy of the row's name per row (a rank's names come back from the rank pool as new strings).
-Here the rows compared at once are packed into :class:`_Chunk` columns, 12 bytes a row: an int64 order, a float64
-ratio and the name list, which the ranks of one stage share (they name the same rows). Readers see the same
-points in the same order, as tuples (:class:`DriftProfile` is a read-only sequence of them).
+Here a rank's points are kept as one :class:`_Chunk` of columns, 12 bytes a row: an int64 order, a float64 ratio
+and the name list, which the ranks of one stage share (they name the same rows). Readers see the same points in
+the same order, as tuples (:class:`DriftProfile` reads as a sequence of them). The ratios are NaN-free where the
+compare makes them (:class:`~precision_harness.check.stat_table.StatTable`'s are 0 where a statistic is absent).
 """
 
 from __future__ import annotations
