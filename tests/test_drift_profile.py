@@ -27,8 +27,9 @@ def _profile_and_list(seed: int) -> tuple[DriftProfile, list]:
     for r in range(rng.randint(0, 4)):
         rank = DriftProfile()
         points = _points(f"rank{r}", rng.randint(0, 40), seed + r)
-        cut = rng.randint(0, len(points))
-        rank.extend(points[:cut])
+        cut = rng.randint(0, len(points))  # a judged table's rows, then rows judged one by one, as compare adds them
+        names, ratios = [p[2] for p in points], np.array([p[3] for p in points])
+        rank.extend_columns(f"rank{r}", (0, cut), names, ratios)
         for p in points[cut:]:
             rank.append(p)
         if rng.random() < 0.5:
@@ -36,7 +37,8 @@ def _profile_and_list(seed: int) -> tuple[DriftProfile, list]:
         stage += rank
         expected += points
     tail = _points("rank9", rng.randint(0, 5), seed)
-    stage.extend(tail)
+    for p in tail:
+        stage.append(p)
     return stage, expected + tail
 
 

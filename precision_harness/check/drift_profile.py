@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import groupby, islice, repeat
 from typing import overload
 
 import numpy as np
@@ -39,8 +39,8 @@ class _Chunk:
 
 
 class DriftProfile:
-    """The points of a drift profile in execution order (module docstring): appended one by one, many at once or as
-    a table's columns, and packed into one :class:`_Chunk` per run of one rank when read, pickled (a rank's result
+    """The points of a drift profile in execution order (module docstring): appended one by one or as a table's
+    columns, and packed into one :class:`_Chunk` per run of one rank when read, pickled (a rank's result
     leaves the rank pool so) or added to; compares equal to any sequence of the same points."""
 
     __slots__ = ("_chunks", "_pending")
@@ -51,9 +51,6 @@ class DriftProfile:
 
     def append(self, point: ProfilePoint) -> None:
         self._pending.append(point)
-
-    def extend(self, points: Iterable[ProfilePoint]) -> None:
-        self._pending.extend(points)
 
     def extend_columns(self, rank: str, span: tuple[int, int], names: list[str], ratios: np.ndarray) -> None:
         """Add the rows ``span`` (``(start, stop)``, their orders) of one rank's judged table: ``names`` and
@@ -76,14 +73,11 @@ class DriftProfile:
             self._add(_merged(group))
         return self
 
-    def __iadd__(self, other: Iterable[ProfilePoint]) -> DriftProfile:
-        """Add ``other``'s points after these (a :class:`DriftProfile`'s chunks as they are)."""
+    def __iadd__(self, other: DriftProfile) -> DriftProfile:
+        """Add ``other``'s points after these, its chunks as they are (a rank's into its stage's)."""
         self.pack()
-        if isinstance(other, DriftProfile):
-            for chunk in other.pack()._chunks:
-                self._add(chunk)
-        else:
-            self._pending.extend(other)
+        for chunk in other.pack()._chunks:
+            self._add(chunk)
         return self
 
     def _add(self, chunk: _Chunk) -> None:
@@ -174,19 +168,15 @@ def _merged(pieces: list[ProfilePoint | _Chunk]) -> _Chunk:
     orders: list[np.ndarray] = []
     names: list[str] = []
     ratios: list[np.ndarray] = []
-    points: list[ProfilePoint] = []
-    for piece in [*pieces, None]:
-        if isinstance(piece, tuple):
-            points.append(piece)
-            continue
-        if points:  # the points since the last chunk, as columns
-            _, point_orders, point_names, point_ratios = zip(*points, strict=True)
+    for is_chunk, run in groupby(pieces, key=lambda piece: isinstance(piece, _Chunk)):
+        if is_chunk:
+            for chunk in run:
+                orders.append(chunk.orders)
+                names += chunk.names
+                ratios.append(chunk.ratios)
+        else:  # points added one by one, as columns
+            _, point_orders, point_names, point_ratios = zip(*run, strict=True)
             orders.append(np.array(point_orders, np.int64))
             names += point_names
             ratios.append(np.array(point_ratios, np.float64))
-            points = []
-        if piece is not None:
-            orders.append(piece.orders)
-            names += piece.names
-            ratios.append(piece.ratios)
     return _Chunk(_rank(pieces[0]), np.concatenate(orders), names, np.concatenate(ratios).astype(np.float64))
