@@ -219,6 +219,20 @@ def plants() -> dict[str, tuple[dict, dict]]:
         {**golden, softmax: {**golden[softmax], "input_kwargs": {"dim": {"type": "int", "value": 2}}}},
         {**golden, softmax: {**golden[softmax], "input_kwargs": {"dim": {"type": "int", "value": 1}}}},
     )
+    # an argument msprobe wrote as null (a linear without bias): compared by nothing where both sides hold it,
+    # a structural change where a tensor takes its place or it takes a tensor's
+    biased = copy.deepcopy(golden)
+    biased[linear]["input_args"].append(tensor(shape=(8,)))
+    unbiased = copy.deepcopy(golden)
+    unbiased[linear]["input_args"].append(None)
+    moved = copy.deepcopy(unbiased)
+    moved[softmax]["output"][0].update(Max=0.95)
+    out["null_argument_both"] = (moved, unbiased)
+    out["null_argument_became_tensor"] = (biased, unbiased)
+    out["tensor_became_null_argument"] = (unbiased, biased)
+    unsummarised = copy.deepcopy(golden)  # a tensor msprobe recorded no statistic of (FRACTAL_NZ, fp8 on NPU)
+    unsummarised[linear]["input_args"].append(tensor(shape=(8,), Max=None, Min=None, Mean=None, Norm=None))
+    out["unsummarised_tensor_became_null_argument"] = (unbiased, unsummarised)
     out["too_different"] = ({"Functional.relu.0.forward": golden[softmax]}, golden)
     return out
 
