@@ -125,10 +125,14 @@ def test_cross_device_atol_scales_with_the_cross_device_rtol() -> None:
     assert p.for_metric("actor/pg_loss") == Tol(1e-3, ATOL_FLOOR["float32"])
 
 
+@pytest.mark.parametrize("apis", [True, False], ids=["api-globs", "dtype-rules-only"])
 @pytest.mark.parametrize("noise", [None, "rows", "stages"])
-def test_tolerance_arrays_are_for_tensor_of_every_statistic(noise: str | None) -> None:
-    """The compare's vectorised rows get, float for float, what :meth:`TolerancePolicy.for_tensor` gives."""
-    section = {"statistics": {"Mean": {"atol": 1e-4}}, "apis": {"Functional.softmax.*": {"rtol": 1e-3}}}
+def test_tolerance_arrays_are_for_tensor_of_every_statistic(noise: str | None, apis: bool) -> None:
+    """The compare's vectorised rows get, float for float, what :meth:`TolerancePolicy.for_tensor` gives: a rule per
+    dtype, or per dtype and row where API globs apply."""
+    section: dict = {"statistics": {"Mean": {"atol": 1e-4}}}
+    if apis:
+        section["apis"] = {"Functional.softmax.*": {"rtol": 1e-3}}
     calibrated = {
         None: None,
         "rows": _row_noise({STAGE: {NEAR_ZERO_ROW: {"Max": 0.5}, "Torch.argmax.0.forward.output.0": {"Max": 0.5}}}),
@@ -144,13 +148,26 @@ def test_tolerance_arrays_are_for_tensor_of_every_statistic(noise: str | None) -
         ("torch.int64", "Torch.argmax.0.forward.output.0", 3.0),
     ]
     rtol, atol = policy.tolerance_arrays(
-        stage=STAGE, dtypes=[r[0] for r in rows], names=[r[1] for r in rows], rms=np.array([r[2] for r in rows])
+        stage=STAGE,
+        dtypes=[r[0] for r in rows],
+        codes=np.arange(len(rows)),
+        names=[r[1] for r in rows],
+        rms=np.array([r[2] for r in rows]),
     )
     for i, (dtype, name, rms) in enumerate(rows):
         for k, stat in enumerate(STATISTICS):
             tol = policy.for_tensor(dtype=dtype, stage=STAGE, statistic=stat, api=name, rms=rms)
             assert (rtol[i, k], atol[i, k]) == (tol.rtol, tol.atol), (dtype, name, stat)
     assert [float(a) for a in atol[-1]] == [0.0, 0.0, 1e-4, 0.0]  # an integer row: exact, but for the rule
+    table = sorted({r[0] for r in rows})  # the compare's shared dtype table: a code per dtype, not per row
+    shared = policy.tolerance_arrays(
+        stage=STAGE,
+        dtypes=table,
+        codes=np.array([table.index(r[0]) for r in rows]),
+        names=[r[1] for r in rows],
+        rms=np.array([r[2] for r in rows]),
+    )
+    assert np.array_equal(shared[0], rtol) and np.array_equal(shared[1], atol, equal_nan=True)
 
 
 # ------------------------------------------------------------------------------ calibration per row

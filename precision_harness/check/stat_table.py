@@ -120,7 +120,8 @@ class StatTable:
         if len(judged):
             self.rtol[judged], self.atol[judged] = self._policy.tolerance_arrays(
                 stage=self._stage,
-                dtypes=[cells.dtypes[c] for c in cells.codes[judged].tolist()],
+                dtypes=cells.dtypes,
+                codes=cells.codes[judged],
                 names=[cells.names[i] for i in judged.tolist()],
                 rms=cells.scale[judged],
             )

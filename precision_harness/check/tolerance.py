@@ -231,29 +231,31 @@ class TolerancePolicy:
         return Tol(max(rtol, self.noise_k * observed) if observed else rtol, atol)
 
     def tolerance_arrays(
-        self, *, stage: str, dtypes: Sequence[str], names: Sequence[str], rms: np.ndarray
+        self, *, stage: str, dtypes: Sequence[str], codes: np.ndarray, names: Sequence[str], rms: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(rtol, atol)``, each ``(rows, 4)`` float64 in :data:`STATISTICS` order: :meth:`for_tensor` of every
         statistic of every row, the same floats, for the compare's vectorised rows (``check/stat_table.py``).
 
         Args:
-            dtypes, names: each row's msprobe dtype string and row name.
+            dtypes: msprobe dtype strings; row ``i``'s is ``dtypes[codes[i]]``.
+            codes: ``(rows,)`` int, each row's index into ``dtypes``.
+            names: each row's name.
             rms: ``(rows,)`` float64, each golden tensor's ``Norm / sqrt(numel)`` (NaN where unknown).
         """
         n = len(names)
         if self.exact:
             return np.zeros((n, 4)), np.zeros((n, 4))
-        rules: dict[tuple[str, str], tuple[list[float], list[float], float]] = {}
-        per_row = []
-        for dtype, name in zip(dtypes, names, strict=True):
-            key = (dtype, name if self.apis else "")
-            rule = rules.get(key)
-            if rule is None:
-                rule = rules[key] = self._row_rule(short_dtype(dtype), stage, name)
-            per_row.append(rule)
-        rtol = np.array([r[0] for r in per_row], dtype=float).reshape(n, 4)
-        atol = np.array([r[1] for r in per_row], dtype=float).reshape(n, 4)
-        floor = np.array([r[2] for r in per_row], dtype=float)
+        # a rule per dtype (per dtype and row name where API globs apply), read into every row by index
+        if self.apis:
+            keys: dict[tuple[str, str], int] = {}
+            pairs = zip(codes.tolist(), names, strict=True)
+            at = np.fromiter((keys.setdefault((dtypes[c], name), len(keys)) for c, name in pairs), np.int64, count=n)
+            rules = [self._row_rule(short_dtype(dtype), stage, name) for dtype, name in keys]
+        else:
+            at, rules = codes, [self._row_rule(short_dtype(dtype), stage, "") for dtype in dtypes]
+        rtol = np.array([r[0] for r in rules], dtype=float).reshape(-1, 4)[at]
+        atol = np.array([r[1] for r in rules], dtype=float).reshape(-1, 4)[at]
+        floor = np.array([r[2] for r in rules], dtype=float)[at]
         with np.errstate(invalid="ignore"):
             by_rms = np.fmax(floor[:, None], rtol * np.where(np.isfinite(rms), np.abs(rms), np.nan)[:, None])
         scales = np.array([s in RMS_ATOL_STATISTICS for s in STATISTICS])
