@@ -6,10 +6,11 @@ dtypes and shapes, written by the same msprobe in the same order. Parsing the ru
 (:func:`~precision_harness.dumps.columns.columns`, a Python step per tensor) is then work already done for the
 golden's. Here each side's bytes are split at its floating-point statistics (:data:`_STAT`: a ``Max``/``Min``/
 ``Mean``/``Norm`` key whose value is a float literal, one with a ``.`` or an exponent); what is left is the
-*skeleton*. Where the two skeletons are equal (their sha256 digests, :class:`Skeleton`), one parse names the rows
-of both, and each side's statistics are its literals read with ``float`` (correctly rounded, as orjson reads
-them). The ranks, steps and stages of a run often share a skeleton (the same model, micro-batch shapes and call
-sequence), so a process keeps the last parse (:class:`Template`) and parses again only for another skeleton.
+*skeleton*. Where the two skeletons are equal (piece for piece), one parse names the rows of both, and each side's
+statistics are its literals read with ``float`` (correctly rounded, as orjson reads them). The ranks, steps and
+stages of a run often share a skeleton (the same model, micro-batch shapes and call sequence), so a process keeps
+the last parse (:class:`Template`, known by the golden's skeleton's sha256, :class:`Skeleton`) and parses again
+only for another skeleton.
 
 Which row and statistic each literal becomes is learnt from the parse itself, not assumed: the bytes are parsed
 with literal ``k`` replaced by the marker ``-(k+1)e+290``, and the markers are found in the parsed columns'
