@@ -22,11 +22,13 @@ the block, compared as usual, are the second line of evidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
+from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.pairing import ChangedBlock
 from precision_harness.dumps.rows import numel, rms, row_statistics
 
@@ -239,3 +241,18 @@ def describe(changes: list[CodePathChange]) -> str:
         count = f"x{len(found)}; first " if len(found) > 1 else ""
         parts.append(f"{what} ({count}{found[0].where})")
     return "; ".join(parts)
+
+
+def placed(changes: list[CodePathChange], target: Any) -> list[CodePathChange]:
+    """``changes`` with the place in the code each run block was called from, where the run's folder says
+    (``target``, a :class:`~precision_harness.dumps.stage.StageSource`: a run's ``DirStage`` has a folder; a golden
+    keeps no stack.json), in execution order."""
+    folder = getattr(target, "path", None)
+    if not changes or folder is None:
+        return changes
+    found = []
+    for rank in sorted({c.rank for c in changes}):
+        mine = [c for c in changes if c.rank == rank]
+        sites = call_sites(Path(folder) / "step0" / rank, [c.api for c in mine])
+        found += [replace(c, site=sites.get(c.api)) for c in mine]
+    return sorted(found, key=lambda c: (c.order, c.rank))

@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate
+from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate, placed
 from precision_harness.check.drift_profile import DriftProfile
 from precision_harness.check.drift_set import Drift, DriftSet, kept, table_drifts
 from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
-from precision_harness.dumps.call_site import call_sites
-from precision_harness.dumps.columns import NO_LAYOUT, Aligned, Columns, Layouts, aligned_golden_columns, columns
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, blank_rows, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
 from precision_harness.dumps.rows import count_statistics, is_tensor, rms, row_statistics, rows, unsummarised
@@ -313,7 +311,8 @@ def _judge_columns(
     v.checked += int(present.sum())
     v._table_kept += table_drifts(table, (t.names, range(len(t.names))), v.rank, v.drift_set)
     names, worst, order = t.names, table.worst, 0
-    said = ~regular & ~_blank(sides, golden, paired, layouts)
+    # a row neither side gives anything to compare: its 0.0 point comes with the columns, as _compare_row gives it
+    said = ~regular & ~blank_rows(t, golden, paired, layouts)
     said[np.flatnonzero(table.nonfinite)[:1]] = True  # only a rank's first non-finite value is a problem
     for i in np.flatnonzero(said).tolist():
         v.profile.extend_columns(v.rank, (order, i), names, worst)
@@ -331,17 +330,6 @@ def _judge_columns(
         v.problems += [
             Problem(f"{n}: in the golden but missing from this run", v.rank) for n in g.names if n not in mine
         ]
-
-
-def _blank(sides: tuple[Columns, Columns], golden: Aligned, paired: np.ndarray, layouts: Layouts) -> np.ndarray:
-    """``(rows,)`` bool: paired rows :func:`_compare_row` would check nothing of, adding only a 0.0 point to the
-    profile (the table's ``worst`` of a row it does not judge): both sides with one layout whose dtype (``dtype``,
-    else ``type``) is null, so not a tensor's, and no statistic nor scalar value on either side. These are the
-    arguments msprobe wrote as null (a ``linear`` without bias), about one row in twenty of a transformer's dump."""
-    t, _ = sides
-    null = np.array([not key[0] for key in layouts.keys] + [False], dtype=bool)[t.layout]  # NO_LAYOUT: the False
-    blank = paired & null & (t.layout == golden.layout) & ~t.scalar & ~golden.scalar
-    return blank & ~t.present.any(axis=1) & ~golden.present.any(axis=1)
 
 
 def _nonfinite_row(v: RankVerdict, name: str, table: StatTable, i: int) -> None:
@@ -448,7 +436,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
-    verdict.code_paths = _placed(verdict.code_paths, target)
+    verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()
     return verdict
 
@@ -488,16 +476,3 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
         _judge_columns(verdict, sides, layouts, policy, golden.name)
         verdict.bound()
         return verdict
-
-
-def _placed(changes: list[CodePathChange], target: StageSource) -> list[CodePathChange]:
-    """``changes`` with the place in the code each run block was called from, where the run's folder says."""
-    folder = getattr(target, "path", None)  # a run's folder (DirStage); a golden keeps no stack.json
-    if not changes or folder is None:
-        return changes
-    placed = []
-    for rank in sorted({c.rank for c in changes}):
-        mine = [c for c in changes if c.rank == rank]
-        sites = call_sites(Path(folder) / "step0" / rank, [c.api for c in mine])
-        placed += [replace(c, site=sites.get(c.api)) for c in mine]
-    return sorted(placed, key=lambda c: (c.order, c.rank))

@@ -184,6 +184,17 @@ def aligned_golden_columns(t: Columns, g: Columns) -> tuple[np.ndarray, Aligned]
     return g_at, aligned
 
 
+def blank_rows(t: Columns, golden: Aligned, paired: np.ndarray, layouts: Layouts) -> np.ndarray:
+    """``(rows,)`` bool: the run's rows paired with a golden row (``paired``, ``golden`` aligned to the run's rows by
+    :func:`aligned_golden_columns`) that neither side gives anything to compare: one layout on both sides whose dtype
+    (``dtype``, else ``type``) is null, so not a tensor's, and no statistic nor scalar value on either side. These
+    are the arguments msprobe wrote as null (a ``linear`` without bias), about one row in twenty of a transformer's
+    dump; the compare's row-by-row check finds nothing in them."""
+    null = np.array([not key[0] for key in layouts.keys] + [False], dtype=bool)[t.layout]  # NO_LAYOUT: the False
+    blank = paired & null & (t.layout == golden.layout) & ~t.scalar & ~golden.scalar
+    return blank & ~t.present.any(axis=1) & ~golden.present.any(axis=1)
+
+
 def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
     """The :class:`Columns` of a parsed dump.json (module docstring); ``layouts`` is shared with the other side.
 
