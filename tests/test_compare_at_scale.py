@@ -359,14 +359,61 @@ def test_the_pool_gives_the_verdict_the_process_gives(tmp_path: Path, monkeypatc
     here = compare.compare_stage(run, golden, settings)
     monkeypatch.setattr(rank_pool, "MIN_POOL_BYTES", 0)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    submitted: list[tuple] = []
+    submit = rank_pool._submit
+    monkeypatch.setattr(rank_pool, "_submit", lambda *args: submitted.append(args) or submit(*args))
     pooled = compare.compare_stage(run, golden, settings)
-    assert rank_pool._pool is not None  # it ran in the pool
+    assert len(submitted) == 2  # each rank ran in the workers
     assert (pooled.drifts, pooled.problems, pooled.profile, pooled.checked) == (
         here.drifts,
         here.problems,
         here.profile,
         here.checked,
     )
+
+
+def test_stages_side_by_side_give_the_verdicts_of_one_stage_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check_items starts its next stage beside the current one, a stage to a worker (rank_pool.ahead): each stage's
+    verdict is the one it gets compared alone, here."""
+    if rank_pool.cores() < 2:
+        pytest.skip("one core: the pool is never used")
+    stages = ("actor_compute_log_prob", "actor_update", "ref_compute_log_prob")
+    for at, stage in enumerate(stages):
+        for rank in ("rank0", "rank1"):
+            write_dump(tmp_path / "golden" / "step_1" / stage, base_data(), rank)
+            drifted = base_data()
+            drifted["Functional.softmax.0.forward"]["output"][0]["Max"] = 0.9 * (1 + (5e-4 if at == 1 else 1e-9))
+            write_dump(tmp_path / "run" / "step_1" / stage, drifted, rank)
+    golden, keys = Golden.from_run_dir(tmp_path / "golden"), [ItemKey(1, stage) for stage in stages]
+    settings = CheckSettings(scenario="s", policy=TolerancePolicy())
+    here = dict(check_items(tmp_path / "run", golden, keys, settings))
+    monkeypatch.setattr(rank_pool, "MIN_POOL_BYTES", 0)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    started: set[str] = set()  # the run's stage folders that went ahead, whole on a worker
+    ahead = rank_pool.ahead
+
+    def watched(fn, found) -> None:
+        ahead(fn, found)
+        started.update(Path(key[0]).name for key in rank_pool._ahead)
+
+    monkeypatch.setattr(rank_pool, "ahead", watched)
+    submitted: list[tuple] = []
+    submit = rank_pool._submit
+    monkeypatch.setattr(rank_pool, "_submit", lambda *args: submitted.append(args) or submit(*args))
+    pooled = dict(check_items(tmp_path / "run", golden, keys, settings))
+    assert started == set(stages) and not rank_pool._ahead
+    assert len(submitted) == 2 * len(stages)  # each rank once: the stage's compare took what went ahead
+    assert [here[k].passed for k in keys] == [pooled[k].passed for k in keys] == [True, False, True]
+    for key in keys:
+        mine, alone = pooled[key].verdict, here[key].verdict
+        assert (mine.drifts, mine.problems, mine.profile, mine.checked) == (
+            alone.drifts,
+            alone.problems,
+            alone.profile,
+            alone.checked,
+        )
 
 
 def test_a_passing_stage_keeps_its_worst_point_and_a_failing_stage_its_whole_profile(tmp_path: Path) -> None:

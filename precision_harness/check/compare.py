@@ -430,15 +430,34 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.unchecked = [(r, name) for r in shared for name in unsummarised(golden.load(r))]
         verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
-    jobs = [(target, golden, policy, rank) for rank in shared]
+    jobs, size = [(target, golden, policy, rank) for rank in shared], rank_pool.dump_bytes(target, shared)
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
-    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=rank_pool.dump_bytes(target, shared)):
+    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=_key(target, golden, policy, shared)):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()
     return verdict
+
+
+def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: CheckSettings) -> None:
+    """Start the rank compares of the ``(target, golden)`` stages a check compares next, each stage on a worker of its
+    own (:func:`~precision_harness.check.rank_pool.ahead`); :func:`compare_stage` collects them. A stage whose ranks
+    are not the golden's, or whose first rank is the golden's byte for byte (the stage may be identical: one hash
+    here, not every rank's twice), is left to :func:`compare_stage`."""
+    found = []
+    for target, golden in stages:
+        ranks = target.ranks()
+        if ranks and ranks == golden.ranks() and target.digest(ranks[0]) != golden.digest(ranks[0]):
+            jobs = [(target, golden, settings.policy, rank) for rank in ranks]
+            found.append((_key(target, golden, settings.policy, ranks), jobs, rank_pool.dump_bytes(target, ranks)))
+    rank_pool.ahead(_rank_verdict, found)
+
+
+def _key(target: StageSource, golden: StageSource, policy: TolerancePolicy, ranks: list[str]) -> tuple:
+    """A stage compare's key in the rank pool: its folders, its policy (the object, held by its jobs) and its ranks."""
+    return str(target), str(golden), id(policy), tuple(ranks)
 
 
 def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:

@@ -11,6 +11,7 @@ and ``precision-harness compare`` both call it, so both give the same verdicts, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -20,9 +21,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import verdict_text
+from precision_harness.check import rank_pool, verdict_text
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import StageVerdict, compare_stage
+from precision_harness.check.compare import StageVerdict, compare_ahead, compare_stage
 from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
@@ -112,22 +113,44 @@ def check_items(
 ) -> Iterator[tuple[ItemKey, Outcome]]:
     """Outcome of each item of ``target`` against ``golden``; a user-caused problem is a failed outcome.
 
+    The stages of the next items (a core each) are started beside the current one, a stage to a worker, where their
+    dumps are large enough for the rank pool (:func:`~precision_harness.check.rank_pool.ahead`); the outcomes and
+    their order are those of one item at a time.
+
     Args:
         target: verl-layout directory (``step_<n>/<stage>/step0/rank<r>/dump.json``, ``metrics.jsonl``).
         golden: the golden; each of its files is checked against its sha256 before use.
         keys: the items to check (:func:`items_of` for all of them).
     """
-    for key in keys:
-        try:
-            out = (
-                _check_metrics(target, golden, settings)
-                if key.is_metrics
-                else _check_stage(target, golden, key, settings)
-            )
-        except PrecisionError as exc:
-            out = Outcome.error(exc)
-        out.environment = settings.environment
-        yield key, out
+    keys = list(keys)
+    try:
+        for at, key in enumerate(keys):
+            _ahead(target, golden, keys[at : at + rank_pool.cores()], settings)
+            try:
+                out = (
+                    _check_metrics(target, golden, settings)
+                    if key.is_metrics
+                    else _check_stage(target, golden, key, settings)
+                )
+            except PrecisionError as exc:
+                out = Outcome.error(exc)
+            out.environment = settings.environment
+            yield key, out
+    finally:
+        rank_pool.forget()
+
+
+def _ahead(target: Path, golden: Golden, keys: list[ItemKey], settings: CheckSettings) -> None:
+    """The stages of ``keys`` (this item's and the next ones, a core each) started side by side in the rank pool
+    (:func:`~precision_harness.check.compare.compare_ahead`); a stage the golden lacks or cannot give is left to
+    its own item, which says why."""
+    stages = [
+        (DirStage(Path(target) / f"step_{k.step}" / k.stage, step=k.step, name=k.stage), golden.stage(k.step, k.stage))
+        for k in keys
+        if not k.is_metrics and k.step is not None and k.stage is not None and golden.has_stage(k.step, k.stage)
+    ]
+    with contextlib.suppress(PrecisionError, OSError):  # the stage's own item meets it again and reports it
+        compare_ahead(stages, settings)
 
 
 def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -> Outcome:
