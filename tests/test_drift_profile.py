@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -105,3 +106,26 @@ def test_columns_added_at_once_read_as_the_points_they_replace() -> None:
     whole.extend_columns("rank0", (0, 10), names, worst)
     assert whole.pack()._chunks[0].names is names  # a whole table's name list, kept as it is
     assert whole == [("rank0", i, names[i], float(worst[i])) for i in range(10)]
+
+
+def _rank_result(rank: str, names: list[str]) -> DriftProfile:
+    """A rank's profile as it leaves the rank pool: its table's columns, pickled."""
+    profile = DriftProfile()
+    profile.extend_columns(rank, (0, len(names)), names, np.linspace(0.0, 1.0, len(names)))
+    return pickle.loads(pickle.dumps(profile.pack()))
+
+
+def test_ranks_unpickled_with_equal_names_share_one_list_while_it_is_alive() -> None:
+    """The results of a stage compared ahead wait whole: one copy of the names the ranks share, not one a rank."""
+    names = [f"Functional.linear.{i}.forward.output.0" for i in range(50)]
+    rank0, rank1 = _rank_result("rank0", list(names)), _rank_result("rank1", list(names))
+    other = _rank_result("rank0", [*names[:-1], "Functional.gelu.0.forward.output.0"])
+    assert rank0._chunks[0].names is rank1._chunks[0].names
+    assert other._chunks[0].names is not rank0._chunks[0].names
+    ratios = np.linspace(0.0, 1.0, 50).tolist()
+    assert list(rank1) == [("rank1", i, name, ratios[i]) for i, name in enumerate(names)]
+    shared = weakref.ref(rank0._chunks[0].names)
+    del rank0, rank1, other
+    assert shared() is None  # the process keeps no name list of its own: only the profiles held it
+    again = _rank_result("rank2", list(names))
+    assert again._chunks[0].names == names and next(iter(again)) == ("rank2", 0, names[0], 0.0)

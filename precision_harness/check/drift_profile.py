@@ -7,10 +7,15 @@ Here a rank's points are kept as one :class:`_Chunk` of columns, 12 bytes a row:
 and the name list, which the ranks of one stage share (they name the same rows). Readers see the same points in
 the same order, as tuples (:class:`DriftProfile` reads as a sequence of them). The ratios are NaN-free where the
 compare makes them (:class:`~precision_harness.check.stat_table.StatTable`'s are 0 where a statistic is absent).
+
+A rank's result crosses the rank pool's pipe pickled, its names with it. A process keeps one copy of equal name
+lists it unpickles while an earlier one is alive (:func:`_shared`): the results of a stage compared ahead wait
+whole for their stage's turn (:func:`~precision_harness.check.rank_pool.ahead`), about 17 MB of names a rank at 7B.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import groupby, islice, repeat
@@ -151,10 +156,36 @@ class DriftProfile:
         return f"DriftProfile({len(self)} points)"
 
     def __getstate__(self) -> list[_Chunk]:
-        return self.pack()._chunks  # a rank's points cross the pool's pipe as columns
+        # a rank's points cross the pool's pipe as columns, their names as a list a weak reference can hold
+        return [_Chunk(c.rank, c.orders, _Names(c.names), c.ratios) for c in self.pack()._chunks]
 
     def __setstate__(self, state: list[_Chunk]) -> None:
-        self._chunks, self._pending = state, []
+        self._chunks, self._pending = [_Chunk(c.rank, c.orders, _shared(c.names), c.ratios) for c in state], []
+
+
+class _Names(list):
+    """A chunk's row names as unpickled: a list a weak reference can hold (:func:`_shared`)."""
+
+    __slots__ = ("__weakref__",)
+
+
+#: the name lists this process unpickled lately, while they are alive (at most :data:`_RECENT`)
+_recent: list[weakref.ref] = []
+_RECENT = 8
+
+
+def _shared(names: list[str]) -> list[str]:
+    """``names``, or an equal list unpickled here before and still alive (the ranks of one stage name the same rows):
+    one copy of each where results wait (module docstring)."""
+    global _recent
+    _recent = [ref for ref in _recent if ref() is not None]
+    for ref in _recent:
+        known = ref()
+        if known is not None and len(known) == len(names) and known == names:
+            return known
+    if isinstance(names, _Names) and names:
+        _recent = [*_recent[1 - _RECENT :], weakref.ref(names)]
+    return names
 
 
 def _rank(piece: ProfilePoint | _Chunk) -> str:
