@@ -30,8 +30,9 @@ def pids(key: str, jobs: list[tuple] = JOBS) -> list[int]:
 
 def test_two_stages_ahead_each_run_whole_on_a_worker_of_its_own(paying: None) -> None:
     rank_pool.ahead(os.getpid, [("a", JOBS, 1), ("b", JOBS, 1)])
-    assert set(rank_pool._ahead) == {"a", "b"}
+    assert rank_pool.started("a") and rank_pool.started("b")
     a, b = pids("a"), pids("b")
+    assert not rank_pool.started("a")
     assert len(set(a)) == 1 and len(set(b)) == 1 and a[0] != b[0]
     assert os.getpid() not in a + b
     assert not rank_pool._ahead  # asked for: nothing kept

@@ -444,14 +444,17 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
 def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: CheckSettings) -> None:
     """Start the rank compares of the ``(target, golden)`` stages a check compares next, each stage on a worker of its
     own (:func:`~precision_harness.check.rank_pool.ahead`); :func:`compare_stage` collects them. A stage whose ranks
-    are not the golden's, or whose first rank is the golden's byte for byte (the stage may be identical: one hash
-    here, not every rank's twice), is left to :func:`compare_stage`."""
+    are not the golden's, or whose first rank is the golden's byte for byte (it may be identical: one hash here, none
+    for a stage already started), is left to :func:`compare_stage`."""
     found = []
     for target, golden in stages:
         ranks = target.ranks()
-        if ranks and ranks == golden.ranks() and target.digest(ranks[0]) != golden.digest(ranks[0]):
+        key = _key(target, golden, settings.policy, ranks)
+        if rank_pool.started(key) or (
+            ranks and ranks == golden.ranks() and target.digest(ranks[0]) != golden.digest(ranks[0])
+        ):
             jobs = [(target, golden, settings.policy, rank) for rank in ranks]
-            found.append((_key(target, golden, settings.policy, ranks), jobs, rank_pool.dump_bytes(target, ranks)))
+            found.append((key, jobs, rank_pool.dump_bytes(target, ranks)))
     rank_pool.ahead(_rank_verdict, found)
 
 

@@ -92,6 +92,11 @@ def ahead(fn: Callable[..., Any], stages: Sequence[Stage]) -> None:
         futures += [_submit(lane, fn, job, key) for job in jobs]
 
 
+def started(key: Hashable) -> bool:
+    """The stage of ``key`` was started :func:`ahead` and not yet asked for."""
+    return key in _ahead
+
+
 def forget() -> None:
     """Drop the stages started :func:`ahead` and not asked for (a check that stopped early): those not yet running
     are cancelled."""
