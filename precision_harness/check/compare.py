@@ -430,9 +430,9 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.unchecked = [(r, name) for r in shared for name in unsummarised(golden.load(r))]
         verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
-    jobs, size = [(target, golden, policy, rank) for rank in shared], rank_pool.dump_bytes(target, shared)
+    key, jobs, size = _stage_jobs(target, golden, policy, shared)
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
-    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=_key(target, golden, policy, shared)):
+    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
@@ -442,25 +442,25 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
 
 
 def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: CheckSettings) -> None:
-    """Start the rank compares of the ``(target, golden)`` stages a check compares next, each stage on a worker of its
-    own (:func:`~precision_harness.check.rank_pool.ahead`); :func:`compare_stage` collects them. A stage whose ranks
-    are not the golden's, or whose first rank is the golden's byte for byte (it may be identical: one hash here, none
-    for a stage already started), is left to :func:`compare_stage`."""
+    """Start the rank compares of the ``(target, golden)`` stages a check compares next (two or more), each on a worker
+    of its own (:func:`~precision_harness.check.rank_pool.ahead`), for :func:`compare_stage` to collect; not a stage
+    whose ranks are not the golden's, or whose first rank is the golden's byte for byte (it may be identical)."""
     found = []
     for target, golden in stages:
         ranks = target.ranks()
-        key = _key(target, golden, settings.policy, ranks)
-        if rank_pool.started(key) or (
+        stage = _stage_jobs(target, golden, settings.policy, ranks)
+        if rank_pool.started(stage[0]) or (
             ranks and ranks == golden.ranks() and target.digest(ranks[0]) != golden.digest(ranks[0])
         ):
-            jobs = [(target, golden, settings.policy, rank) for rank in ranks]
-            found.append((key, jobs, rank_pool.dump_bytes(target, ranks)))
+            found.append(stage)
     rank_pool.ahead(_rank_verdict, found)
 
 
-def _key(target: StageSource, golden: StageSource, policy: TolerancePolicy, ranks: list[str]) -> tuple:
-    """A stage compare's key in the rank pool: its folders, its policy (the object, held by its jobs) and its ranks."""
-    return str(target), str(golden), id(policy), tuple(ranks)
+def _stage_jobs(target: StageSource, golden: StageSource, policy: TolerancePolicy, ranks: list[str]) -> rank_pool.Stage:
+    """A stage compare in the rank pool: its key (its folders, its policy, the object its jobs hold, and its ranks), a
+    job per rank and the run's dump bytes; :func:`compare_stage` and :func:`compare_ahead` build it alike."""
+    key = str(target), str(golden), id(policy), tuple(ranks)
+    return key, [(target, golden, policy, rank) for rank in ranks], rank_pool.dump_bytes(target, ranks)
 
 
 def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:
