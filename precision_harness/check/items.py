@@ -145,10 +145,12 @@ def _ahead(target: Path, golden: Golden, keys: list[ItemKey], settings: CheckSet
     (:func:`~precision_harness.check.compare.compare_ahead`); a stage the golden lacks or cannot give is left to
     its own item, which says why."""
     stages = [
-        (DirStage(Path(target) / f"step_{k.step}" / k.stage, step=k.step, name=k.stage), golden.stage(k.step, k.stage))
+        (_run_stage(target, k), golden.stage(k.step, k.stage))
         for k in keys
         if not k.is_metrics and k.step is not None and k.stage is not None and golden.has_stage(k.step, k.stage)
     ]
+    if len(stages) < 2:  # nothing to put beside it (a pytest item, level: auto's rerun): no hashing for nothing
+        return
     with contextlib.suppress(PrecisionError, OSError):  # the stage's own item meets it again and reports it
         compare_ahead(stages, settings)
 
@@ -165,7 +167,7 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
     artifacts = s.item_artifacts(key.step, key.stage)
     if artifacts is not None:
         shutil.rmtree(artifacts, ignore_errors=True)
-    run_stage = DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
+    run_stage = _run_stage(target, key)
     out = check_stage(run_stage, golden.stage(key.step, key.stage), s)
     if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
         changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
@@ -174,6 +176,12 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
             if artifacts is not None and (artifacts / "verdict.txt").is_file():
                 (artifacts / "verdict.txt").write_text(out.text + "\n", encoding="utf-8")
     return out
+
+
+def _run_stage(target: Path, key: ItemKey) -> DirStage:
+    """The run's folder of a stage item (``<target>/step_<n>/<stage>``)."""
+    assert key.step is not None and key.stage is not None
+    return DirStage(Path(target) / f"step_{key.step}" / key.stage, step=key.step, name=key.stage)
 
 
 def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
