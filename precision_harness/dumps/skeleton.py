@@ -166,8 +166,8 @@ def same_skeleton_columns(target: StageSource, golden: StageSource, rank: str) -
             return None
         ran = floats(t_parts[2::3])
         del t_parts
-        values = floats(parts[2::3])
-        if ran is None or values is None:
+        values = floats(parts[2::3]) if ran is not None else None  # the golden's converted only if the run's read
+        if values is None:
             return None
         template = _template(parts, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}")
         del parts
