@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,12 +91,16 @@ def _perturbed(node, factor: float, count: list[int]) -> None:
 
 
 def build(shape: Shape, cache: Path) -> dict[str, Path]:
-    """``{"golden" | "passing" | "failing": tree}`` of ``shape``, built once into ``cache``."""
+    """``{"golden" | "passing" | "failing": tree}`` of ``shape``, built once into ``cache``; the golden is recorded
+    as ``pytest --precision-golden update`` records one (:func:`_record`)."""
+    from precision_harness.dumps.dump_index import INDEX, VERSION
     from precision_harness.goldens.golden import Golden
 
-    key = hashlib.sha256(((SOURCE / "manifest.json").read_bytes()) + repr(shape).encode()).hexdigest()[:12]
-    base = cache / f"precision-scale-{shape.name}-{key}"
+    recorded = f"recorded, {INDEX} {VERSION}".encode()
+    key = hashlib.sha256(((SOURCE / "manifest.json").read_bytes()) + repr(shape).encode() + recorded).hexdigest()
+    base = cache / f"precision-scale-{shape.name}-{key[:12]}"
     trees = {kind: base / kind for kind in FACTORS}
+    trees["golden"] = base / "store" / "grpo_tiny" / "cpu"
     if (base / "done").is_file():
         return trees
     source = Golden.from_dir(SOURCE)
@@ -108,9 +113,25 @@ def build(shape: Shape, cache: Path) -> dict[str, Path]:
                 body = json.loads(json.dumps({**dump, "data": data}))
                 if factor:
                     _perturbed(body["data"], factor, [0])
-                _write_ranks(trees[kind] / f"step_{step}" / stage, json.dumps(body, indent=1), shape.ranks)
+                _write_ranks(base / kind / f"step_{step}" / stage, json.dumps(body, indent=1), shape.ranks)
+    _record(source, shape, base)
+    shutil.rmtree(base / "golden")
     (base / "done").write_text("")
     return trees
+
+
+def _record(source, shape: Shape, base: Path) -> None:
+    """Record ``base/golden`` (a run's layout) into the golden store ``base/store`` as ``--precision-golden update``
+    does (:meth:`GoldenStore.promote`: compressed payloads, each rank's ``dump.index``, the manifest), with the
+    source golden's scenario, level and environment."""
+    from precision_harness.goldens.store import GoldenStore
+    from precision_harness.scenarios.scenario import Scenario
+
+    run = {k: source.manifest[k] for k in ("scenario_hash", "level", "env", "numeric_settings")}
+    run |= {"steps": list(shape.steps), "stages": list(shape.stages)}
+    (base / "golden" / "run.json").write_text(json.dumps(run))
+    scenario = Scenario.load(ROOT / "scenarios" / "grpo_tiny.yaml")
+    GoldenStore(base / "store").promote(base / "golden", scenario, "cpu")
 
 
 def _write_ranks(stage_dir: Path, text: str, ranks: int) -> None:

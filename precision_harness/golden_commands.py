@@ -94,8 +94,9 @@ def cmd_golden_export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty; export writes a fresh verl layout (pick an empty or new folder)")
-    golden.export(out)
-    _print(f"exported {golden.path} ({len(golden.contents)} files, {golden.content_bytes / 1e6:.2f} MB) -> {out}")
+    files = [p for p in golden.export(out).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    _print(f"exported {golden.path} ({len(files)} files, {size / 1e6:.2f} MB) -> {out}")
     return EXIT_PASS
 
 

@@ -32,6 +32,24 @@ def dumps():
     return make
 
 
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files each new skeleton template was built from, in order (the process's last template forgotten first)."""
+    from precision_harness.dumps import skeleton
+
+    monkeypatch.setattr(skeleton, "_last", None)
+    monkeypatch.setattr(skeleton, "_refused", None)
+    found: list[str] = []
+    make = skeleton.Template.of.__func__
+
+    def of(cls, parts: list[bytes], seen: skeleton.Skeleton, *, shown: str):
+        found.append(shown)
+        return make(cls, parts, seen, shown=shown)
+
+    monkeypatch.setattr(skeleton.Template, "of", classmethod(of))
+    return found
+
+
 @pytest.fixture(scope="session")
 def recorded_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project whose tiny scenario's golden was recorded once per test session (one real run)."""

@@ -46,22 +46,6 @@ def moved(content: bytes, factor: float) -> bytes:
     return LITERAL.sub(scale, content)
 
 
-@pytest.fixture
-def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The files each new template was built from, in order (the process's last template forgotten first)."""
-    monkeypatch.setattr(skeleton, "_last", None)
-    monkeypatch.setattr(skeleton, "_refused", None)
-    found: list[str] = []
-    make = skeleton.Template.of.__func__
-
-    def of(cls, parts: list[bytes], seen: skeleton.Skeleton, *, shown: str):
-        found.append(shown)
-        return make(cls, parts, seen, shown=shown)
-
-    monkeypatch.setattr(skeleton.Template, "of", classmethod(of))
-    return found
-
-
 def stages(tmp_path: Path, run: dict[str, bytes], golden: dict[str, bytes]) -> tuple[DirStage, DirStage]:
     """A run's and a golden's ``step_1/actor_update`` holding these dump.json bytes, by rank."""
     for side, dumps in (("run", run), ("golden", golden)):
@@ -121,6 +105,9 @@ class _FixedStage:
 
     def content(self, rank: str) -> bytes | None:
         return self._content
+
+    def index(self, rank: str) -> None:
+        return None
 
     def load(self, rank: str, *, raw: bool = False) -> dict:
         return parse_dump_raw(self._content, shown="fixed")

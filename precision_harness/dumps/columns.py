@@ -111,6 +111,8 @@ class Columns:
     scalar: np.ndarray
     #: :attr:`Layouts.keys`, for a plain row's entry
     keys: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
+    #: the dump's calls (its ``data`` keys), in order: those without a row too
+    calls: list[str] = field(default_factory=list, repr=False)
 
     def item(self, i: int) -> dict[str, Any]:
         """Row ``i`` as :func:`~precision_harness.dumps.rows.rows` gives it (built now for a plain row)."""
@@ -219,7 +221,9 @@ def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
             rows.mark()
         if len(set(rows.names)) != len(rows.names):  # a name met again: rows() keeps its last row in place
             return walked_columns(dump, layouts)
-        return _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours), layouts)
+        found = _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours), layouts)
+        found.calls = list(dump["data"])
+        return found
 
 
 def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
@@ -248,7 +252,9 @@ def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
                     rows.append(row)
                 else:
                     apis[i], rows[i] = api, row
-        return _columns(names, apis, tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4, layouts)
+        found = _columns(names, apis, tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4, layouts)
+        found.calls = list(dump["data"])
+        return found
 
 
 class _Rows:

@@ -51,6 +51,15 @@ class StageSource(Protocol):
         """The rank's :func:`~precision_harness.dumps.files.rank_digest`: equal digests, identical statistics."""
         ...
 
+    def index(self, rank: str) -> Any | None:
+        """The rank's :class:`~precision_harness.dumps.dump_index.DumpIndex` where one was recorded with its dump.json
+        (a golden's), else None. Raises GoldenCorruptError (a golden's file missing or edited)."""
+        ...
+
+    def indexed(self, rank: str) -> bool:
+        """Whether the rank has an index to read (:meth:`index`), without reading it."""
+        ...
+
     def statistics(self) -> int | None:
         """How many statistics the gate checks in the stage, where recorded (None: count them)."""
         ...
@@ -102,6 +111,13 @@ class DirStage:
         extra = rank_dir / STAGE_OUTPUTS
         outputs = sha256_file(extra) if extra.is_file() else None
         return rank_digest(sha256_file(rank_dir / DUMP), outputs)
+
+    def index(self, rank: str) -> None:
+        """None: a folder's files are not verified by a manifest, so an index beside them is not trusted."""
+        return None
+
+    def indexed(self, rank: str) -> bool:
+        return False
 
     def statistics(self) -> int | None:
         return None

@@ -26,6 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from precision_harness.dumps.dump_index import INDEX, DumpIndex, index_name
 from precision_harness.dumps.files import (
     DUMP,
     METRICS,
@@ -284,10 +285,12 @@ class Golden:
     def export(self, out: Path, names: list[str] | None = None) -> Path:
         """Write the golden's payloads (or ``names``) as plain files under ``out``, verl's layout; return ``out``.
 
-        The result opens in every msprobe tool. Raises GoldenCorruptError as :meth:`read`.
+        The result opens in every msprobe tool (the indexes, ours, are left out). Raises GoldenCorruptError as
+        :meth:`read`.
         """
         out = Path(out)
-        for name in sorted(self.contents) if names is None else names:
+        every = sorted(name for name in self.contents if not name.endswith(f"/{INDEX}"))
+        for name in every if names is None else names:
             dest = out / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(self.read(name))
@@ -360,6 +363,22 @@ class GoldenStage:
     def digest(self, rank: str) -> str:
         return self._digests[rank]
 
+    def index(self, rank: str) -> DumpIndex | None:
+        """The rank's :class:`~precision_harness.dumps.dump_index.DumpIndex`, where the golden lists one of this dump
+        (not of a rank with a stage_outputs.json, nor of another version). Raises GoldenCorruptError as
+        :meth:`Golden.read`, and where the file is not an index."""
+        if not self.indexed(rank):
+            return None
+        dump = f"step_{self.step}/{self.name}/step0/{rank}/{DUMP}"
+        name = index_name(dump)
+        shown = display_path(self.golden.path / self.golden.contents[name])
+        return DumpIndex.of(self.golden.read(name), dump_sha256=self.golden.content_sha256(dump), shown=shown)
+
+    def indexed(self, rank: str) -> bool:
+        rank_dir = f"step_{self.step}/{self.name}/step0/{rank}"
+        contents = self.golden.contents
+        return index_name(f"{rank_dir}/{DUMP}") in contents and f"{rank_dir}/{STAGE_OUTPUTS}" not in contents
+
     def statistics(self) -> int | None:
         return self.golden.statistics(self.step, self.name)
 
@@ -368,7 +387,8 @@ class GoldenStage:
         if not self.golden.compressed:
             return self.golden.stage_dir(self.step, self.name)
         prefix = f"step_{self.step}/{self.name}/"
-        self.golden.export(scratch, [n for n in sorted(self.golden.contents) if n.startswith(prefix)])
+        names = [n for n in sorted(self.golden.contents) if n.startswith(prefix) and not n.endswith(f"/{INDEX}")]
+        self.golden.export(scratch, names)  # msprobe's files only
         return Path(scratch) / f"step_{self.step}" / self.name
 
 

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from precision_harness.dumps import dump_index
+from precision_harness.dumps.dump_index import index_name
 from precision_harness.dumps.files import DUMP, METRICS, STAGE_OUTPUTS, load_dump, parse_dump
 from precision_harness.dumps.rows import count_statistics
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
@@ -151,6 +153,27 @@ def payloads(contents: dict[str, bytes]) -> tuple[dict[str, dict[str, Any]], dic
     return files, stored
 
 
+def indexes(contents: dict[str, bytes]) -> dict[str, bytes]:
+    """The :mod:`~precision_harness.dumps.dump_index` of every dump.json of ``contents`` (a golden's files by content
+    name) that has one: not beside a stage_outputs.json, and one the skeleton read takes. Equal dumps (the ranks of a
+    stage often are) are indexed once.
+
+    Raises:
+        ProbeUnavailableError: msprobe (its row parser) is not installed and a dump needs it.
+    """
+    built: dict[str, bytes | None] = {}
+    found = {}
+    for name, content in contents.items():
+        if not name.endswith(f"/{DUMP}") or name.removesuffix(DUMP) + STAGE_OUTPUTS in contents:
+            continue
+        digest = hashlib.sha256(content).hexdigest()
+        if digest not in built:
+            built[digest] = dump_index.build(content, shown=name)
+        if built[digest] is not None:
+            found[index_name(name)] = built[digest]
+    return found
+
+
 def recorded(manifest: dict[str, Any]) -> dict[str, Any]:
     """What a golden records, whatever its storage and whether it lists its identity components:
     equal records mean an unchanged golden."""
@@ -172,7 +195,7 @@ def build_manifest(run_dir: Path, scenario: Scenario, device: str) -> tuple[dict
         raise GoldenCorruptError(f"{run_dir / 'run.json'}: cannot promote an unfinished run (no readable run.json)")
     names = golden_files(run_dir)
     contents = {name: (run_dir / name).read_bytes() for name in names}
-    files, stored = payloads(contents)
+    files, stored = payloads({**contents, **indexes(contents)})
     manifest = {
         "format": FORMAT,
         "codec": codec.CODEC,
