@@ -95,6 +95,22 @@ def test_api_kind_drops_call_indices_only() -> None:
     assert drift_set.api_kind("Tensor.__add__.3.backward.input.1") == "Tensor.__add__.backward.input"
 
 
+def test_api_kinds_of_many_rows_at_once_are_each_rows_api_kind() -> None:
+    names = [
+        "Functional.linear.7.forward.output.0",
+        "Module.model.layers.12.mlp.Linear.forward.0.input.0",
+        "Tensor.__add__.3.backward.input.1",
+        "Functional.linear.7.forward.output.10",
+        "Module.layers.1",
+        "noindex",
+        "",
+        "Functional.odd.1\n2.forward.output.0",  # a newline in a name: read one by one
+    ]
+    assert drift_set.api_kinds(names) == [api_kind(n) for n in names]
+    assert drift_set.api_kinds(names[:-1]) == [api_kind(n) for n in names[:-1]]
+    assert drift_set.api_kinds([]) == [] and drift_set.api_kinds([""]) == [""]
+
+
 def test_report_json_keeps_the_exact_count_and_the_drifts_by_api() -> None:
     bumps = [1e-3 * (1 + (i * 7) % CALLS) for i in range(CALLS)]
     stage, full = two_ranks(bumps), every_drift(bumps)

@@ -19,18 +19,17 @@ unchanged case fast. Both sides are read through :class:`~precision_harness.dump
 
 from __future__ import annotations
 
-import fnmatch
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from precision_harness.check import rank_pool
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.code_path import BlockRows, CodePathChange, by_call, evaluate, placed
-from precision_harness.check.drift_profile import DriftProfile
-from precision_harness.check.drift_set import Drift, DriftSet, kept, table_drifts
+from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
+from precision_harness.check.drift_set import Drift, table_drifts
+from precision_harness.check.stage_verdict import Problem, RankVerdict, StageVerdict
 from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, blank_rows, columns
@@ -42,169 +41,6 @@ from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 from precision_harness.errors import GoldenCorruptError
 from precision_harness.progress import RankProgress
-
-
-@dataclass(frozen=True)
-class Problem:
-    """An always-failure (a structural difference, a value turned non-finite), on one rank or on the stage.
-
-    ``str()`` is the verdict's line: ``"rank1: Functional.linear.0.forward.output.0: not in the golden"``.
-    """
-
-    text: str
-    rank: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.rank}: {self.text}" if self.rank is not None else self.text
-
-
-class _Verdict:
-    """What every verdict answers: passed, when nothing drifted beyond tolerance and nothing always fails."""
-
-    drifts: list[Any]
-    problems: list[Any]
-
-    @property
-    def passed(self) -> bool:
-        return not self.drifts and not self.problems
-
-
-@dataclass
-class RankVerdict(_Verdict):
-    """Outcome of comparing one rank's dump pair (its share of a :class:`StageVerdict`)."""
-
-    rank: str
-    checked: int = 0
-    #: the first and the largest drifts (:mod:`~precision_harness.check.drift_set`), in row order
-    drifts: list[Drift] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    #: the count of the drifts not kept, and every drift by API and statistic
-    drift_set: DriftSet = field(default_factory=DriftSet)
-    profile: DriftProfile = field(default_factory=DriftProfile)  #: every compared row, in execution order
-    #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
-    code_paths: list[CodePathChange] = field(default_factory=list)
-    #: ``(rank, row)`` of every paired row whose dtype or shape changed (its profile ratio is ``inf``, as is that
-    #: of any change under ``mode: exact``: this set tells the two apart)
-    structural: set[tuple[str, str]] = field(default_factory=set)
-    #: tensor rows neither side recorded a statistic of: compared by nothing
-    unchecked: list[str] = field(default_factory=list)
-    _nan_reported: bool = field(default=False, repr=False)
-    _table_kept: list[Drift] = field(default_factory=list, repr=False)  #: those judged at once, until bound()
-
-    def problem(self, text: str) -> None:
-        self.problems.append(Problem(text, self.rank))
-
-    def bound(self) -> None:
-        """Keep the rank's first and largest drifts (:func:`~precision_harness.check.drift_set.kept`): those built
-        row by row, counted here, with those already selected from the table's arrays; the profile packed into
-        columns (:mod:`~precision_harness.check.drift_profile`)."""
-        self.drift_set.count(self.drifts)
-        every = sorted(self.drifts + self._table_kept, key=lambda d: (d.order, STATISTICS.index(d.statistic)))
-        self.drifts, self._table_kept = kept(every), []
-        self.drift_set.dropped += len(every) - len(self.drifts)
-        self.profile.pack()
-
-
-@dataclass
-class StageVerdict(_Verdict):
-    """Outcome of comparing one (scenario, step, stage) across all its ranks."""
-
-    scenario: str
-    step: int
-    stage: str
-    checked: int = 0  #: statistics compared
-    #: each rank's first and largest drifts (:mod:`~precision_harness.check.drift_set`), by rank and row order
-    drifts: list[Drift] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)  #: always-failures, one line each
-    #: the count of the drifts not kept, and every drift by API and statistic
-    drift_set: DriftSet = field(default_factory=DriftSet)
-    tolerance: str = ""
-    identical: bool = False  #: every rank's digest equals the golden's
-    ranks: list[str] = field(default_factory=list)
-    #: ``(rank, order, tensor, worst ratio)`` for every compared row, in execution order: the drift profile a
-    #: report plots, where the change entered and the replay read, whole on a failing stage; a passing stage
-    #: keeps only its worst point, all its readers use (:meth:`settle`); empty for identical dumps.
-    profile: DriftProfile = field(default_factory=DriftProfile)
-    #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
-    code_paths: list[CodePathChange] = field(default_factory=list)
-    #: any changed block fails the stage (the scenario's ``tolerance.code_path: fail``), even one whose
-    #: values match the golden's
-    strict_code_path: bool = False
-    #: ``(rank, row)`` of every paired row whose dtype or shape changed
-    structural: set[tuple[str, str]] = field(default_factory=set)
-    #: ``(rank, row)`` of every tensor row neither side recorded a statistic of (msprobe records none of a
-    #: FRACTAL_NZ or fp8 tensor on NPU): compared by nothing
-    unchecked: list[tuple[str, str]] = field(default_factory=list)
-    #: globs of the rows the scenario allows to go unchecked (``tolerance.unchecked``)
-    allow_unchecked: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), and
-        every tensor row compared by nothing is one the scenario allows."""
-        return super().passed and not self.failing_code_paths and not self.failing_unchecked
-
-    @property
-    def beyond(self) -> int:
-        """Statistics beyond tolerance, every one counted (only some are kept as :attr:`drifts`)."""
-        return len(self.drifts) + self.drift_set.dropped
-
-    @property
-    def failing_unchecked(self) -> list[tuple[str, str]]:
-        """The unchecked tensor rows no ``tolerance.unchecked`` glob names (row or API name)."""
-        allowed = self.allow_unchecked
-        return [(r, n) for r, n in self.unchecked if not any(fnmatch.fnmatchcase(n, g) for g in allowed)]
-
-    @property
-    def failing_code_paths(self) -> list[CodePathChange]:
-        """The changed blocks that fail the stage: those whose values differ, or every one under ``strict``."""
-        return [c for c in self.code_paths if self.strict_code_path or not c.matches]
-
-    @property
-    def worst_ratio(self) -> float:
-        """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
-        worst = max([d.ratio for d in self.drifts] + [self.profile.max_ratio()])
-        worst = max([worst] + [c.ratio for c in self.code_paths])
-        return math.inf if self.problems or self.failing_code_paths or self.failing_unchecked else worst
-
-    @property
-    def first_divergence(self) -> Drift | None:
-        """The drift earliest in execution order; across ranks, the one whose rank diverged first.
-
-        Ranks run the same program in lock step (collectives synchronise them), so a row index is
-        comparable across ranks: a change to rank 1's data shows in rank 1's forward before rank 0
-        sees it through the gradient all-reduce.
-        """
-        return min(self.drifts, key=lambda d: (d.order, d.rank)) if self.drifts else None
-
-    @property
-    def failing_ranks(self) -> list[str]:
-        """Ranks with a drift or an always-failure, sorted (``rank2`` before ``rank10``)."""
-        ranks = {d.rank for d in self.drifts} | {p.rank for p in self.problems if p.rank is not None}
-        ranks |= {c.rank for c in self.failing_code_paths} | {r for r, _ in self.failing_unchecked}
-        return sorted(ranks, key=lambda r: (len(r), r))
-
-    @property
-    def largest(self) -> Drift | None:
-        return max(self.drifts, key=lambda d: (d.ratio, -d.order)) if self.drifts else None
-
-    def settle(self) -> None:
-        """Once every rank is in: a passing stage drops its profile but for its worst point (the first of the
-        largest ratio), which is all :attr:`worst_ratio` and the code path line read of a passing verdict; at 7B a
-        stage's profile is 1.6 M rows, and a check holds every stage's verdict to the end."""
-        if self.passed and self.profile:
-            self.profile = DriftProfile([self.profile.worst()])
-
-    def add(self, rank: RankVerdict) -> None:
-        """Take in one rank's result."""
-        self.checked += rank.checked
-        self.drifts += rank.drifts
-        self.drift_set.merge(rank.drift_set)
-        self.problems += rank.problems
-        self.profile += rank.profile
-        self.code_paths += rank.code_paths
-        self.structural |= rank.structural
-        self.unchecked += [(rank.rank, name) for name in rank.unchecked]
 
 
 def compare_rank(
@@ -297,6 +133,7 @@ def _judge_columns(
     the regular rows judged at once, a row object built only for a row that is not regular, and a drift only
     for one the verdict keeps (:func:`~precision_harness.check.drift_set.table_drifts`)."""
     t, g = sides
+    v.calls = t.calls
     g_at, golden = aligned_golden_columns(t, g)
     paired = g_at >= 0
     regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
@@ -460,7 +297,10 @@ def _stage_jobs(target: StageSource, golden: StageSource, policy: TolerancePolic
     """A stage compare in the rank pool: its key (its folders, its policy, the object its jobs hold, and its ranks), a
     job per rank and the run's dump bytes; :func:`compare_stage` and :func:`compare_ahead` build it alike."""
     key = str(target), str(golden), id(policy), tuple(ranks)
-    return key, [(target, golden, policy, rank) for rank in ranks], rank_pool.dump_bytes(target, ranks)
+    size = rank_pool.dump_bytes(target, ranks)
+    if ranks and all(golden.indexed(rank) for rank in ranks):  # only the run's dump is read
+        size //= rank_pool.INDEXED_SHARE
+    return key, [(target, golden, policy, rank) for rank in ranks], size
 
 
 def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:

@@ -2,7 +2,7 @@
 
 A stage's first divergent row (the first statistic beyond tolerance, in execution order) is where
 the drift became visible. Where the change *entered* is the earliest row that differs at all
-(:attr:`~precision_harness.check.compare.StageVerdict.profile`: a worst ratio above 0, or another
+(:attr:`~precision_harness.check.stage_verdict.StageVerdict.profile`: a worst ratio above 0, or another
 dtype or shape than the golden's, whose statistics may still match), at or before it, on any rank:
 every recorded value before that row equals the golden's, so whatever made it differ did not come
 from an API of the stage msprobe recorded. Its place in the dump says
@@ -44,8 +44,8 @@ from enum import Enum
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
-from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.files import restored_calls
+from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.dumps.files import cut_calls, restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows
 from precision_harness.dumps.stage import StageSource
@@ -185,12 +185,12 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     if block is not None:
         return block
     _, rank, name, _ = earliest
-    dump = target.load(rank, raw=True)
-    calls = _calls_up_to(dump, name)
+    dump, calls, known = _up_to(target, verdict.calls.get(rank), rank, name)
     table = rows(restored_calls(dump, calls))
     row = table.get(name)
     if row is None:  # the profile names only rows both sides hold; a missing one is the first divergence's
         row, name, rank = {"api": _api_of(shown[2]), "state": "output"}, shown[2], shown[1]
+        dump, known = target.load(rank, raw=True), None
         calls = list(dump["data"])  # its call may come later: every row, as before the cut
         table = rows(restored_calls(dump, calls))
     api = str(row["api"])
@@ -200,7 +200,7 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     producer = _producer(name, table) if structural and kind in _OUTSIDE else None
     if producer is not None:  # computed inside the stage: its dtype or shape changed there, not upstream
         kind = OriginKind.UNRECORDED
-    paired = _paired_golden((dump, target), golden, rank, calls) if kind is OriginKind.API else None
+    paired = _paired_golden((dump, known), golden, rank, calls) if kind is OriginKind.API else None
     inputs_rel = _inputs_rel(api, table, paired) if paired is not None else None
     return DriftOrigin(
         kind, name, api, rank, verdict.stage, shown[2], structural=structural, producer=producer,
@@ -261,14 +261,36 @@ def _calls_up_to(dump: dict[str, Any], name: str) -> list[str]:
     return keys[: last + 1]
 
 
+def _up_to(
+    target: StageSource, known: list[str] | None, rank: str, name: str
+) -> tuple[dict[str, Any], list[str], list[str] | None]:
+    """``rank``'s dump read raw, :func:`_calls_up_to` ``name`` in it, and ``known`` where the dump is cut to those
+    calls: cut from its bytes (:func:`~precision_harness.dumps.files.cut_calls`) where the compare kept the rank's
+    calls (``known``: the same on both sides) and they cut; else the whole dump (and None)."""
+    content = target.content(rank) if known else None
+    if content is not None:
+        calls = _calls_up_to({"data": dict.fromkeys(known)}, name)
+        cut = cut_calls(content, known, (0, len(calls)))
+        if cut is not None:
+            return cut, calls, known
+    dump = target.load(rank, raw=True)
+    return dump, _calls_up_to(dump, name), None
+
+
 def _paired_golden(
-    run: tuple[dict[str, Any], StageSource], golden: StageSource | None, rank: str, calls: list[str]
+    run: tuple[dict[str, Any], list[str] | None], golden: StageSource | None, rank: str, calls: list[str]
 ) -> dict[str, dict[str, Any]] | None:
     """The golden's rows of ``rank`` named as the run's ``calls`` they pair with (dumps.pairing; ``run``: the run's
-    dump read raw, and its stage); None without a golden."""
+    dump read raw, and the rank's calls where it is cut to ``calls``, the golden's being the same); None without a
+    golden."""
     if golden is None:
         return None
-    mine, theirs = run[0], golden.load(rank, raw=True)
+    mine, known = run
+    if known is not None:  # the same calls on both sides: each pairs with its namesake, cut alike
+        content = golden.content(rank)
+        cut = cut_calls(content, known, (0, len(calls))) if content is not None else None
+        return rows(restored_calls(cut if cut is not None else golden.load(rank, raw=True), calls))
+    theirs = golden.load(rank, raw=True)
     named = aligned_golden(theirs, pair_calls(mine, theirs))
     return rows(restored_calls(named, calls))
 

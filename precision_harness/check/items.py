@@ -23,7 +23,7 @@ from typing import Any
 
 from precision_harness.check import rank_pool, verdict_text
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import StageVerdict, compare_ahead, compare_stage
+from precision_harness.check.compare import compare_ahead, compare_stage
 from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
@@ -31,6 +31,7 @@ from precision_harness.check.judgement import Judgement
 from precision_harness.check.metrics_compare import MetricsVerdict, compare_metrics
 from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.check.msprobe_window import write_window
+from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import DUMP, METRICS, load_dump, read_metrics
 from precision_harness.dumps.pairing import aligned_golden, pair_calls

@@ -3,7 +3,7 @@
 msprobe's compare table (pandas) and its first-diff analysis (``DiffAnalyzer``) cost seconds per thousand
 calls: on a 7B-sized stage (65,000 calls a rank, 8 ranks) hours, for an opinion beside the gate's verdict,
 which is already decided. So by default they read a *window*: the calls of the first divergent rank (the
-rank of :attr:`~precision_harness.check.compare.StageVerdict.first_divergence`, ranks running in lock step)
+rank of :attr:`~precision_harness.check.stage_verdict.StageVerdict.first_divergence`, ranks running in lock step)
 from :data:`WINDOW_CALLS` before its first divergence to :data:`WINDOW_CALLS` after, and the golden's
 calls paired with them (:func:`~precision_harness.dumps.pairing.aligned_golden`, renamed to the run's
 names, as msprobe pairs by name). Both are written as plain stage folders under
@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from precision_harness.check.compare import StageVerdict
-from precision_harness.dumps.files import DUMP, restored_calls
+from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.dumps.files import DUMP, collector_paused, cut_calls, restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import StageSource
 
@@ -65,14 +66,6 @@ class Window:
         return text + (f"; every table: {FULL_OPTION}" if self.others or not whole else "")
 
 
-def first_divergent_rank(verdict: StageVerdict) -> str | None:
-    """The rank msprobe reads: that of the first divergence, else the first failing rank."""
-    first = verdict.first_divergence
-    if first is not None:
-        return first.rank
-    return verdict.failing_ranks[0] if verdict.failing_ranks else None
-
-
 def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path) -> Window | None:
     """Write the window of ``verdict``'s first divergent rank under ``artifacts``; None where no rank both sides
     hold fails (a missing rank, an unreadable dump: msprobe has nothing to read).
@@ -80,18 +73,22 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
     Raises:
         GoldenCorruptError: a dump on either side is unreadable.
     """
-    rank = first_divergent_rank(verdict)
+    rank = verdict.first_divergent_rank
     if rank is None or rank not in target.ranks() or rank not in golden.ranks():
         return None
-    # raw: only the window's calls get their non-finite values back, not every call of the rank
-    t_dump, g_dump = target.load(rank, raw=True), golden.load(rank, raw=True)
-    apis = list(t_dump["data"])
-    at = _divergent_call(apis, verdict, rank)
-    start, end = max(0, at - WINDOW_CALLS), min(len(apis), at + WINDOW_CALLS + 1)
-    named = aligned_golden(g_dump, pair_calls(t_dump, g_dump))
-    keep = apis[start:end]
+    apis = verdict.calls.get(rank)  # the same calls both sides: the window is cut from the dumps' bytes
+    sides = _cut(target, golden, rank, verdict) if apis is not None else None
+    if sides is None:
+        with collector_paused():  # two parsed dumps: millions of acyclic objects a full collection would walk
+            # raw: only the window's calls get their non-finite values back, not every call of the rank
+            t_dump, g_dump = target.load(rank, raw=True), golden.load(rank, raw=True)
+            apis = list(t_dump["data"])
+            keep = apis[slice(*_span(apis, verdict, rank))]
+            named = aligned_golden(g_dump, pair_calls(t_dump, g_dump))
+            sides = {"run": restored_calls(t_dump, keep), "golden": restored_calls(named, keep)}
+            del t_dump, g_dump, named
+    start, end = _span(apis, verdict, rank)
     out = artifacts / WINDOW_DIR
-    sides = {"run": restored_calls(t_dump, keep), "golden": restored_calls(named, keep)}
     for side, dump in sides.items():
         rank_dir = out / side / "step0" / rank
         rank_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +96,26 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
         (rank_dir / "construct.json").write_text("{}", encoding="utf-8")
     others = tuple(r for r in verdict.failing_ranks if r != rank)
     return Window(rank, start, end, len(apis), others, out / "run", out / "golden")
+
+
+def _cut(target: StageSource, golden: StageSource, rank: str, verdict: StageVerdict) -> dict[str, Any] | None:
+    """The window's two dumps cut from the bytes of ``rank``'s dump.json files (:func:`~precision_harness.dumps.files.
+    cut_calls`), where both hold ``verdict.calls[rank]``; None where either does not cut so."""
+    apis = verdict.calls[rank]
+    span = _span(apis, verdict, rank)
+    sides = {}
+    for side, source in (("run", target), ("golden", golden)):
+        content = source.content(rank)
+        sides[side] = cut_calls(content, apis, span) if content is not None else None
+        if sides[side] is None:
+            return None
+    return sides
+
+
+def _span(apis: list[str], verdict: StageVerdict, rank: str) -> tuple[int, int]:
+    """The window's calls ``[start, end)`` in ``apis``: :data:`WINDOW_CALLS` either side of the first divergence."""
+    at = _divergent_call(apis, verdict, rank)
+    return max(0, at - WINDOW_CALLS), min(len(apis), at + WINDOW_CALLS + 1)
 
 
 def _divergent_call(apis: list[str], verdict: StageVerdict, rank: str) -> int:

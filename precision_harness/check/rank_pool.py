@@ -3,13 +3,14 @@ they pay.
 
 A rank's compare is CPU-bound Python (parsing its dump.json, naming its rows), so threads would share one
 core; processes do not. Each worker reads and compares one rank pair at a time and sends back only its
-:class:`~precision_harness.check.compare.RankVerdict`, so memory stays near one rank's dumps per worker.
+:class:`~precision_harness.check.stage_verdict.RankVerdict`, so memory stays near one rank's dumps per worker.
 
 The workers are started once per process, on first need, with the ``spawn`` method (the pytest process holds
 threads; a fork could copy a held lock), and are only used where they pay for their start-up (about a second,
 importing msprobe's row parser):
 
-- the run's dumps of the stage are at least :data:`MIN_POOL_BYTES`, and the stage has two ranks or more;
+- the run's dumps of the stage are at least :data:`MIN_POOL_BYTES` (4 times as many where the golden is indexed,
+  :data:`INDEXED_SHARE`), and the stage has two ranks or more;
 - this machine gives the process two cores or more;
 - the process is not a pytest-xdist worker (``PYTEST_XDIST_WORKER``): xdist already fills the cores.
 
@@ -37,6 +38,10 @@ T = TypeVar("T")
 
 #: the smallest stage (bytes of the run's dump.json files) whose ranks go to the workers
 MIN_POOL_BYTES = 32 << 20
+#: a rank whose golden is indexed (:mod:`~precision_harness.dumps.dump_index`) costs about a quarter of one whose golden
+#: is parsed too (a 30,000-call rank: 0.8 s against 3.2 s, its skeleton's parse included): its bytes count that much
+#: toward :data:`MIN_POOL_BYTES`
+INDEXED_SHARE = 4
 
 #: a stage's jobs as :func:`ahead` takes them: its key, its jobs (one argument tuple per rank) and :func:`dump_bytes`
 Stage = tuple[Hashable, Sequence[tuple[Any, ...]], int]
@@ -61,7 +66,8 @@ def map_ranks(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, size: in
     Args:
         fn: a module-level function (the workers pickle it by name).
         jobs: its arguments, one tuple per rank; each must pickle.
-        size: bytes of the run's dumps of the stage.
+        size: bytes of the run's dumps of the stage (:func:`dump_bytes`), over :data:`INDEXED_SHARE` where every rank's
+            golden is indexed.
         key: the stage's key where it may have gone :func:`ahead` (then its jobs must be those ``ahead`` took).
     """
     submitted = _ahead.pop(key, None) if key is not None else None

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
-from precision_harness.check.compare import StageVerdict
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import Outcome
 from precision_harness.check.judgement import Judgement, held_back, judge
+from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.check.verdict_text import with_judgement as text_with_judgement
 from precision_harness.dumps.files import load_dump
 from precision_harness.dumps.pairing import aligned_golden, pair_calls

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange, describe
-from precision_harness.check.compare import Drift, StageVerdict
 from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.drift_set import Drift
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.metrics_compare import MetricsVerdict
 from precision_harness.check.msprobe_tools import MsprobeAnswer
+from precision_harness.check.stage_verdict import StageVerdict
 
 #: problems listed before "... and N more"
 MAX_PROBLEMS = 5

@@ -5,7 +5,7 @@ are the commits that changed that folder, each written into a temporary director
 archive`` and read through :class:`~precision_harness.goldens.golden.Golden` like any golden.
 
 The distance of a stage between two goldens is the stage compare's worst tolerance ratio
-(:attr:`~precision_harness.check.compare.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
+(:attr:`~precision_harness.check.stage_verdict.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
 over every Max/Min/Mean/Norm of every tensor, the number the gate fails above 1; ``inf`` for a
 structural change). The metrics item's (``metrics.jsonl``) is the metrics compare's worst ratio
 (:attr:`~precision_harness.check.metrics_compare.MetricsVerdict.worst_ratio`, ``|t - g| / (atol + rtol |g|)``

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from precision_harness.check.compare import StageVerdict
 from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.check.verdict_text import code_path_line
 
 #: scenarios named in a summary line before "and N more"

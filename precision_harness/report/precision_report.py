@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check.compare import Drift, StageVerdict
+from precision_harness.check.drift_set import Drift
 from precision_harness.check.environment import EnvironmentDiff, grouped
 from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.check.metrics_compare import MetricsVerdict
+from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.code_paths import code_path_json, code_path_lines
 from precision_harness.report.report_md import judgement_line
