@@ -120,7 +120,8 @@ def test_golden_verify_and_list(golden_copy: Path, capsys: pytest.CaptureFixture
     header = ["scenario", "device", "level", "steps", "stages", "files", "stored", "MB", "plain", "MB", "calibrated"]
     assert lines[0].split() == header
     cells = lines[1].split()
-    assert cells[:6] == ["tiny_ppo", "cpu", "L1", "1,2", "5", "21"] and cells[-1] == "no"
+    # 21 payloads (10 ranks' dump.json and construct.json, the metrics) and each rank's dump.index
+    assert cells[:6] == ["tiny_ppo", "cpu", "L1", "1,2", "5", "31"] and cells[-1] == "no"
     stored, plain = float(cells[6]), float(cells[7])
     assert 0 < stored < plain / 5  # compressed payloads; plain is what an export writes
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from harness_testing import TINY, base_data
 from test_compare_at_scale import GOLDENS, POLICIES, assert_same_verdict
-from test_dump_skeleton import dump_bytes, moved, reference, stages
+from test_dump_skeleton import dump_bytes, golden_dumps, moved, reference, stages
 from test_golden import fake_run
 from test_plain_columns import assert_same_columns
 
@@ -68,33 +67,26 @@ class _RunStage(_IndexedStage):
 def test_every_committed_golden_indexed_reads_and_judges_as_parsed(
     path: Path, built: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    golden = Golden.from_dir(path)
-    every_step = os.environ.get("PRECISION_NIGHTLY") == "1"
     indexed = 0
-    for step, stage in sorted(golden.stages()):
-        if step > 1 and not every_step:
+    for rank, content in golden_dumps(Golden.from_dir(path)):
+        data = dump_index.build(content, shown="golden")
+        assert data == dump_index.build(content, shown="golden")  # its bytes depend on the dump's alone
+        run = moved(content, 5e-4)
+        parsed = skeleton.same_skeleton_columns(_RunStage(run), _IndexedStage(content, None), rank)
+        if data is None:  # declined by the skeleton read: the golden is parsed as before
+            assert parsed is None
             continue
-        source = golden.stage(step, stage)
-        for rank in source.ranks():
-            content = source.content(rank)
-            data = dump_index.build(content, shown="golden")
-            assert data == dump_index.build(content, shown="golden")  # its bytes depend on the dump's alone
-            run = moved(content, 5e-4)
-            parsed = skeleton.same_skeleton_columns(_RunStage(run), _IndexedStage(content, None), rank)
-            if data is None:  # declined by the skeleton read: the golden is parsed as before
-                assert parsed is None
-                continue
-            indexed += 1
-            monkeypatch.setattr(skeleton, "_last", None)
-            before = len(built)
-            t, g, layouts = skeleton.same_skeleton_columns(_RunStage(run), _IndexedStage(content, data), rank)
-            assert len(built) == before  # no template parsed: the index's
-            assert_same_columns(t, parsed[0], layouts, parsed[2])
-            assert_same_columns(g, parsed[1], layouts, parsed[2])
-            sides = _RunStage(run), _IndexedStage(content, data)
-            verdict = compare._rank_verdict(*sides, POLICIES["default"], "rank0")
-            assert_same_verdict(verdict, reference(run, content))
-            assert (sides[0].parsed, sides[1].parsed) == (0, 0)
+        indexed += 1
+        monkeypatch.setattr(skeleton, "_last", None)
+        before = len(built)
+        t, g, layouts = skeleton.same_skeleton_columns(_RunStage(run), _IndexedStage(content, data), rank)
+        assert len(built) == before  # no template parsed: the index's
+        assert_same_columns(t, parsed[0], layouts, parsed[2])
+        assert_same_columns(g, parsed[1], layouts, parsed[2])
+        sides = _RunStage(run), _IndexedStage(content, data)
+        verdict = compare._rank_verdict(*sides, POLICIES["default"], "rank0")
+        assert_same_verdict(verdict, reference(run, content))
+        assert (sides[0].parsed, sides[1].parsed) == (0, 0)
     assert indexed  # every committed golden is L1: its dumps are indexed
 
 

@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,10 +67,10 @@ def dump_bytes(data: dict) -> bytes:
     return json.dumps({"task": "statistics", "level": "L1", "data": data}, indent=1).encode()
 
 
-@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: f"{p.parent.name}-{p.name}")
-def test_every_committed_golden_moved_reads_as_each_side_parsed_alone(path: Path, built: list[str]) -> None:
-    golden = Golden.from_dir(path)
-    every_step = os.environ.get("PRECISION_NIGHTLY") == "1"  # step 2's dumps hold step 1's calls, other values
+def golden_dumps(golden: Golden) -> Iterator[tuple[str, bytes]]:
+    """``(rank, dump.json bytes)`` of every rank of ``golden``'s step 1 (of every step in the nightly run: step 2's
+    dumps hold step 1's calls, other values)."""
+    every_step = os.environ.get("PRECISION_NIGHTLY") == "1"
     for step, stage in sorted(golden.stages()):
         if step > 1 and not every_step:
             continue
@@ -77,17 +78,24 @@ def test_every_committed_golden_moved_reads_as_each_side_parsed_alone(path: Path
         for rank in source.ranks():
             content = source.content(rank)
             assert content is not None  # an L1 golden: no stage_outputs.json
-            run = moved(content, 5e-4)
-            assert run != content
-            fast = _FixedStage(run), _FixedStage(content)
-            t, g, layouts = skeleton.same_skeleton_columns(*fast, rank)
-            slow_layouts = Layouts()
-            t_slow = columns(parse_dump_raw(run, shown="run"), slow_layouts)
-            g_slow = columns(parse_dump_raw(content, shown="golden"), slow_layouts)
-            assert_same_columns(t, t_slow, layouts, slow_layouts)
-            assert_same_columns(g, g_slow, layouts, slow_layouts)
-            verdict = compare._rank_verdict(*fast, POLICIES["default"], "rank0")
-            assert_same_verdict(verdict, reference(run, content))
+            yield rank, content
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_every_committed_golden_moved_reads_as_each_side_parsed_alone(path: Path, built: list[str]) -> None:
+    golden = Golden.from_dir(path)
+    for rank, content in golden_dumps(golden):
+        run = moved(content, 5e-4)
+        assert run != content
+        fast = _FixedStage(run), _FixedStage(content)
+        t, g, layouts = skeleton.same_skeleton_columns(*fast, rank)
+        slow_layouts = Layouts()
+        t_slow = columns(parse_dump_raw(run, shown="run"), slow_layouts)
+        g_slow = columns(parse_dump_raw(content, shown="golden"), slow_layouts)
+        assert_same_columns(t, t_slow, layouts, slow_layouts)
+        assert_same_columns(g, g_slow, layouts, slow_layouts)
+        verdict = compare._rank_verdict(*fast, POLICIES["default"], "rank0")
+        assert_same_verdict(verdict, reference(run, content))
     assert built  # a template for each skeleton, and no more
     assert len(built) <= sum(len(golden.stage(*s).ranks()) for s in golden.stages())
 

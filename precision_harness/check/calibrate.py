@@ -33,15 +33,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_harness.dumps.rows import rms, row_statistics, rows
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.golden import Golden
-from precision_harness.runs.kind_runners import Run
-from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
+
+if TYPE_CHECKING:  # the runners only run in reruns(), whose caller brings them; the compare's CLI does not load them
+    from precision_harness.runs.kind_runners import Run
+    from precision_harness.runs.launch import RunResult
 
 DEFAULT_K = 3.0
 #: thread counts cycled through the reruns (the scenario's own count comes first)

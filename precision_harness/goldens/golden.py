@@ -145,7 +145,7 @@ class Golden:
 
     @property
     def content_bytes(self) -> int:
-        """Bytes of the plain payloads (what an export writes)."""
+        """Bytes of the plain payloads (what an export writes, and the dumps' indexes)."""
         return sum(meta.get("content_bytes", meta["bytes"]) for meta in self.manifest["files"].values())
 
     @cached_property
