@@ -2,7 +2,8 @@
 
 - ``verify``: schema, both sha256 of every file, unlisted files, NaN/Inf lint (exit 1 on a problem);
 - ``list``: every golden with its level, steps, stored and plain size, calibration;
-- ``migrate``: plain (format 1) goldens rewritten compressed, atomically, re-recording nothing;
+- ``migrate``: plain (format 1) goldens rewritten compressed, and every dump without an index indexed, atomically,
+  re-recording nothing;
 - ``export``: one golden as plain files in verl's layout (for msprobe's own tools);
 - ``history``: the golden now against each of its committed versions, per stage
   (:mod:`precision_harness.history.golden_history`).
@@ -111,7 +112,7 @@ def cmd_golden_migrate(args: argparse.Namespace) -> int:
             migrated += 1
             _print(f"migrated {path}: {before / 1e6:.2f} MB -> {_stored_bytes(path) / 1e6:.2f} MB")
         else:
-            _print(f"ok       {path}: already compressed")
+            _print(f"ok       {path}: already compressed and indexed")
     _print(f"{migrated} of {len(goldens)} goldens migrated")
     return EXIT_PASS
 
@@ -158,7 +159,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         (
             "migrate",
             cmd_golden_migrate,
-            "rewrite plain (format 1) goldens compressed, atomically, re-recording nothing",
+            "rewrite plain (format 1) goldens compressed and index every dump without one, atomically, "
+            "re-recording nothing",
         ),
         ("export", cmd_golden_export, "write one golden as plain files in verl's layout (for msprobe's own tools)"),
         ("history", cmd_golden_history, "the golden now against each committed version of it (git), per stage"),

@@ -197,3 +197,22 @@ def test_the_literals_read_as_float_reads_them(literal: bytes) -> None:
 @pytest.mark.parametrize("literal", [b"1e999", b"-1.0e400", b"01.5"])
 def test_a_literal_json_or_float64_cannot_hold_is_left_to_the_parse(literal: bytes) -> None:
     assert skeleton.floats([b"1.0", literal]) is None
+
+
+def test_migrate_indexes_a_golden_recorded_before_indexes_and_nothing_else(recorded: Golden) -> None:
+    store, scenario = GoldenStore(recorded.path.parents[1]), Scenario.load(TINY)
+    names = [n for n in recorded.contents if n.endswith(f"/{INDEX}")]
+    indexes = {n: recorded.read(n) for n in names}
+    manifest = json.loads((recorded.path / "manifest.json").read_text())
+    for name in names:  # as recorded before indexes existed
+        (recorded.path / recorded.contents[name]).unlink()
+        del manifest["files"][recorded.contents[name]]
+    (recorded.path / "manifest.json").write_text(json.dumps(manifest))
+    older = store.load(scenario, "cpu")
+    assert not older.stage(1, "actor_update").indexed("rank0")
+    assert store.migrate("tiny_ppo", "cpu") is True
+    migrated = store.load(scenario, "cpu")
+    assert {n: migrated.read(n) for n in names} == indexes  # the very index an update writes
+    assert all(migrated.read(n) == older.read(n) for n in older.contents)  # every payload as it was
+    assert migrated.stage(1, "actor_update").index("rank0") is not None
+    assert store.migrate("tiny_ppo", "cpu") is False  # compressed and indexed: nothing to do

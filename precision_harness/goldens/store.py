@@ -16,6 +16,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from precision_harness.dumps.dump_index import index_name
+from precision_harness.dumps.files import DUMP, STAGE_OUTPUTS
 from precision_harness.errors import GoldenCorruptError, GoldenError, GoldenMissingError, GoldenStaleError
 from precision_harness.goldens import golden_codec as codec
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
@@ -23,6 +25,7 @@ from precision_harness.goldens.manifest import (
     FORMAT,
     MANIFEST,
     build_manifest,
+    indexes,
     payloads,
     read_manifest,
     recorded,
@@ -190,20 +193,30 @@ class GoldenStore:
         return True
 
     def migrate(self, scenario: str, device: str) -> bool:
-        """Rewrite a plain (format 1) golden compressed (format 2), atomically; False if already compressed.
+        """Rewrite a golden in the current format, atomically: a plain (format 1) golden compressed (format 2), and
+        each dump.json given the index an update writes (:func:`~precision_harness.goldens.manifest.indexes`) where
+        it has none; False where there is nothing to do.
 
-        Nothing is re-recorded: every payload is checked to decompress to the very bytes it had.
+        Nothing is re-recorded: every payload is checked to decompress to the very bytes it had, and an index is
+        built from the golden's own dump.json (verified against its sha256).
 
         Raises:
             GoldenCorruptError: the golden is corrupt (its files do not match their sha256).
-            OSError: the write failed; the plain golden is untouched.
+            ProbeUnavailableError: msprobe (its row parser) is not installed and a dump needs it.
+            OSError: the write failed; the golden is untouched.
         """
         with self._lock(scenario, device):
             self._recover(scenario, device)
             golden = Golden.from_dir(self.path(scenario, device))
-            if golden.compressed:
+            names = set(golden.contents)
+            unindexed = [n for n in sorted(names) if n.endswith(f"/{DUMP}") and index_name(n) not in names]
+            unindexed = [n for n in unindexed if n.removesuffix(DUMP) + STAGE_OUTPUTS not in names]
+            dumps = {name: golden.read(name) for name in unindexed}
+            added = indexes(dumps)
+            if golden.compressed and not added:
                 return False
-            contents = {name: golden.read(name) for name in golden.contents}
+            contents = {name: dumps[name] if name in dumps else golden.read(name) for name in golden.contents}
+            contents |= added
             files, stored = payloads(contents)
             for name, content in contents.items():
                 meta = files[name + codec.SUFFIX]
