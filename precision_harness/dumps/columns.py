@@ -221,9 +221,7 @@ def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
             rows.mark()
         if len(set(rows.names)) != len(rows.names):  # a name met again: rows() keeps its last row in place
             return walked_columns(dump, layouts)
-        found = _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours), layouts)
-        found.calls = list(dump["data"])
-        return found
+        return _columns(rows.names, rows.apis, (rows.sources, rows.states, rows.codes, rows.fours), layouts, dump)
 
 
 def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
@@ -252,9 +250,8 @@ def walked_columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
                     rows.append(row)
                 else:
                     apis[i], rows[i] = api, row
-        found = _columns(names, apis, tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4, layouts)
-        found.calls = list(dump["data"])
-        return found
+        by_field = tuple(list(c) for c in zip(*rows, strict=True)) if rows else ([],) * 4
+        return _columns(names, apis, by_field, layouts, dump)
 
 
 class _Rows:
@@ -413,8 +410,11 @@ def _four_of_item(item: dict[str, Any]) -> list[Any] | None:
     return [item.get(s) for s in STATISTICS]
 
 
-def _columns(names: list[str], apis: list[str], rows: tuple[list[Any], ...], layouts: Layouts) -> Columns:
-    """The arrays of :class:`Columns` from the rows' sources, states, layout codes and statistics (one list each)."""
+def _columns(
+    names: list[str], apis: list[str], rows: tuple[list[Any], ...], layouts: Layouts, dump: dict[str, Any]
+) -> Columns:
+    """The arrays of :class:`Columns` from the rows' sources, states, layout codes and statistics (one list each), and
+    the calls of ``dump`` (the parsed dump.json they were read from)."""
     n = len(names)
     sources, states, layout, values = rows
     scalar = np.fromiter((v is None for v in values), dtype=bool, count=n)
@@ -422,7 +422,8 @@ def _columns(names: list[str], apis: list[str], rows: tuple[list[Any], ...], lay
     dense, present = dense.reshape(-1, 4), present.reshape(-1, 4)
     stats, has = np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool)
     stats[~scalar], has[~scalar] = dense, present
-    return Columns(names, apis, sources, states, np.array(layout, dtype=np.int64), stats, has, scalar, layouts.keys)
+    codes = np.array(layout, dtype=np.int64)
+    return Columns(names, apis, sources, states, codes, stats, has, scalar, layouts.keys, list(dump["data"]))
 
 
 #: the types of statistic numpy reads as ``to_float`` does (None as NaN, marked absent)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 import orjson
 
 from precision_harness.dumps.columns import Columns, Layouts
-from precision_harness.dumps.files import DUMP, collector_paused
+from precision_harness.dumps.files import DUMP, STAGE_OUTPUTS, collector_paused
 from precision_harness.dumps.skeleton import Skeleton, Template, floats, read
 from precision_harness.errors import GoldenCorruptError
 
@@ -57,6 +58,12 @@ def index_name(dump_name: str) -> str:
     return dump_name.removesuffix(DUMP) + INDEX
 
 
+def indexable(name: str, names: Container[str]) -> bool:
+    """``name`` (a golden's content name, among ``names``) is a dump.json an index is written for: one whose rank has
+    no stage_outputs.json beside it (``level: auto``'s L0 dump, whose rank is read with its outputs)."""
+    return name.endswith(f"/{DUMP}") and name.removesuffix(DUMP) + STAGE_OUTPUTS not in names
+
+
 def build(content: bytes, *, shown: str) -> bytes | None:
     """The index of a dump.json's ``content``; None where the skeleton read declines it (module docstring of
     :mod:`~precision_harness.dumps.skeleton`) or reading the index back would not give the same template.
@@ -77,10 +84,11 @@ def build(content: bytes, *, shown: str) -> bytes | None:
             return None
         if template is None:
             return None
-        data = _encode(template, values, hashlib.sha256(content).hexdigest())
+        sha = hashlib.sha256(content).hexdigest()
+        data = _encode(template, values, sha)
         if data is None:
             return None
-        back = DumpIndex.of(data, dump_sha256=hashlib.sha256(content).hexdigest(), shown=shown)
+        back = DumpIndex.of(data, dump_sha256=sha, shown=shown)
         return data if back is not None and _same(back, template, values) else None
 
 
@@ -149,9 +157,8 @@ class DumpIndex:
         for api, count in body["apis"]:
             apis += [api] * count
         states = [tuple(s) if type(s) is list else s for s in body["states"]]
-        stats, present, scalar, layout = (self._array(n) for n in ("stats", "present", "scalar", "layout"))
-        marked = Columns(body["names"], apis, sources, states, layout, stats, present, scalar, layouts.keys)
-        marked.calls = body["calls"]
+        arrays = (self._array(n) for n in ("layout", "stats", "present", "scalar"))
+        marked = Columns(body["names"], apis, sources, states, *arrays, layouts.keys, body["calls"])
         return Template(self.skeleton, marked, (self._array("at_rows"), self._array("at_stats")), layouts, body["kept"])
 
     def _array(self, name: str) -> np.ndarray:

@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from precision_harness.dumps.dump_index import INDEX, DumpIndex, index_name
+from precision_harness.dumps.dump_index import INDEX, DumpIndex, index_name, indexable
 from precision_harness.dumps.files import (
     DUMP,
     METRICS,
@@ -375,9 +375,8 @@ class GoldenStage:
         return DumpIndex.of(self.golden.read(name), dump_sha256=self.golden.content_sha256(dump), shown=shown)
 
     def indexed(self, rank: str) -> bool:
-        rank_dir = f"step_{self.step}/{self.name}/step0/{rank}"
-        contents = self.golden.contents
-        return index_name(f"{rank_dir}/{DUMP}") in contents and f"{rank_dir}/{STAGE_OUTPUTS}" not in contents
+        dump, contents = f"step_{self.step}/{self.name}/step0/{rank}/{DUMP}", self.golden.contents
+        return indexable(dump, contents) and index_name(dump) in contents
 
     def statistics(self) -> int | None:
         return self.golden.statistics(self.step, self.name)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.dumps import dump_index
-from precision_harness.dumps.dump_index import index_name
+from precision_harness.dumps.dump_index import index_name, indexable
 from precision_harness.dumps.files import DUMP, METRICS, STAGE_OUTPUTS, load_dump, parse_dump
 from precision_harness.dumps.rows import count_statistics
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
@@ -164,7 +164,7 @@ def indexes(contents: dict[str, bytes]) -> dict[str, bytes]:
     built: dict[str, bytes | None] = {}
     found = {}
     for name, content in contents.items():
-        if not name.endswith(f"/{DUMP}") or name.removesuffix(DUMP) + STAGE_OUTPUTS in contents:
+        if not indexable(name, contents):
             continue
         digest = hashlib.sha256(content).hexdigest()
         if digest not in built:

@@ -16,8 +16,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from precision_harness.dumps.dump_index import index_name
-from precision_harness.dumps.files import DUMP, STAGE_OUTPUTS
+from precision_harness.dumps.dump_index import index_name, indexable
 from precision_harness.errors import GoldenCorruptError, GoldenError, GoldenMissingError, GoldenStaleError
 from precision_harness.goldens import golden_codec as codec
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
@@ -209,8 +208,7 @@ class GoldenStore:
             self._recover(scenario, device)
             golden = Golden.from_dir(self.path(scenario, device))
             names = set(golden.contents)
-            unindexed = [n for n in sorted(names) if n.endswith(f"/{DUMP}") and index_name(n) not in names]
-            unindexed = [n for n in unindexed if n.removesuffix(DUMP) + STAGE_OUTPUTS not in names]
+            unindexed = [n for n in sorted(names) if indexable(n, names) and index_name(n) not in names]
             dumps = {name: golden.read(name) for name in unindexed}
             added = indexes(dumps)
             if golden.compressed and not added:
