@@ -7,7 +7,7 @@ dtypes and shapes, written by the same msprobe in the same order. Parsing the ru
 golden's. Here each side's bytes are split at its floating-point statistics (:data:`_STAT`: a ``Max``/``Min``/
 ``Mean``/``Norm`` key whose value is a float literal, one with a ``.`` or an exponent); what is left is the
 *skeleton*. Where the two skeletons are equal (piece for piece), one parse names the rows of both, and each side's
-statistics are its literals read with ``float`` (correctly rounded, as orjson reads them). The ranks, steps and
+statistics are its literals read by orjson (correctly rounded, as the dump's parse reads them). The ranks, steps and
 stages of a run often share a skeleton (the same model, micro-batch shapes and call sequence), so a process keeps
 the last parse (:class:`Template`, known by the golden's skeleton's sha256, :class:`Skeleton`) and parses again
 only for another skeleton.
@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -185,7 +187,7 @@ def same_skeleton_columns(target: StageSource, golden: StageSource, rank: str) -
         values = floats(parts[2::3]) if ran is not None else None  # the golden's converted only if the run's read
         if values is None:
             return None
-        template = _template(parts, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}")
+        template = _template(skeleton, partial(_parsed, parts, skeleton, shown=f"{golden}/step0/{rank}/{DUMP}"))
         del parts
         return None if template is None else (template.columns(ran), template.columns(values), template.layouts)
 
@@ -194,7 +196,6 @@ def _indexed_columns(run: bytes, index: Any) -> Sides | None:
     """:func:`same_skeleton_columns` where the golden's rank has an index (``index``, a
     :class:`~precision_harness.dumps.dump_index.DumpIndex`): only the run's dump is split and read; the golden's
     template and literals are the index's."""
-    global _last, _refused
     with collector_paused():
         skeleton, parts = read(run)
         del run
@@ -202,30 +203,32 @@ def _indexed_columns(run: bytes, index: Any) -> Sides | None:
             return None
         ran = floats(parts[2::3])
         del parts
-        if ran is None:
-            return None
-        if _last is None or _last.skeleton != skeleton:
-            _last = _refused = None  # freed before the next is read
-            _last = index.template()
-        return _last.columns(ran), _last.columns(index.values()), _last.layouts
+        template = _template(skeleton, index.template) if ran is not None else None
+        return None if template is None else (template.columns(ran), template.columns(index.values()), template.layouts)
 
 
-def _template(parts: list[bytes], skeleton: Skeleton, *, shown: str) -> Template | None:
-    """The template of ``skeleton``: the last one built where it is of that skeleton, else one built of ``parts``
-    (:meth:`Template.of`)."""
+def _template(skeleton: Skeleton, build: Callable[[], Template | None]) -> Template | None:
+    """The template of ``skeleton``: the last one built where it is of that skeleton, else ``build()`` (an index's
+    :meth:`~precision_harness.dumps.dump_index.DumpIndex.template`, or :func:`_parsed`); None where it refused."""
     global _last, _refused
     if _last is not None and _last.skeleton == skeleton:
         return _last
     if _refused == skeleton:
         return None
     _last = _refused = None  # freed before the next is built
-    try:
-        _last = Template.of(parts, skeleton, shown=shown)
-    except GoldenCorruptError:  # bytes that do not parse: the row-by-row read names the file and the byte offset
-        _last = None
+    _last = build()
     if _last is None:
         _refused = skeleton
     return _last
+
+
+def _parsed(parts: list[bytes], skeleton: Skeleton, *, shown: str) -> Template | None:
+    """:meth:`Template.of` ``parts``; None where the bytes do not parse (the row-by-row read names the file and the
+    byte offset)."""
+    try:
+        return Template.of(parts, skeleton, shown=shown)
+    except GoldenCorruptError:
+        return None
 
 
 def _same_skeleton(parts: list[bytes], golden: list[bytes]) -> bool:
