@@ -25,6 +25,7 @@ from precision_harness.check import compare, drift_origin
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.msprobe_window import write_window
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps import stage
 from precision_harness.dumps.files import cut_calls, parse_dump_raw, restored_calls
 from precision_harness.dumps.stage import DirStage
 
@@ -85,10 +86,8 @@ def stages(tmp_path: Path, n: int, at: int, factor: float = 1.1) -> tuple[DirSta
 def test_the_window_cut_from_the_bytes_is_the_window_of_the_parse(
     tmp_path: Path, n: int, at: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from precision_harness.check import msprobe_window
-
     read: list[dict | None] = []
-    monkeypatch.setattr(msprobe_window, "cut_calls", lambda *a: read.append(cut_calls(*a)) or read[-1])
+    monkeypatch.setattr(stage, "cut_calls", lambda *a: read.append(cut_calls(*a)) or read[-1])
     run, golden = stages(tmp_path, n, at)
     verdict = compare.compare_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy()))
     assert not verdict.passed and list(verdict.calls) == ["rank0"]
@@ -123,7 +122,7 @@ def test_where_the_change_entered_is_the_same_from_the_cut_as_from_the_parse(
     plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read: list[dict | None] = []
-    monkeypatch.setattr(drift_origin, "cut_calls", lambda *a: read.append(cut_calls(*a)) or read[-1])
+    monkeypatch.setattr(stage, "cut_calls", lambda *a: read.append(cut_calls(*a)) or read[-1])
     sides = {}
     for side, data in zip(("run", "golden"), plants()[plant], strict=True):
         write_dump(tmp_path / side / "step_1" / "actor_update", {**data, **calls(3)})

@@ -45,10 +45,10 @@ from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.stage_verdict import StageVerdict
-from precision_harness.dumps.files import cut_calls, restored_calls
+from precision_harness.dumps.files import restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows
-from precision_harness.dumps.stage import StageSource
+from precision_harness.dumps.stage import StageSource, cut_rank
 from precision_harness.dumps.statistics import relative_change
 
 #: msprobe row states (``read_op``) of a module's parameters, and of their gradients
@@ -265,12 +265,11 @@ def _up_to(
     target: StageSource, known: list[str] | None, rank: str, name: str
 ) -> tuple[dict[str, Any], list[str], list[str] | None]:
     """``rank``'s dump read raw, :func:`_calls_up_to` ``name`` in it, and ``known`` where the dump is cut to those
-    calls: cut from its bytes (:func:`~precision_harness.dumps.files.cut_calls`) where the compare kept the rank's
+    calls: cut from its bytes (:func:`~precision_harness.dumps.stage.cut_rank`) where the compare kept the rank's
     calls (``known``: the same on both sides) and they cut; else the whole dump (and None)."""
-    content = target.content(rank) if known else None
-    if content is not None:
+    if known:
         calls = _calls_up_to({"data": dict.fromkeys(known)}, name)
-        cut = cut_calls(content, known, (0, len(calls)))
+        cut = cut_rank(target, rank, known, (0, len(calls)))
         if cut is not None:
             return cut, calls, known
     dump = target.load(rank, raw=True)
@@ -287,8 +286,7 @@ def _paired_golden(
         return None
     mine, known = run
     if known is not None:  # the same calls on both sides: each pairs with its namesake, cut alike
-        content = golden.content(rank)
-        cut = cut_calls(content, known, (0, len(calls))) if content is not None else None
+        cut = cut_rank(golden, rank, known, (0, len(calls)))
         return rows(restored_calls(cut if cut is not None else golden.load(rank, raw=True), calls))
     theirs = golden.load(rank, raw=True)
     named = aligned_golden(theirs, pair_calls(mine, theirs))

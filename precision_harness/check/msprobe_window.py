@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.stage_verdict import StageVerdict
-from precision_harness.dumps.files import DUMP, collector_paused, cut_calls, restored_calls
+from precision_harness.dumps.files import DUMP, collector_paused, restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
-from precision_harness.dumps.stage import StageSource
+from precision_harness.dumps.stage import StageSource, cut_rank
 
 #: calls on each side of the first divergence that msprobe's table and first diff read
 WINDOW_CALLS = 200
@@ -99,17 +99,12 @@ def write_window(target: StageSource, golden: StageSource, verdict: StageVerdict
 
 
 def _cut(target: StageSource, golden: StageSource, rank: str, verdict: StageVerdict) -> dict[str, Any] | None:
-    """The window's two dumps cut from the bytes of ``rank``'s dump.json files (:func:`~precision_harness.dumps.files.
-    cut_calls`), where both hold ``verdict.calls[rank]``; None where either does not cut so."""
+    """The window's two dumps cut from the bytes of ``rank``'s dump.json files (:func:`~precision_harness.dumps.stage.
+    cut_rank`), where both hold ``verdict.calls[rank]``; None where either does not cut so."""
     apis = verdict.calls[rank]
     span = _span(apis, verdict, rank)
-    sides = {}
-    for side, source in (("run", target), ("golden", golden)):
-        content = source.content(rank)
-        sides[side] = cut_calls(content, apis, span) if content is not None else None
-        if sides[side] is None:
-            return None
-    return sides
+    sides = {"run": cut_rank(target, rank, apis, span), "golden": cut_rank(golden, rank, apis, span)}
+    return sides if all(cut is not None for cut in sides.values()) else None
 
 
 def _span(apis: list[str], verdict: StageVerdict, rank: str) -> tuple[int, int]:

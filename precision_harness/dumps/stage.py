@@ -11,7 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from precision_harness.dumps.files import DUMP, STAGE_OUTPUTS, load_dump, merged, rank_digest, sha256_file
+from precision_harness.dumps.files import (
+    DUMP,
+    STAGE_OUTPUTS,
+    cut_calls,
+    load_dump,
+    merged,
+    rank_digest,
+    sha256_file,
+)
 
 
 @runtime_checkable
@@ -67,6 +75,13 @@ class StageSource(Protocol):
     def plain_dir(self, scratch: Path) -> Path:
         """The stage as plain files msprobe's own tools can open (written below ``scratch`` if need be)."""
         ...
+
+
+def cut_rank(source: StageSource, rank: str, calls: list[str], span: tuple[int, int]) -> dict[str, Any] | None:
+    """:func:`~precision_harness.dumps.files.cut_calls` of ``rank``'s dump.json in ``source`` (``calls``: its every
+    call); None where the rank has a stage_outputs.json or its bytes do not cut so (the caller parses it)."""
+    content = source.content(rank)
+    return cut_calls(content, calls, span) if content is not None else None
 
 
 def rank_dirs(stage_dir: Path) -> dict[str, Path]:
