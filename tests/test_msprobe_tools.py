@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from harness_testing import base_data, write_dump
 
 from precision_harness.check.drift_origin import DriftOrigin, OriginKind
-from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure
+from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure, write_msprobe_table
 from precision_harness.check.verdict_text import Reading, msprobe_rows
 
 
@@ -90,3 +91,51 @@ def test_msprobe_failure_is_a_line_not_an_error(tmp_path: Path) -> None:
     write_dump(stage, base_data())  # construct.json is {} (L1): GraphBuilder refuses
     answer = analyze_failure(stage, stage, tmp_path / "art", graph=True)
     assert answer.graphs == [] and answer.errors and answer.errors[0].startswith("GraphBuilder: RuntimeError")
+
+
+def _tensor_task(path: Path) -> None:
+    """``path``'s dump.json as ``task: tensor`` writes it: each tensor row names its file (msprobe's ALL mode)."""
+    dump = json.loads(path.read_text())
+    dump["task"] = "tensor"
+    for api, entry in dump["data"].items():
+        for side in ("input_args", "output"):
+            for i, item in enumerate(entry.get(side, [])):
+                item["data_name"] = f"{api}.{side}.{i}.pt"
+    path.write_text(json.dumps(dump))
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_ranks_table_is_msprobes_own_from_one_parse(dumps, tmp_path: Path, monkeypatch, task: str) -> None:
+    """The compare table written beside the first diff reads byte for byte as ``msprobe compare``'s
+    (:func:`write_msprobe_table`); from the first diff's own parse where the modes agree (statistics), parsed
+    again where first-diff analysis changes msprobe's mode (a tensor dump reads as SUMMARY there)."""
+    from msprobe.core.compare import acc_compare
+
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=37.5))
+    if task == "tensor":
+        for stage in (target, golden):
+            _tensor_task(stage / "step0/rank0/dump.json")
+    expected = write_msprobe_table(
+        target / "step0/rank0/dump.json", golden / "step0/rank0/dump.json", tmp_path / "m.csv"
+    )
+    parses = []
+    parse = acc_compare.ParseData.parse
+    monkeypatch.setattr(acc_compare.ParseData, "parse", lambda self, paths: parses.append(paths) or parse(self, paths))
+    table = tmp_path / "art" / "compare_result_rank0.csv"
+    answer = analyze_failure(target, golden, tmp_path / "art", graph=False, tables={"rank0": table})
+    assert answer.errors == [] and answer.tables == [table]
+    assert table.read_bytes() == expected.read_bytes()
+    assert len(parses) == (1 if task == "statistics" else 2)
+    assert answer.first_diff == (
+        {"rank0": "Functional.linear.0.forward"} if task == "statistics" else answer.first_diff
+    )
+
+
+def test_a_table_that_fails_is_a_line_and_the_first_diff_goes_on(dumps, tmp_path: Path) -> None:
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=37.5))
+    (tmp_path / "a_file").write_text("")
+    answer = analyze_failure(
+        target, golden, tmp_path / "art", graph=False, tables={"rank0": tmp_path / "a_file" / "table.csv"}
+    )
+    assert answer.first_diff == {"rank0": "Functional.linear.0.forward"} and answer.tables == []
+    assert [e.split(":")[:2] for e in answer.errors] == [["compare table", " FileExistsError"]]

@@ -29,7 +29,7 @@ from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.check.judgement import Judgement
 from precision_harness.check.metrics_compare import MetricsVerdict, compare_metrics
-from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure, write_msprobe_table
+from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure
 from precision_harness.check.msprobe_window import write_window
 from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.dumps import sampled_tokens
@@ -252,33 +252,20 @@ def _ask_msprobe(
     window = None if full else write_window(target, golden, verdict, artifacts)
     if window is None:
         # msprobe's tools read plain files, and pair by name: the golden goes to them aligned to the run's calls
-        plain = aligned_golden_dir(target.plain_dir(artifacts), golden.plain_dir(artifacts / "golden"), artifacts)
-        _write_tables(target, plain, verdict, artifacts)
-        return analyze_failure(target.plain_dir(artifacts), plain, artifacts, graph=graph)
-    t_dump, g_dump = (d / "step0" / window.rank / DUMP for d in (window.target_dir, window.golden_dir))
+        target_dir = target.plain_dir(artifacts)
+        plain = aligned_golden_dir(target_dir, golden.plain_dir(artifacts / "golden"), artifacts)
+        tables = {rank: artifacts / f"compare_result_{rank}.csv" for rank in verdict.failing_ranks}
+        return analyze_failure(target_dir, plain, artifacts, graph=graph, tables=tables)
     answer = analyze_failure(
         window.target_dir,
         window.golden_dir,
         artifacts,
         graph=graph,
         graph_of=target.plain_dir(artifacts) if graph else None,
+        tables={window.rank: artifacts / f"compare_result_{window.rank}.csv"},
     )
-    try:
-        write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{window.rank}.csv")
-    except Exception as exc:  # msprobe's opinion, never the verdict's error (analyze_failure's rule)
-        answer.errors.append(f"compare table: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     answer.scope = window.line
     return answer
-
-
-def _write_tables(target: StageSource, golden_dir: Path, verdict: StageVerdict, artifacts: Path) -> list[Path]:
-    """msprobe's own compare table of each failing rank both sides hold, for reading beside our verdict."""
-    tables = []
-    for rank in verdict.failing_ranks:
-        t_dump, g_dump = target.plain_dir(artifacts) / "step0" / rank / DUMP, golden_dir / "step0" / rank / DUMP
-        if t_dump.is_file() and g_dump.is_file():
-            tables.append(write_msprobe_table(t_dump, g_dump, artifacts / f"compare_result_{rank}.csv"))
-    return tables
 
 
 def aligned_golden_dir(target_dir: Path, golden_dir: Path, artifacts: Path) -> Path:

@@ -8,7 +8,8 @@ memory and torch-free; the gate writes it beside a failing verdict for reading, 
 compare path). :func:`first_diff` builds the same ``compare_result_rank<r>_*.json`` tables with the
 torch-free pieces ``pt_compare`` itself uses for them (``ParseData`` -> ``compare_statistics`` ->
 ``FirstDiffAnalyze.check``, the ``first_diff_analyze`` branch of ``Comparator.compare_core``) and
-then lets msprobe's ``DiffAnalyzer`` search them unchanged (docs/msprobe.md#first-diff-analysis). ``GraphBuilder``
+then lets msprobe's ``DiffAnalyzer`` search them unchanged (docs/msprobe.md#first-diff-analysis); a rank's compare
+table beside it comes from the same parse and compare where msprobe's mode reads it alike. ``GraphBuilder``
 (``msprobe.visualization``) is torch-free and writes the ``.vis.db`` tensorboard opens (docs/msprobe.md#graph).
 :func:`analyze_failure` never raises: msprobe's answer is an opinion beside the gate's, so its own
 failure becomes a line of the verdict, not an error.
@@ -21,8 +22,10 @@ import io
 import json
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from precision_harness.errors import ProbeUnavailableError
 
@@ -36,6 +39,7 @@ class MsprobeAnswer:
 
     first_diff: dict[str, str] = field(default_factory=dict)  #: rank -> first op DiffAnalyzer flags
     graphs: list[Path] = field(default_factory=list)  #: ``.vis.db`` files for tensorboard
+    tables: list[Path] = field(default_factory=list)  #: msprobe's compare tables (``compare_result_rank<r>.csv``)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: what msprobe read, as the verdict says it (:attr:`~precision_harness.check.msprobe_window.Window.line`);
@@ -48,12 +52,58 @@ def _import_msprobe_compare():
         from msprobe.core.common.utils import get_dump_mode
         from msprobe.core.compare.acc_compare import Comparator, ParseData
         from msprobe.core.compare.config import MappingConfig, ModeConfig
-        from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df
     except ImportError as exc:
         raise ProbeUnavailableError(
             f"mindstudio-probe is not installed in this interpreter ({exc}); pip install mindstudio-probe"
         ) from None
-    return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df
+    return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig
+
+
+@dataclass
+class _Compared:
+    """One rank pair through msprobe's compare: its mode, its two parses and ``compare_statistics``' table."""
+
+    dump_mode: str  #: ``get_dump_mode``'s, as read (``compare_statistics`` may change the mode's for a first diff)
+    mode: Any  #: ``ModeConfig``
+    npu_df: Any  #: pandas DataFrames, one row per tensor
+    bench_df: Any
+    table: Any
+
+    @property
+    def summary(self) -> bool:
+        """Whether msprobe's compare table reads the same with first-diff analysis on as off: statistics and md5
+        dumps (``compare_statistics`` turns a tensor dump's mode into SUMMARY for the first diff)."""
+        from msprobe.core.common.const import Const
+
+        return self.dump_mode in (Const.SUMMARY, Const.MD5)
+
+
+def _compare(target: Path, golden: Path, rank: str, *, first_diff: bool) -> _Compared:
+    """``ParseData`` then ``Comparator.compare_statistics`` of two dump.json files, as ``msprobe compare`` (and, with
+    ``first_diff``, ``msprobe compare -da``: the parse keeps the P2P columns FirstDiffAnalyze reads) runs them."""
+    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig = _import_msprobe_compare()
+    dump_mode = get_dump_mode({"npu_path": str(target), "bench_path": str(golden)})
+    mode = ModeConfig(dump_mode=dump_mode, first_diff_analyze=first_diff)
+    npu_df, bench_df = ParseData(mode, rank, {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
+    table = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
+    return _Compared(dump_mode, mode, npu_df, bench_df, table)
+
+
+def _with_results(compared: _Compared):
+    """msprobe's compare table with its Result and Err_message columns filled (``calculate_excel_result_df``)."""
+    from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df
+
+    table = compared.table.copy()
+    calculate_excel_result_df(table, compared.dump_mode, "", False)
+    return table
+
+
+@contextlib.contextmanager
+def _quiet(log: io.StringIO):
+    """msprobe's progress bars, INFO logs and its own pandas deprecations into ``log``, not the user's terminal."""
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def msprobe_table(target: Path, golden: Path):
@@ -62,24 +112,18 @@ def msprobe_table(target: Path, golden: Path):
     The code behind ``msprobe compare`` (``Comparator.compare_statistics``), in memory and without
     torch; its progress bars and INFO logs are swallowed. Raises ProbeUnavailableError without msprobe.
     """
-    get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig, calculate_excel_result_df = (
-        _import_msprobe_compare()
-    )
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # msprobe's own pandas deprecations are not the user's concern
-        mode = ModeConfig(dump_mode=get_dump_mode({"npu_path": str(target), "bench_path": str(golden)}))
-        npu_df, bench_df = ParseData(mode, "", {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
-        df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
-        calculate_excel_result_df(df, mode.dump_mode, "", False)
-    return df
+    with _quiet(io.StringIO()):
+        return _with_results(_compare(target, golden, "", first_diff=False))
 
 
 def write_msprobe_table(target: Path, golden: Path, path: Path) -> Path:
     """Write msprobe's compare table of two dump.json files (as ``msprobe compare`` would) to ``path``; return it."""
-    df = msprobe_table(target, golden)
+    return _write_csv(msprobe_table(target, golden), path)
+
+
+def _write_csv(table, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
+    table.to_csv(path, index=False)
     return path
 
 
@@ -90,10 +134,26 @@ def first_diff(target_stage: Path, golden_stage: Path, out_dir: Path) -> dict[st
         target_stage, golden_stage: verl-layout stage directories (``.../<stage>``, holding ``step0/rank*``).
         out_dir: where msprobe's ``compare_result_rank*.json`` and ``diff_analyze_*.json`` go.
     """
-    from msprobe.core.common.file_utils import save_json
-    from msprobe.core.common.utils import get_dump_mode
-    from msprobe.core.compare.acc_compare import Comparator, ParseData
-    from msprobe.core.compare.config import MappingConfig, ModeConfig
+    answer = MsprobeAnswer()
+    with _quiet(io.StringIO()):
+        _first_diff(_Stages(target_stage, golden_stage, out_dir), answer)
+    return answer.first_diff
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """What :func:`analyze_failure` reads and writes: the two stage folders, ``out_dir``, and ``tables`` (rank
+    folder name -> where that rank's msprobe compare table goes)."""
+
+    target: Path
+    golden: Path
+    out_dir: Path  #: where msprobe's ``compare_result_rank*.json`` and ``diff_analyze_*.json`` go
+    tables: Mapping[str, Path] = field(default_factory=dict)
+
+
+def _first_diff(stages: _Stages, answer: MsprobeAnswer) -> None:
+    """:func:`first_diff` into ``answer.first_diff``, and each rank in ``stages.tables`` its compare table from the
+    same parse and compare (a table that fails is a line of ``answer.errors``, the first diff goes on)."""
     from msprobe.core.compare.diff_analyze.first_diff_analyze import FirstDiffAnalyze
     from msprobe.core.compare.find_first.analyzer import DiffAnalyzer
 
@@ -101,28 +161,41 @@ def first_diff(target_stage: Path, golden_stage: Path, out_dir: Path) -> dict[st
         def _pre_process(self) -> None:  # the tables are written below, without pt_compare
             self._resolve_input_path(self._output_path)
 
+    out_dir = stages.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in list(out_dir.glob("compare_result_rank*.json")) + list(out_dir.glob("diff_analyze_*.json")):
         old.unlink()
-    for t_dump in sorted(Path(target_stage).glob("step0/rank*/dump.json")):
+    for t_dump in sorted(Path(stages.target).glob("step0/rank*/dump.json")):
         rank = t_dump.parent.name[4:] or "0"
-        g_dump = Path(golden_stage) / "step0" / t_dump.parent.name / "dump.json"
+        g_dump = Path(stages.golden) / "step0" / t_dump.parent.name / "dump.json"
         if not g_dump.is_file() or not rank.isdigit():
             continue
-        mode = ModeConfig(
-            dump_mode=get_dump_mode({"npu_path": str(t_dump), "bench_path": str(g_dump)}), first_diff_analyze=True
-        )
-        npu_df, bench_df = ParseData(mode, rank, {"NPU": None, "Bench": None}).parse([str(t_dump), str(g_dump), None])
-        df = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
+        compared = _compare(t_dump, g_dump, rank, first_diff=True)
+        if t_dump.parent.name in stages.tables:
+            _table_of(compared, (t_dump, g_dump), stages.tables[t_dump.parent.name], answer)
+        df = compared.table
         for col in ("op", "peer"):
-            df[f"NPU P2POp {col}"], df[f"Bench P2POp {col}"] = npu_df[col], bench_df[col]
-        save_json(str(out_dir / f"compare_result_rank{rank}_0.json"), FirstDiffAnalyze(mode, rank).check(df), indent=1)
-    _Analyzer(str(target_stage), str(golden_stage), str(out_dir)).analyze()
+            df[f"NPU P2POp {col}"], df[f"Bench P2POp {col}"] = compared.npu_df[col], compared.bench_df[col]
+        # json.dumps (C encoder): json.dump, as msprobe's save_json calls it, encodes in Python at 0.2 s a window
+        (out_dir / f"compare_result_rank{rank}_0.json").write_text(
+            json.dumps(FirstDiffAnalyze(compared.mode, rank).check(df)), encoding="utf-8"
+        )
+    _Analyzer(str(stages.target), str(stages.golden), str(out_dir)).analyze()
     found = sorted(out_dir.glob("diff_analyze_*.json"))
-    if not found:
-        return {}
-    data = json.loads(found[-1].read_text(encoding="utf-8"))
-    return {key.replace("rank_", "rank"): nodes[0]["op_name"] for key, nodes in sorted(data.items()) if nodes}
+    data = json.loads(found[-1].read_text(encoding="utf-8")) if found else {}
+    answer.first_diff = {
+        key.replace("rank_", "rank"): nodes[0]["op_name"] for key, nodes in sorted(data.items()) if nodes
+    }
+
+
+def _table_of(compared: _Compared, dumps: tuple[Path, Path], path: Path, answer: MsprobeAnswer) -> None:
+    """msprobe's compare table of one rank to ``path``: from the first diff's compare where it reads the same
+    (:attr:`_Compared.summary`), else compared again as ``msprobe compare`` compares."""
+    try:
+        table = _with_results(compared) if compared.summary else _with_results(_compare(*dumps, "", first_diff=False))
+        answer.tables.append(_write_csv(table, path))
+    except Exception as exc:  # msprobe's opinion, never the verdict's error
+        answer.errors.append(f"compare table: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
 def build_graphs(stage_dir: Path, out_dir: Path) -> list[Path]:
@@ -144,24 +217,28 @@ def build_graphs(stage_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def analyze_failure(
-    target_stage: Path, golden_stage: Path, out_dir: Path, *, graph: bool, graph_of: Path | None = None
+    target_stage: Path,
+    golden_stage: Path,
+    out_dir: Path,
+    *,
+    graph: bool,
+    graph_of: Path | None = None,
+    tables: Mapping[str, Path] | None = None,
 ) -> MsprobeAnswer:
-    """DiffAnalyzer's first diff, and (``graph``: L0/mix) the graph database, for one failing stage.
+    """DiffAnalyzer's first diff, msprobe's compare table of the ranks in ``tables``, and (``graph``: L0/mix) the
+    graph database, for one failing stage.
 
     ``graph_of`` is the stage folder the graph is built from (default ``target_stage``): the whole run stage,
-    where the first diff reads a window of it.
+    where the first diff reads a window of it. ``tables`` maps a rank folder (``rank0``) to its table's csv path;
+    a rank's table comes from the same parse and ``compare_statistics`` as its first diff (one each, not two).
 
     Writes under ``out_dir/first_diff/`` and ``out_dir/graph/``; msprobe's logs go to ``out_dir/msprobe.log``.
     """
     answer = MsprobeAnswer()
     t0 = time.perf_counter()
     log = io.StringIO()
-    steps = [
-        (
-            "DiffAnalyzer",
-            lambda: setattr(answer, "first_diff", first_diff(target_stage, golden_stage, out_dir / "first_diff")),
-        )
-    ]
+    stages = _Stages(target_stage, golden_stage, out_dir / "first_diff", dict(tables or {}))
+    steps = [("DiffAnalyzer", lambda: _first_diff(stages, answer))]
     if graph:
         steps.append(
             (
@@ -171,8 +248,7 @@ def analyze_failure(
         )
     for tool, fn in steps:
         try:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with _quiet(log):
                 fn()
         except Exception as exc:
             message = str(exc).splitlines()[0] if str(exc) else ""
