@@ -61,6 +61,9 @@ def test_the_profile_reads_as_the_list_of_its_points(seed: int) -> None:
             for step in (None, 1, 2, 7, 64, -1, -3):
                 assert repr(profile[start:stop:step]) == repr(expected[start:stop:step]), (start, stop, step)
     assert repr(list(pickle.loads(pickle.dumps(profile)))) == repr(expected)
+    for up_to in (-1, 0, 3, 20, 10**9):  # where the change entered reads the earliest row that moved
+        moved = [(o, r, n, x) for r, o, n, x in expected if x > 0 and o <= up_to]
+        assert profile.earliest_moved(up_to) == min(moved, default=None), up_to
 
 
 def test_an_index_past_the_end_is_an_index_error() -> None:

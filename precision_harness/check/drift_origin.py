@@ -179,8 +179,7 @@ def classify(verdict: StageVerdict, target: StageSource, golden: StageSource | N
     shown = _shown(verdict)
     if shown is None:  # nothing differs row by row: a changed block may still fail the stage
         return _code_path_origin(verdict, None)
-    changed = [(o, rank, name, ratio) for rank, o, name, ratio in verdict.profile if ratio > 0 and o <= shown[0]]
-    earliest = min(changed, default=shown)
+    earliest = verdict.profile.earliest_moved(shown[0]) or shown
     block = _code_path_origin(verdict, earliest)
     if block is not None:
         return block

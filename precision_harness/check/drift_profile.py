@@ -109,6 +109,18 @@ class DriftProfile:
                     best = point
         return best
 
+    def earliest_moved(self, up_to: int) -> tuple[int, str, str, float] | None:
+        """``min((order, rank, tensor, ratio))`` of the points with a ratio above 0 and an order at most ``up_to``
+        (the earliest row that moved at all, its ties by rank and name), read from the columns; None with none."""
+        found = []
+        for chunk in self.pack()._chunks:
+            moved = (chunk.ratios > 0) & (chunk.orders <= up_to)
+            if moved.any():
+                first = chunk.orders[moved].min()
+                at = np.flatnonzero(moved & (chunk.orders == first)).tolist()
+                found += [(int(first), chunk.rank, chunk.names[i], float(chunk.ratios[i])) for i in at]
+        return min(found, default=None)
+
     def __len__(self) -> int:
         return sum(len(c.orders) for c in self.pack()._chunks)
 
