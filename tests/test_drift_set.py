@@ -123,3 +123,26 @@ def test_report_json_keeps_the_exact_count_and_the_drifts_by_api() -> None:
         {"api": "Functional.linear.forward.output", "statistic": "Max", "count": 2 * CALLS, "worst_ratio": worst}
     ]
     validate(PrecisionReport(mode="check", records=[record]).to_document(), "report", source="report.json")
+
+
+def test_by_api_counts_and_maxes_every_drift_of_every_api_and_statistic() -> None:
+    """The table's count per (API, statistic) is what the drifts built one by one add up to, over several APIs,
+    statistics moved on some rows only, and rows with no drift between drifting ones."""
+    apis = ("linear", "softmax", "matmul", "gelu")
+    golden = {f"Functional.{apis[i % 4]}.{i}.forward": {"output": [tensor(Max=1.0, Norm=4.0)]} for i in range(CALLS)}
+    run = copy.deepcopy(golden)
+    for i, name in enumerate(run):
+        out = run[name]["output"][0]
+        out["Max"] = 1.0 + 1e-3 * (1 + (i * 7) % 11) * (i % 5 != 0)  # every fifth row unmoved
+        if i % 3 == 0:
+            out["Norm"] = 4.0 * (1 + 1e-4 * (1 + i % 13))
+    v = compare.compare_rank({"data": run}, {"data": golden}, policy=TolerancePolicy(), stage="s", rank="rank0")
+    one_by_one = compare.RankVerdict("rank0")
+    for order, name in enumerate(run):
+        row = compare._Row(f"{name}.output.0", order, run[name]["output"][0], golden[name]["output"][0])
+        compare._compare_row(one_by_one, row, policy=TolerancePolicy(), stage="s")
+    expected: dict = {}
+    for d in one_by_one.drifts:
+        entry = expected.setdefault((api_kind(d.tensor), d.statistic), [0, 0.0])
+        entry[0], entry[1] = entry[0] + 1, max(entry[1], d.ratio)
+    assert len(expected) == 8 and v.drift_set.by_api == expected

@@ -140,18 +140,22 @@ def table_drifts(table: StatTable, rows: tuple[Sequence[str], Sequence[int]], ra
 
 
 def _count_by_api(cells: np.ndarray, ratios: np.ndarray, names: Sequence[str], into: DriftSet) -> None:
-    """Every drift cell of a table into ``into.by_api``: a Python step per drifting row, not per cell."""
+    """Every drift cell of a table (``cells`` ascending, their ``ratios`` above 1) into ``into.by_api``: a Python step
+    per drifting row, not per cell; counted and maxed per (API, statistic) by ``bincount`` and ``maximum.at``."""
     row_of, stat_of = np.divmod(cells, len(STATISTICS))
-    rows_, inverse = np.unique(row_of, return_inverse=True)
+    starts = np.empty(len(row_of), dtype=bool)  # each row's first cell (the cells are in row order: no sort)
+    starts[0] = True
+    np.not_equal(row_of[1:], row_of[:-1], out=starts[1:])
     kinds: dict[str, int] = {}
-    found = api_kinds([names[i] for i in rows_.tolist()])
+    found = api_kinds([names[i] for i in row_of[starts].tolist()])
     row_kind = np.array([kinds.setdefault(kind, len(kinds)) for kind in found], dtype=np.int64)
-    key = row_kind[inverse.reshape(-1)] * len(STATISTICS) + stat_of
-    order = np.argsort(key, kind="stable")
-    keys, starts, counts = np.unique(key[order], return_index=True, return_counts=True)
-    worst = np.maximum.reduceat(ratios[order], starts)
+    key = row_kind[np.cumsum(starts) - 1] * len(STATISTICS) + stat_of
+    counts = np.bincount(key)
+    worst = np.zeros(len(counts))
+    np.maximum.at(worst, key, ratios)
+    keys = np.flatnonzero(counts)
     names_of = list(kinds)
-    for k, n, w in zip(keys.tolist(), counts.tolist(), worst.tolist(), strict=True):
+    for k, n, w in zip(keys.tolist(), counts[keys].tolist(), worst[keys].tolist(), strict=True):
         kind, stat = divmod(k, len(STATISTICS))
         entry = into.by_api.setdefault((names_of[kind], STATISTICS[stat]), [0, 0.0])
         entry[0] += n
