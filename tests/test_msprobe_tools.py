@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -93,18 +94,22 @@ def test_msprobe_failure_is_a_line_not_an_error(tmp_path: Path) -> None:
     assert answer.graphs == [] and answer.errors and answer.errors[0].startswith("GraphBuilder: RuntimeError")
 
 
-def _tensor_task(path: Path) -> None:
-    """``path``'s dump.json as ``task: tensor`` writes it: each tensor row names its file (msprobe's ALL mode)."""
+def _as_task(path: Path, task: str) -> None:
+    """``path``'s dump.json as ``task: tensor`` writes it (each tensor row names its file: msprobe's ALL mode), or
+    with each tensor's ``md5`` beside its statistics (``summary_mode: md5``: msprobe's MD5 mode)."""
     dump = json.loads(path.read_text())
-    dump["task"] = "tensor"
+    dump["task"] = "tensor" if task == "tensor" else "statistics"
     for api, entry in dump["data"].items():
         for side in ("input_args", "output"):
             for i, item in enumerate(entry.get(side, [])):
-                item["data_name"] = f"{api}.{side}.{i}.pt"
+                if task == "tensor":
+                    item["data_name"] = f"{api}.{side}.{i}.pt"
+                else:
+                    item["md5"] = hashlib.md5(repr((api, side, i, item["Norm"])).encode()).hexdigest()[:8]
     path.write_text(json.dumps(dump))
 
 
-@pytest.mark.parametrize("task", ["statistics", "tensor"])
+@pytest.mark.parametrize("task", ["statistics", "md5", "tensor"])
 def test_a_ranks_table_is_msprobes_own_from_one_parse(dumps, tmp_path: Path, monkeypatch, task: str) -> None:
     """The compare table written beside the first diff reads byte for byte as ``msprobe compare``'s
     (:func:`write_msprobe_table`); from the first diff's own parse where the modes agree (statistics), parsed
@@ -112,9 +117,9 @@ def test_a_ranks_table_is_msprobes_own_from_one_parse(dumps, tmp_path: Path, mon
     from msprobe.core.compare import acc_compare
 
     target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=37.5))
-    if task == "tensor":
+    if task != "statistics":
         for stage in (target, golden):
-            _tensor_task(stage / "step0/rank0/dump.json")
+            _as_task(stage / "step0/rank0/dump.json", task)
     expected = write_msprobe_table(
         target / "step0/rank0/dump.json", golden / "step0/rank0/dump.json", tmp_path / "m.csv"
     )
@@ -125,10 +130,8 @@ def test_a_ranks_table_is_msprobes_own_from_one_parse(dumps, tmp_path: Path, mon
     answer = analyze_failure(target, golden, tmp_path / "art", graph=False, tables={"rank0": table})
     assert answer.errors == [] and answer.tables == [table]
     assert table.read_bytes() == expected.read_bytes()
-    assert len(parses) == (1 if task == "statistics" else 2)
-    assert answer.first_diff == (
-        {"rank0": "Functional.linear.0.forward"} if task == "statistics" else answer.first_diff
-    )
+    assert len(parses) == (2 if task == "tensor" else 1)
+    assert answer.first_diff == {"rank0": "Functional.linear.0.forward"}
 
 
 def test_a_table_that_fails_is_a_line_and_the_first_diff_goes_on(dumps, tmp_path: Path) -> None:
