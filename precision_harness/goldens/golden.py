@@ -283,14 +283,16 @@ class Golden:
         return content
 
     def export(self, out: Path, names: list[str] | None = None) -> Path:
-        """Write the golden's payloads (or ``names``) as plain files under ``out``, verl's layout; return ``out``.
+        """Write the golden's payloads (or those of ``names``) as plain files under ``out``, verl's layout; return
+        ``out``.
 
         The result opens in every msprobe tool (the indexes, ours, are left out). Raises GoldenCorruptError as
         :meth:`read`.
         """
         out = Path(out)
-        every = sorted(name for name in self.contents if not name.endswith(f"/{INDEX}"))
-        for name in every if names is None else names:
+        for name in sorted(self.contents) if names is None else names:
+            if name.endswith(f"/{INDEX}"):
+                continue
             dest = out / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(self.read(name))
@@ -386,8 +388,7 @@ class GoldenStage:
         if not self.golden.compressed:
             return self.golden.stage_dir(self.step, self.name)
         prefix = f"step_{self.step}/{self.name}/"
-        names = [n for n in sorted(self.golden.contents) if n.startswith(prefix) and not n.endswith(f"/{INDEX}")]
-        self.golden.export(scratch, names)  # msprobe's files only
+        self.golden.export(scratch, [n for n in sorted(self.golden.contents) if n.startswith(prefix)])
         return Path(scratch) / f"step_{self.step}" / self.name
 
 
