@@ -551,9 +551,9 @@ def test_where_the_change_entered_is_read_from_the_calls_up_to_it_as_from_every_
     )
     calls_up_to, read = drift_origin._calls_up_to, []
     monkeypatch.setattr(
-        drift_origin, "_calls_up_to", lambda dump, name: read.append(calls_up_to(dump, name)) or read[-1]
+        drift_origin, "_calls_up_to", lambda keys, name: read.append(calls_up_to(keys, name)) or read[-1]
     )
     cut = drift_origin.classify(verdict, sides["run"], sides["golden"])
     assert all("Functional.relu.9.forward" not in calls for calls in read)  # the call after the plant: not read
-    monkeypatch.setattr(drift_origin, "_calls_up_to", lambda dump, name: list(dump["data"]))
+    monkeypatch.setattr(drift_origin, "_calls_up_to", lambda keys, name: list(keys))
     assert cut == drift_origin.classify(verdict, sides["run"], sides["golden"])

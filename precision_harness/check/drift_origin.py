@@ -251,11 +251,10 @@ def _code_path_origin(verdict: StageVerdict, earliest: _Point | None) -> DriftOr
     return DriftOrigin(OriginKind.CODE_PATH, block.row, block.api, block.rank, verdict.stage, first, code_path=block)
 
 
-def _calls_up_to(dump: dict[str, Any], name: str) -> list[str]:
-    """The calls of a parsed dump.json up to the last one whose rows ``name`` can be (a row's name starts with its
-    call's key): every row the classification reads (those of the row's own call, and those before it) comes from
-    them. Every call where none matches (a row of stage_outputs.json, say)."""
-    keys = list(dump["data"])
+def _calls_up_to(keys: list[str], name: str) -> list[str]:
+    """The calls ``keys`` (a dump.json's, in order) up to the last one whose rows ``name`` can be (a row's name starts
+    with its call's key): every row the classification reads (those of the row's own call, and those before it) comes
+    from them. Every call where none matches (a row of stage_outputs.json, say)."""
     last = max((i for i, key in enumerate(keys) if name.startswith(key + ".")), default=len(keys) - 1)
     return keys[: last + 1]
 
@@ -267,12 +266,12 @@ def _up_to(
     calls: cut from its bytes (:func:`~precision_harness.dumps.stage.cut_rank`) where the compare kept the rank's
     calls (``known``: the same on both sides) and they cut; else the whole dump (and None)."""
     if known:
-        calls = _calls_up_to({"data": dict.fromkeys(known)}, name)
+        calls = _calls_up_to(known, name)
         cut = cut_rank(target, rank, known, (0, len(calls)))
         if cut is not None:
             return cut, calls, known
     dump = target.load(rank, raw=True)
-    return dump, _calls_up_to(dump, name), None
+    return dump, _calls_up_to(list(dump["data"]), name), None
 
 
 def _paired_golden(
