@@ -169,6 +169,27 @@ def replace_payload(golden_dir: Path, name: str, content: bytes) -> Path:
     return golden_dir / stored
 
 
+def long_stage(tmp_path: Path, calls: int = 600, at: int = 450, factor: float = 1.1) -> tuple[Any, Any]:
+    """Two ranks of ``calls`` linear calls each; from call ``at`` on, rank1's outputs drift (their Max times
+    ``factor``), and rank0's from call ``at + 50`` on (rank1 diverges first); ``(run, golden)`` as
+    :class:`~precision_harness.dumps.stage.DirStage` s."""
+    from precision_harness.dumps.stage import DirStage
+
+    for side in ("golden", "run"):
+        for rank, start in (("rank0", at + 50), ("rank1", at)):
+            data = {}
+            for i in range(calls):
+                moved = side == "run" and i >= start
+                data[f"Functional.linear.{i}.forward"] = {
+                    "input_args": [tensor(Max=1.0 + i)],
+                    "output": [tensor(Max=(2.0 + i) * (factor if moved else 1.0))],
+                }
+            write_dump(tmp_path / side / "step_1" / "actor_update", data, rank)
+    return DirStage(tmp_path / "run" / "step_1" / "actor_update"), DirStage(
+        tmp_path / "golden" / "step_1" / "actor_update"
+    )
+
+
 def left_behind(under: Path, grace: float = 10.0) -> list[int]:
     """Processes of a gate run whose dumps went below ``under`` (their ``PRECISION_DUMP_DIR``) that still carry
     the run's ``PRECISION_RUN_ID`` mark after ``grace`` seconds: what a run left behind. Another run on the

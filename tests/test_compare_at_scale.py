@@ -23,7 +23,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from harness_testing import base_data, tensor, write_dump
+from harness_testing import base_data, long_stage, tensor, write_dump
 
 from precision_harness.check import compare, rank_pool
 from precision_harness.check.check_settings import CheckSettings
@@ -464,24 +464,6 @@ def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pyt
         "step_1/actor_update: rank1 compared",
     ]
     assert lines[1].split(" (")[1].startswith("2/2 ranks, ")
-
-
-def long_stage(tmp_path: Path, calls: int = 600, at: int = 450) -> tuple[DirStage, DirStage]:
-    """Two ranks of ``calls`` linear calls each; from call ``at`` on, rank1's outputs drift, and rank0's from
-    call ``at + 50`` on (rank1 diverges first)."""
-    for side in ("golden", "run"):
-        for rank, start in (("rank0", at + 50), ("rank1", at)):
-            data = {}
-            for i in range(calls):
-                moved = side == "run" and i >= start
-                data[f"Functional.linear.{i}.forward"] = {
-                    "input_args": [tensor(Max=1.0 + i)],
-                    "output": [tensor(Max=(2.0 + i) * (1.1 if moved else 1.0))],
-                }
-            write_dump(tmp_path / side / "step_1" / "actor_update", data, rank)
-    return DirStage(tmp_path / "run" / "step_1" / "actor_update"), DirStage(
-        tmp_path / "golden" / "step_1" / "actor_update"
-    )
 
 
 def test_msprobe_reads_the_first_divergent_rank_around_its_first_divergence_and_says_so(tmp_path: Path) -> None:

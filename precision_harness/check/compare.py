@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from precision_harness.check import rank_pool
+from precision_harness.check import msprobe_worker, rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
 from precision_harness.check.drift_set import Drift, table_drifts
@@ -269,9 +269,12 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         return verdict
     key, jobs, size = _stage_jobs(target, golden, policy, shared)
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
-    for rank_verdict in rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key):
+    analysed = settings.msprobe and settings.artifacts is not None  # msprobe is asked of a failing stage
+    for done, rank_verdict in enumerate(rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key), 1):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
+        if analysed and not rank_verdict.passed:
+            msprobe_worker.warm(size, left=len(jobs) - done)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()

@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import rank_pool, verdict_text
+from precision_harness.check import msprobe_worker, rank_pool, verdict_text
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare import compare_ahead, compare_stage
 from precision_harness.check.drift_origin import DriftOrigin, classify
@@ -29,7 +29,7 @@ from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
 from precision_harness.check.judgement import Judgement
 from precision_harness.check.metrics_compare import MetricsVerdict, compare_metrics
-from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer, analyze_failure
+from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer
 from precision_harness.check.msprobe_window import write_window
 from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.dumps import sampled_tokens
@@ -211,11 +211,12 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         text = verdict_text.stage_text(verdict, passing, rerecord=settings.rerecord)
         return Outcome(True, text, kind, verdict, seconds=time.perf_counter() - t0)
     artifacts = settings.item_artifacts(golden.step, golden.name)
-    answer = None
+    asked = None
     if settings.msprobe and artifacts is not None and target.ranks():
-        answer = _ask_msprobe(target, golden, verdict, artifacts, full=settings.msprobe_full)
+        asked = _ask_msprobe(target, golden, verdict, artifacts, full=settings.msprobe_full)
     shown = settings.shown(artifacts) if artifacts is not None else None
-    origin = classify(verdict, target, golden) if target.ranks() else None
+    origin = classify(verdict, target, golden) if target.ranks() else None  # while msprobe reads, in its worker
+    answer = asked.result() if asked is not None else None
     reading = verdict_text.Reading(
         origin=origin,
         changed=tuple(settings.changed),
@@ -244,10 +245,11 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
 
 def _ask_msprobe(
     target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path, *, full: bool
-) -> MsprobeAnswer:
+) -> msprobe_worker.Pending:
     """msprobe's table and first diff of a failing stage: over the window of its first divergent rank
     (:mod:`~precision_harness.check.msprobe_window`), or with ``full`` every failing rank whole; its graph for
-    L0/mix over the whole run stage either way."""
+    L0/mix over the whole run stage either way. Asked of a worker where one was started ahead of the stage
+    (:mod:`~precision_harness.check.msprobe_worker`), else here when the answer is asked for."""
     graph = golden.level in GRAPH_LEVELS
     window = None if full else write_window(target, golden, verdict, artifacts)
     if window is None:
@@ -255,17 +257,16 @@ def _ask_msprobe(
         target_dir = target.plain_dir(artifacts)
         plain = aligned_golden_dir(target_dir, golden.plain_dir(artifacts / "golden"), artifacts)
         tables = {rank: artifacts / f"compare_result_{rank}.csv" for rank in verdict.failing_ranks}
-        return analyze_failure(target_dir, plain, artifacts, graph=graph, tables=tables)
-    answer = analyze_failure(
+        return msprobe_worker.analyze(msprobe_worker.Job(target_dir, plain, artifacts, graph, tables=tables))
+    job = msprobe_worker.Job(
         window.target_dir,
         window.golden_dir,
         artifacts,
-        graph=graph,
+        graph,
         graph_of=target.plain_dir(artifacts) if graph else None,
         tables={window.rank: artifacts / f"compare_result_{window.rank}.csv"},
     )
-    answer.scope = window.line
-    return answer
+    return msprobe_worker.analyze(job, scope=window.line)
 
 
 def aligned_golden_dir(target_dir: Path, golden_dir: Path, artifacts: Path) -> Path:

@@ -59,6 +59,17 @@ def _import_msprobe_compare():
     return get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig
 
 
+def preload() -> None:
+    """Import what :func:`analyze_failure` runs of msprobe (its compare, first diff and result columns: pandas among
+    them), quietly; nothing where msprobe is not installed (:func:`analyze_failure` then says so in its answer).
+    A worker process ahead of its stage calls it (:mod:`~precision_harness.check.msprobe_worker`)."""
+    with contextlib.suppress(ImportError, ProbeUnavailableError), _quiet(io.StringIO()):
+        _import_msprobe_compare()
+        from msprobe.core.compare.diff_analyze.first_diff_analyze import FirstDiffAnalyze  # noqa: F401
+        from msprobe.core.compare.find_first.analyzer import DiffAnalyzer  # noqa: F401
+        from msprobe.core.compare.indicator_analysis.calculator import calculate_excel_result_df  # noqa: F401
+
+
 @dataclass
 class _Compared:
     """One rank pair through msprobe's compare: its mode, its two parses and ``compare_statistics``' table."""
