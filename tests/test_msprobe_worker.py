@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 from harness_testing import long_stage
@@ -20,17 +22,19 @@ from precision_harness.check.msprobe_worker import Job
 from precision_harness.check.tolerance import TolerancePolicy
 
 
-def _paying(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
+@pytest.fixture
+def paying(monkeypatch: pytest.MonkeyPatch):
     """Every failing rank with ranks left starts a worker (no size floor, two cores, not xdist, msprobe's compare
-    not imported here); the workers started, in order."""
+    not imported here); the workers started, in order, each stopped at the end."""
     monkeypatch.setattr(msprobe_worker, "MIN_WARM_BYTES", 0)
     monkeypatch.setattr(rank_pool, "cores", lambda: 2)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setattr(msprobe_worker, "_MSPROBE_COMPARE", "a_module_nobody_imported")
-    started: list[subprocess.Popen] = []
+    started: list[msprobe_worker._Worker] = []
     start = msprobe_worker._start
     monkeypatch.setattr(msprobe_worker, "_start", lambda: started.append(start()) or started[-1])
-    return started
+    yield started
+    msprobe_worker._stop_all()
 
 
 def _files(stage_art: Path) -> dict[str, bytes]:
@@ -43,23 +47,32 @@ def _files(stage_art: Path) -> dict[str, bytes]:
     }
 
 
-def test_a_failing_stage_asked_of_the_worker_reads_as_asked_here(tmp_path: Path, monkeypatch) -> None:
+def _settings(artifacts: Path) -> CheckSettings:
+    return CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=artifacts)
+
+
+def test_failing_stages_asked_of_the_worker_read_as_asked_here(tmp_path: Path, monkeypatch, request) -> None:
     run, golden = long_stage(tmp_path, factor=3.0)  # past DiffAnalyzer's threshold: msprobe names a first diff
-    here = check_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=tmp_path / "a"))
-    started = _paying(monkeypatch)
-    there = check_stage(run, golden, CheckSettings(scenario="s", policy=TolerancePolicy(), artifacts=tmp_path / "b"))
-    assert len(started) == 1 and started[0].returncode == 0  # warmed at rank0's failure, rank1 still to come
-    art_a, art_b = (tmp_path / side / "step_1" / "actor_update" for side in "ab")
-    assert f"({started[0].pid})" in (art_b / "msprobe.log").read_text()  # msprobe's log lines carry its pid
-    assert not (art_b / "msprobe_worker.log").exists()
-    assert there.text == here.text.replace(str(tmp_path / "a"), str(tmp_path / "b"))
-    assert _files(art_b) == {k: v.replace(str(tmp_path / "a").encode(), str(tmp_path / "b").encode()) for k, v in
-                             _files(art_a).items()}  # fmt: skip
-    assert "compare_result_rank1.csv" in _files(art_b)
-    answer_a, answer_b = here.msprobe, there.msprobe
-    assert answer_a.first_diff == {"rank1": "Functional.linear.450.forward"}
-    assert (answer_b.first_diff, answer_b.errors, answer_b.scope) == (answer_a.first_diff, [], answer_a.scope)
-    assert [p.relative_to(art_b) for p in answer_b.tables] == [p.relative_to(art_a) for p in answer_a.tables]
+    here = check_stage(run, golden, _settings(tmp_path / "a"))
+    started = request.getfixturevalue("paying")
+    there = [check_stage(run, golden, _settings(tmp_path / side)) for side in ("b", "c")]
+    assert len(started) == 1 and started[0].alive()  # warmed at rank0's failure, kept for the next stage
+    art_a = tmp_path / "a" / "step_1" / "actor_update"
+    for side, out in zip("bc", there, strict=True):
+        art = tmp_path / side / "step_1" / "actor_update"
+        assert f"({started[0].proc.pid})" in (art / "msprobe.log").read_text()  # msprobe's log lines carry its pid
+        assert not (art / "msprobe_worker.log").exists()
+        assert out.text == here.text.replace(str(tmp_path / "a"), str(tmp_path / side))
+        renamed = {k: v.replace(str(tmp_path / "a").encode(), str(tmp_path / side).encode()) for k, v in
+                   _files(art_a).items()}  # fmt: skip
+        assert _files(art) == renamed and "compare_result_rank1.csv" in renamed
+        assert here.msprobe.first_diff == {"rank1": "Functional.linear.450.forward"}
+        assert (out.msprobe.first_diff, out.msprobe.errors, out.msprobe.scope) == (
+            here.msprobe.first_diff,
+            [],
+            here.msprobe.scope,
+        )
+        assert [p.relative_to(art) for p in out.msprobe.tables] == [p.relative_to(art_a) for p in here.msprobe.tables]
 
 
 @pytest.mark.parametrize(
@@ -72,22 +85,36 @@ def test_a_failing_stage_asked_of_the_worker_reads_as_asked_here(tmp_path: Path,
 )
 def test_a_worker_that_gives_no_answer_leaves_msprobe_asked_here(dumps, tmp_path: Path, code: str, log: bool) -> None:
     run, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=37.5))
-    job = Job(run, golden, tmp_path / "here", graph=False)
-    expected = job.run()
-    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-    stand_in = subprocess.Popen([sys.executable, "-c", code], **pipes)
-    if code == "pass":
-        stand_in.wait()
-    msprobe_worker._warm = stand_in
-    msprobe_worker._started.append(stand_in)
-    job = Job(run, golden, tmp_path / "there", graph=False)
-    answer = msprobe_worker.analyze(job, scope="window").result()
+    expected = Job(run, golden, tmp_path / "here", graph=False).run()
+    with tempfile.TemporaryFile() as err:
+        stand_in = subprocess.Popen([sys.executable, "-c", code], stdin=PIPE, stdout=PIPE, stderr=err)
+        if code == "pass":
+            stand_in.wait()
+        msprobe_worker._worker = msprobe_worker._Worker(stand_in, err)
+        answer = msprobe_worker.analyze(Job(run, golden, tmp_path / "there", graph=False), scope="window").result()
+        assert msprobe_worker._worker is None  # a worker that failed, or had gone, is forgotten
     assert answer.first_diff == expected.first_diff != {} and answer.errors == [] and answer.scope == "window"
     assert f"({os.getpid()})" in (tmp_path / "there" / "msprobe.log").read_text()  # asked in this process
     worker_log = tmp_path / "there" / "msprobe_worker.log"
     assert worker_log.is_file() == log
     assert not log or worker_log.read_text().rstrip().endswith(f"exit {stand_in.returncode}")
-    assert stand_in.poll() is not None and stand_in not in msprobe_worker._started
+    assert stand_in.poll() is not None
+
+
+def test_an_answer_never_collected_is_not_read_as_the_next_stages(dumps, tmp_path: Path, paying) -> None:
+    """A check that stopped between handing a stage over and reading its answer (an error in between): the next
+    stage's answer is its own, asked here, and the worker owing the old one is stopped."""
+    stages = {
+        api: dumps(tmp_path / api, lambda d, api=api: d[api]["output"][0].update(Norm=37.5))
+        for api in ("Functional.linear.0.forward", "Functional.softmax.0.forward")
+    }
+    msprobe_worker.warm(1, 1)
+    (first, (run_a, golden_a)), (second, (run_b, golden_b)) = stages.items()
+    msprobe_worker.analyze(Job(run_a, golden_a, tmp_path / "a", graph=False))  # never collected
+    answer = msprobe_worker.analyze(Job(run_b, golden_b, tmp_path / "b", graph=False)).result()
+    assert answer.first_diff == {"rank0": second} != {"rank0": first}
+    assert f"({os.getpid()})" in (tmp_path / "b" / "msprobe.log").read_text()
+    assert len(paying) == 1 and not paying[0].alive() and msprobe_worker._worker is None
 
 
 @pytest.mark.parametrize(
@@ -105,11 +132,11 @@ def test_a_worker_starts_only_where_it_pays(monkeypatch, why: str, size: int, le
     started: list[str] = []
 
     class Warm:
-        def poll(self):
-            return None
+        def alive(self) -> bool:
+            return True
 
     monkeypatch.setattr(msprobe_worker, "_start", lambda: started.append(why) or Warm())
-    monkeypatch.setattr(msprobe_worker, "_warm", None)
+    monkeypatch.setattr(msprobe_worker, "_worker", None)
     monkeypatch.setattr(rank_pool, "cores", lambda: 1 if why == "one core" else 2)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     if why == "an xdist worker":
@@ -129,7 +156,7 @@ def test_no_worker_outlives_its_process(tmp_path: Path, exit_call: str) -> None:
         "import os, sys; from precision_harness.check import msprobe_worker as w; "
         "w.MIN_WARM_BYTES = 0; w._MSPROBE_COMPARE = 'a_module_nobody_imported'; "
         "w.rank_pool.cores = lambda: 2; os.environ.pop('PYTEST_XDIST_WORKER', None); "
-        f"w.warm(1, 1); print(w._warm.pid, flush=True); {exit_call}"
+        f"w.warm(1, 1); print(w._worker.proc.pid, flush=True); {exit_call}"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     pid = int(done.stdout.split()[0])

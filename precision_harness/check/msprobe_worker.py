@@ -3,10 +3,11 @@
 Importing msprobe's compare takes about 0.7 s (pandas, and the tensorboard stub msprobe's ``__init__`` loads): as
 long as comparing a 30,000-call rank. In this process it could only come after the ranks, since a thread importing
 it holds the GIL the rank compare needs. So where a large stage's rank fails and other ranks are still to be
-compared (:func:`warm`), a worker process is started that imports msprobe on the other core; :func:`analyze` then
-hands it the stage's window and the gate goes on (where the change entered) while msprobe reads.
+compared (:func:`warm`), a worker process is started that imports msprobe on another core; :func:`analyze` then
+hands it the stage's window, and the gate goes on (where the change entered) while msprobe reads. The worker stays
+for the check's next failing stages, one at a time: msprobe is imported once a process, as it was here.
 
-The worker pays where its import hides behind work left here:
+A worker is started where its import hides behind work left here:
 
 - the stage's run dumps are at least :data:`MIN_WARM_BYTES` (sized as
   :func:`~precision_harness.check.rank_pool.dump_bytes`, indexed goldens counted at their share);
@@ -14,12 +15,13 @@ The worker pays where its import hides behind work left here:
 - this machine gives the process two cores or more, and it is not a pytest-xdist worker (xdist fills the cores);
 - msprobe's compare is not imported here already (then asking it here costs no import).
 
-Otherwise, and wherever the worker fails to answer (it died, its answer does not read), msprobe is asked in this
-process, as :func:`~precision_harness.check.msprobe_tools.analyze_failure` always was: the answer is the same
-either way (``tests/test_msprobe_worker.py``).
+Otherwise msprobe is asked in this process, as :func:`~precision_harness.check.msprobe_tools.analyze_failure`
+always was, and so wherever the worker gives no answer (it died, its answer does not read: its standard error goes
+to ``<out_dir>/msprobe_worker.log``). The answer and msprobe's files are the same either way
+(``tests/test_msprobe_worker.py``).
 
-A worker serves one stage, then exits. One that is started and never handed a stage exits when its standard input
-closes (this process's end), and is killed at exit (``atexit``): no worker outlives its check.
+No worker outlives its process: it is killed at exit (``atexit``), and one whose process ends without exit handlers
+reads the end of its standard input and exits.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
-import precision_harness
 from precision_harness.check import rank_pool
 from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure, preload
 
@@ -41,9 +44,6 @@ from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure
 MIN_WARM_BYTES = 8 << 20
 #: a module of msprobe's compare: imported here, asking msprobe here costs no import
 _MSPROBE_COMPARE = "msprobe.core.compare.acc_compare"
-
-_warm: subprocess.Popen | None = None
-_started: list[subprocess.Popen] = []
 
 
 @dataclass(frozen=True)
@@ -82,28 +82,71 @@ class Job:
         return cls(**paths, graph=bool(fields["graph"]), tables=tables)
 
 
+@dataclass
+class _Worker:
+    """A worker process and its standard error (a temporary file: a pipe left unread could fill and stall it)."""
+
+    proc: subprocess.Popen
+    err: IO[bytes]
+    owed: bool = False  #: a job was handed over whose answer was not read (its stage's check stopped early)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, job: Job) -> bool:
+        """Hand ``job`` over; False where the worker cannot take it (it has gone)."""
+        try:
+            self.proc.stdin.write(job.line())
+            self.proc.stdin.flush()
+        except OSError:
+            return False
+        self.owed = True
+        return True
+
+    def answer(self) -> MsprobeAnswer | None:
+        """The answer to the job handed over last; None where none reads (the worker died, or wrote something
+        else)."""
+        self.owed = False
+        try:
+            return _answer_of(json.loads(self.proc.stdout.readline()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def stop(self) -> bytes:
+        """Kill the worker (where it runs) and reap it; its standard error and exit code, as its log reads them."""
+        if self.alive():
+            self.proc.kill()
+        self.proc.communicate()
+        self.err.seek(0)
+        log = self.err.read() + f"\nexit {self.proc.returncode}\n".encode()
+        self.err.close()
+        return log
+
+
+_worker: _Worker | None = None
+
+
 def warm(size: int, left: int) -> None:
     """Start a worker importing msprobe where it pays (module docstring): a rank of a stage of ``size`` bytes failed
-    and ``left`` ranks are still to be compared here. One worker at a time; one already warm is kept."""
-    global _warm
-    if _warm is not None and _warm.poll() is None:
+    and ``left`` ranks are still to be compared here. One worker a process; one already running is kept."""
+    global _worker
+    if _live() is not None:
         return
     if left < 1 or size < MIN_WARM_BYTES or _MSPROBE_COMPARE in sys.modules:
         return
     if rank_pool.cores() < 2 or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    _warm = _start()
+    _worker = _start()
 
 
 class Pending:
     """msprobe's answer on one stage, on its way: from the worker, else asked here when :meth:`result` is called."""
 
-    def __init__(self, job: Job, worker: subprocess.Popen | None, scope: str) -> None:
+    def __init__(self, job: Job, worker: _Worker | None, scope: str) -> None:
         self.job, self._worker, self._scope = job, worker, scope
 
     def result(self) -> MsprobeAnswer:
-        """The answer (its ``scope`` set); waits for the worker, or asks msprobe here where there is none or it
-        gave no answer (its standard error then goes to ``<out_dir>/msprobe_worker.log``)."""
+        """The answer (its ``scope`` set): the worker's, else asked here (module docstring)."""
         answer = self._from_worker() if self._worker is not None else None
         if answer is None:
             answer = self.job.run()
@@ -112,62 +155,52 @@ class Pending:
 
     def _from_worker(self) -> MsprobeAnswer | None:
         worker, self._worker = self._worker, None
-        out, err = worker.communicate()
-        _started.remove(worker)
-        try:
-            if worker.returncode == 0:
-                return _answer_of(json.loads(out))
-        except (ValueError, KeyError, TypeError):
-            pass
-        self.job.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.job.out_dir / "msprobe_worker.log").write_bytes(err + f"\nexit {worker.returncode}\n".encode())
-        return None
+        answer = worker.answer()
+        if answer is None:
+            log = _retire(worker)
+            self.job.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.job.out_dir / "msprobe_worker.log").write_bytes(log)
+        return answer
 
 
 def analyze(job: Job, *, scope: str = "") -> Pending:
-    """Hand ``job`` to the warm worker (it starts reading at once), or keep it to be asked here; ``scope`` is what
-    msprobe read, as the verdict says it (:attr:`MsprobeAnswer.scope`)."""
-    global _warm
-    worker, _warm = _warm, None
-    if worker is not None:
-        try:
-            worker.stdin.write(job.line())
-            worker.stdin.flush()
-        except (BrokenPipeError, OSError):
-            _stop(worker)
-            worker = None
+    """Hand ``job`` to the worker where one runs (it starts reading at once), else keep it to be asked here;
+    ``scope`` is what msprobe read, as the verdict says it (:attr:`MsprobeAnswer.scope`)."""
+    worker = _live()
+    if worker is not None and (worker.owed or not worker.ask(job)):  # an answer owed would be read as this job's
+        _retire(worker)
+        worker = None
     return Pending(job, worker, scope)
 
 
-def _start() -> subprocess.Popen:
-    source = str(Path(precision_harness.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", __name__],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    if not _started:
-        atexit.register(_stop_all)
-    _started.append(worker)
-    return worker
+def _start() -> _Worker:
+    """A worker: this interpreter on this module, with this process's environment and folder (so it imports the
+    same precision_harness)."""
+    err = tempfile.TemporaryFile()  # noqa: SIM115 (the worker holds it: _Worker.stop closes it)
+    proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+    atexit.unregister(_stop_all)  # registered once, however many workers a process starts in turn
+    atexit.register(_stop_all)
+    return _Worker(proc, err)
 
 
-def _stop(worker: subprocess.Popen) -> None:
-    if worker.poll() is None:
-        worker.kill()
-    worker.communicate()
-    if worker in _started:
-        _started.remove(worker)
+def _live() -> _Worker | None:
+    """The worker, where it runs; one that has gone is reaped and forgotten."""
+    if _worker is not None and not _worker.alive():
+        _retire(_worker)
+    return _worker
+
+
+def _retire(worker: _Worker) -> bytes:
+    """Stop ``worker`` and forget it; its log (:meth:`_Worker.stop`)."""
+    global _worker
+    if _worker is worker:
+        _worker = None
+    return worker.stop()
 
 
 def _stop_all() -> None:
-    global _warm
-    _warm = None
-    for worker in list(_started):
-        _stop(worker)
+    if _worker is not None:
+        _retire(_worker)
 
 
 def _answer_of(fields: dict) -> MsprobeAnswer:
@@ -181,21 +214,19 @@ def _answer_of(fields: dict) -> MsprobeAnswer:
 
 
 def _serve() -> int:
-    """The worker: import msprobe, read one job from standard input, write its answer as JSON to standard output
-    (anything else written there goes to standard error). No job (standard input closed): exit."""
-    answer_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    """The worker: import msprobe, then for each job read from standard input (a line), its answer as a line of JSON
+    on standard output (anything else written there goes to standard error); at the end of the input, exit."""
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     preload()
-    line = sys.stdin.buffer.readline()
-    if not line.strip():
-        return 0
-    answer = Job.read(line).run()
-    answer_out.write(json.dumps({k: v for k, v in asdict(answer).items() if k != "scope"}, default=str))
-    answer_out.close()
+    while line := sys.stdin.buffer.readline():
+        answer = Job.read(line).run()
+        answers.write(json.dumps({k: v for k, v in asdict(answer).items() if k != "scope"}, default=str) + "\n")
+        answers.flush()
     sys.stderr.flush()
-    # the gate waits on this exit: an interpreter's teardown with pandas and msprobe loaded takes 0.1 s, to free
-    # memory the system takes back anyway (everything it wrote is closed above)
+    # its process is ending (or killed it): an interpreter's teardown with pandas and msprobe loaded takes 0.1 s, to
+    # free memory the system takes back anyway (every answer is flushed above)
     os._exit(0)
 
 
