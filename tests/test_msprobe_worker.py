@@ -34,7 +34,7 @@ def paying(monkeypatch: pytest.MonkeyPatch):
     start = msprobe_worker._start
     monkeypatch.setattr(msprobe_worker, "_start", lambda: started.append(start()) or started[-1])
     yield started
-    msprobe_worker._stop_all()
+    msprobe_worker._stop_worker()
 
 
 def _files(stage_art: Path) -> dict[str, bytes]:

@@ -40,6 +40,11 @@ class CheckSettings:
         """The command that reruns ``key`` alone, or None."""
         return self.rerun(key) if self.rerun is not None else None
 
+    @property
+    def asks_msprobe(self) -> bool:
+        """msprobe is asked of a failing stage: :attr:`msprobe` is on and there are artifacts to write its answer to."""
+        return self.msprobe and self.artifacts is not None
+
     def item_artifacts(self, step: int, stage: str) -> Path | None:
         """``<artifacts>/step_<n>/<stage>``, or None where the settings keep no artifacts."""
         return self.artifacts / f"step_{step}" / stage if self.artifacts is not None else None

@@ -269,11 +269,10 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         return verdict
     key, jobs, size = _stage_jobs(target, golden, policy, shared)
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
-    analysed = settings.msprobe and settings.artifacts is not None  # msprobe is asked of a failing stage
     for done, rank_verdict in enumerate(rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key), 1):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
-        if analysed and not rank_verdict.passed:
+        if settings.asks_msprobe and not rank_verdict.passed:
             msprobe_worker.warm(size, left=len(jobs) - done)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = placed(verdict.code_paths, target)

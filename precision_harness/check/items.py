@@ -212,7 +212,7 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         return Outcome(True, text, kind, verdict, seconds=time.perf_counter() - t0)
     artifacts = settings.item_artifacts(golden.step, golden.name)
     asked = None
-    if settings.msprobe and artifacts is not None and target.ranks():
+    if settings.asks_msprobe and target.ranks():
         asked = _ask_msprobe(target, golden, verdict, artifacts, full=settings.msprobe_full)
     shown = settings.shown(artifacts) if artifacts is not None else None
     origin = classify(verdict, target, golden) if target.ranks() else None  # while msprobe reads, in its worker

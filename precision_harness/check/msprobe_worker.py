@@ -70,9 +70,7 @@ class Job:
 
     def line(self) -> bytes:
         """The job as the worker reads it: one line of JSON, paths as strings."""
-        fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
-        fields["tables"] = {rank: str(path) for rank, path in self.tables.items()}
-        return json.dumps(fields).encode() + b"\n"
+        return json.dumps(asdict(self), default=str).encode() + b"\n"
 
     @classmethod
     def read(cls, line: bytes) -> Job:
@@ -178,8 +176,8 @@ def _start() -> _Worker:
     same precision_harness)."""
     err = tempfile.TemporaryFile()  # noqa: SIM115 (the worker holds it: _Worker.stop closes it)
     proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-    atexit.unregister(_stop_all)  # registered once, however many workers a process starts in turn
-    atexit.register(_stop_all)
+    atexit.unregister(_stop_worker)  # registered once, however many workers a process starts in turn
+    atexit.register(_stop_worker)
     return _Worker(proc, err)
 
 
@@ -198,7 +196,7 @@ def _retire(worker: _Worker) -> bytes:
     return worker.stop()
 
 
-def _stop_all() -> None:
+def _stop_worker() -> None:
     if _worker is not None:
         _retire(_worker)
 
