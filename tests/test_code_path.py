@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 from harness_testing import api, tensor, write_dump
@@ -13,9 +14,11 @@ from test_pairing import rope
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import Leaving
 from precision_harness.check.drift_origin import OriginKind
+from precision_harness.check.drift_profile import DriftProfile
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.items import check_stage
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.verdict_text import code_path_line
 from precision_harness.dumps.stage import DirStage
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 
@@ -185,3 +188,45 @@ def test_a_dtype_change_of_a_value_from_outside_the_stage_stays_upstream(tmp_pat
 
     out = check(tmp_path, stream(weights), stream(mask))
     assert out.origin.kind is OriginKind.UPSTREAM and out.origin.producer is None
+
+
+def _record(out) -> ItemRecord:
+    out.environment = UPGRADE  # as check_items gives every item of the pair
+    return ItemRecord.from_outcome(
+        out, nodeid="scenarios/grpo_tiny.yaml::actor_compute_log_prob[step_1]", scenario="grpo_tiny", step=1,
+        stage="actor_compute_log_prob",
+    )  # fmt: skip
+
+
+def test_an_infinite_paired_ratio_is_never_within_tolerance(tmp_path: Path) -> None:
+    """A changed code path and, after it, an intermediate built with another shape (the older transformers' causal
+    mask): the shape's ratio is infinite. The stage fails, and its code path line says the paired values are beyond
+    tolerance, not "within tolerance (worst infx)", and offers no re-record."""
+    target = rope(new=True)
+    target["data"]["Tensor.sin.0.forward"]["output"][0]["shape"] = [1, 4, 18, 8]
+    out = check(tmp_path, rope(new=False), target)
+    assert not out.passed and out.verdict.profile.max_ratio() == math.inf
+    line = _record(out).code_path["line"]
+    assert "within tolerance" not in line and "re-record" not in line, line
+    assert line.endswith(
+        "; paired values beyond tolerance (worst ratio inf: a dtype, shape or finiteness changed, or an exact value "
+        "moved), the values leaving the changed calls identical"
+    ), line
+    assert "within tolerance (worst inf" not in out.text
+    [summary] = [line for line in PrecisionReport(mode="check", records=[_record(out)]).lines if "code path" in line]
+    assert "re-record" not in summary and summary.endswith("1 fail elsewhere: their verdicts say why)"), summary
+
+
+def test_a_nan_or_infinite_worst_ratio_reads_beyond_tolerance_and_is_never_offered_a_re_record(tmp_path: Path) -> None:
+    out = check(tmp_path, rope(new=False), rope(new=True))
+    assert out.passed
+    for worst in (math.nan, math.inf, 2.5):
+        out.verdict.profile = DriftProfile([("rank0", 0, "Tensor.cos.0.forward.output.0", worst)])
+        line = code_path_line(out.verdict, UPGRADE, rerecord=RERECORD)
+        assert "within tolerance" not in line and "re-record" not in line, line
+        assert "paired values beyond tolerance (worst " in line, line
+    out.verdict.profile = DriftProfile([("rank0", 0, "Tensor.cos.0.forward.output.0", 0.5)])
+    line = code_path_line(out.verdict, UPGRADE, rerecord=RERECORD)
+    assert "every paired value within tolerance (worst 0.5x)" in line and line.endswith(
+        f"re-record to refresh: {RERECORD}"
+    )

@@ -180,31 +180,35 @@ def _upstream(d):
     d["Functional.linear.0.forward"]["input_args"][0].update(Max=1.5)
 
 
-def test_upstream_drift_on_a_machine_whose_other_stages_held_leads_with_where_not_the_cpu(dumps, tmp_path) -> None:
+def test_upstream_drift_on_a_machine_whose_other_stages_held_names_the_environment_first(dumps, tmp_path) -> None:
+    """The environment's line comes first in every failing verdict; where other stages held, it says it alone
+    does not explain the drift, and where the change entered follows it."""
     lines = _text(dumps, tmp_path, _upstream, environment=CPU, identical_elsewhere=9)
-    assert lines[1].startswith("  change entered    the change is upstream of actor_update")
-    env = next(i for i, line in enumerate(lines) if "environment differs" in line)
-    first = next(i for i, line in enumerate(lines) if "first divergence" in line)
-    assert env > first, lines  # after the evidence: it does not steer
-    assert lines[env].endswith(
+    assert lines[1].startswith("  environment differs from the golden's: CPU AMD EPYC -> Intel Xeon (amx_bf16)")
+    assert lines[1].endswith(
         "alone it does not explain this drift: 9 other stage dump(s) of this run are identical to their goldens on "
         "this machine"
     )
+    assert lines[2].startswith("  change entered    the change is upstream of actor_update")
+    assert sum("environment differs" in line for line in lines) == 1
 
 
-def test_an_api_computing_differently_on_a_changed_machine_names_the_environment_next(dumps, tmp_path) -> None:
-    """No other stage held on this machine: the environment is the first suspect, right after where it entered."""
+def test_an_api_computing_differently_on_a_changed_machine_names_the_environment_first(dumps, tmp_path) -> None:
     lines = _text(
         dumps, tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5), environment=CPU
     )
-    assert lines[1].startswith("  change entered    this API computes differently now")
-    assert lines[2] == "  environment differs from the golden's: CPU AMD EPYC -> Intel Xeon (amx_bf16)"
+    assert lines[1] == "  environment differs from the golden's: CPU AMD EPYC -> Intel Xeon (amx_bf16)"
+    assert lines[2].startswith("  change entered    this API computes differently now")
 
 
-def test_a_changed_setting_explains_before_anything_else(dumps, tmp_path) -> None:
-    lines = _text(dumps, tmp_path, _upstream, changed=("actor_rollout_ref.actor.optim.lr: 0.001 -> 0.002",))
+def test_a_changed_setting_explains_before_anything_else_but_the_environment(dumps, tmp_path) -> None:
+    changed = ("actor_rollout_ref.actor.optim.lr: 0.001 -> 0.002",)
+    lines = _text(dumps, tmp_path, _upstream, changed=changed)
     assert lines[1] == "  setting changed   actor_rollout_ref.actor.optim.lr: 0.001 -> 0.002"
     assert lines[2].startswith("  change entered ")
+    lines = _text(dumps, tmp_path / "env", _upstream, changed=changed, environment=CPU)
+    assert lines[1] == "  environment differs from the golden's: CPU AMD EPYC -> Intel Xeon (amx_bf16)"
+    assert lines[2] == "  setting changed   actor_rollout_ref.actor.optim.lr: 0.001 -> 0.002"
 
 
 def test_the_judgement_line_follows_the_classification(dumps, tmp_path) -> None:

@@ -73,13 +73,10 @@ def _check(tmp_path: Path, env: EnvironmentDiff, mutate=None) -> list:
     ]
 
 
-def _suspect(lines: list[str]) -> str:
-    """The first line after the headline, where the change entered and its judgement: the first suspect."""
-    return next(line for line in lines[1:] if not line.startswith(("  change entered ", "  judgement ")))
-
-
 def _environment(lines: list[str]) -> str:
-    return next(line for line in lines if line.startswith("  environment "))
+    """The environment's line: the first after the headline."""
+    assert lines[1].startswith("  environment "), lines
+    return lines[1]
 
 
 #: what a verdict adds where other stages of the same run held on this machine
@@ -87,16 +84,16 @@ HELD = "; alone it does not explain this drift: 9 other stage dump(s) of this ru
 
 
 def test_failing_verdict_names_the_environment_first(tmp_path: Path) -> None:
-    """A stage's verdict says where the change entered, then (an API computing differently, nothing else held on
-    this machine) the environment as the first suspect; the metrics' verdict names it after the headline."""
+    """A stage's and the metrics' verdict name the environment first after the headline; the stage's then says
+    where the change entered."""
     stage, metrics = _check(tmp_path, EnvironmentDiff.between(ENV, TORCH_UP), _drift)
     assert not stage.passed and not metrics.passed
-    for out, at in ((stage, 2), (metrics, 1)):
+    for out in (stage, metrics):
         lines = out.text.splitlines()
-        assert "beyond tolerance" in lines[0]  # the headline, then what explains the drift
-        assert lines[at] == ENV_LINE, out.text
+        assert "beyond tolerance" in lines[0]  # the headline, then the environment
+        assert lines[1] == ENV_LINE, out.text
         assert out.environment.differs
-    assert stage.text.splitlines()[1].startswith("  change entered    this API computes differently now")
+    assert stage.text.splitlines()[2].startswith("  change entered    this API computes differently now")
 
 
 def test_passing_verdict_and_same_environment_say_nothing(tmp_path: Path) -> None:
@@ -165,7 +162,6 @@ def test_same_model_keeps_same_device_rules_and_names_the_upgrade(gate) -> None:
     assert not out.passed and out.kind is OutcomeKind.COMPARED
     # the run's nine other stage dumps are identical to the golden's on this machine: named, not the suspect
     assert _environment(out.text.splitlines()).startswith(ENV_LINE + HELD)
-    assert _suspect(out.text.splitlines()).startswith("  first divergence ")
 
 
 def test_cpu_models_are_not_device_models(gate) -> None:
@@ -202,7 +198,7 @@ def test_compare_applies_cross_device_rules_to_another_model(tmp_path: Path, cap
     assert main(["compare", str(upgraded), str(golden), *artifacts]) == 1
     out = capsys.readouterr().out.splitlines()
     failing = next(i for i, line in enumerate(out) if line.startswith("FAIL actor_update @ step_1"))
-    assert _suspect(out[failing:]) == ENV_LINE  # one stage compared alone: nothing else held
+    assert _environment(out[failing:]) == ENV_LINE  # one stage compared alone: nothing else held
 
 
 # ----------------------------------------------------------------------- report and summary
@@ -347,7 +343,7 @@ def test_gate_names_the_environment_in_verdict_summary_report_and_junit(
     failing.assert_outcomes(passed=1, failed=1)
     out = failing.outlines
     head = next(i for i, line in enumerate(out) if line.startswith("actor_update @ step_2, rank0: 1 of "))
-    # step 1 is identical on this machine: the environment is named, after the evidence
+    # step 1 is identical on this machine: the environment is named first, with what that shows
     assert fnmatch.fnmatch(_environment(out[head:]), f"  {env_line}; alone it does not explain this drift: 1 *")
     failing.stdout.fnmatch_lines(
         ["environment differs from the golden's (python 3.10.0 -> *): 1 failed item(s) name it"]

@@ -2,9 +2,10 @@
 
 :func:`stage_text` follows the layout users read in CI logs (see README, "A failing stage reads
 like this"): the headline with counts and tolerance, then the lines by what explains the drift (a
-setting that changed, where the change entered and its judgement, the environment when it is a
-first suspect), the evidence (first divergence, largest drift, always-failures), msprobe's answer
-where it adds something, artifacts, rerun.
+setting that changed, where the change entered and its judgement), the evidence (first divergence,
+largest drift, always-failures), msprobe's answer where it adds something, artifacts, rerun. A
+failing verdict whose environment differs from the golden's says so first, right after its headline:
+an upgrade is what a user runs the gate for, and which software moved is read before anything else.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from precision_harness.check.code_path import CodePathChange, describe
 from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
-from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.drift_origin import DriftOrigin
 from precision_harness.check.drift_set import Drift
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.metrics_compare import MetricsVerdict
@@ -113,17 +114,6 @@ class Reading:
             )
         return line
 
-    @property
-    def environment_explains(self) -> bool:
-        """Whether the environment is a first suspect: it differs, nothing exonerates it, and the change entered
-        in the stage itself (an API computing differently, a changed code path), not in what the stage was given."""
-        inside = self.origin is None or self.origin.kind in (
-            OriginKind.API,
-            OriginKind.UNRECORDED,
-            OriginKind.CODE_PATH,
-        )
-        return self.environment.differs and not self.exonerates_environment and inside
-
 
 def _label(label: str, text: str) -> str:
     return f"  {label:<18}{text}"
@@ -139,12 +129,12 @@ def stage_text(
 ) -> str:
     """The verdict of one stage, as in the README's "A failing stage reads like this".
 
-    After the headline, the lines go by what explains the drift: a changed setting, where the change
-    entered (``change entered``) and its judgement, the environment when it is a first suspect, then
+    After the headline come the environment's difference from the golden's (with, where other stages
+    of the run held on this machine, that it alone does not explain the drift), then what explains the
+    drift: a changed setting, where the change entered (``change entered``) and its judgement, then
     the evidence (first divergence, largest drift, always-failures, changed code paths), msprobe's
-    answer where it adds something, the environment when it does not explain the drift alone,
-    artifacts and the rerun line. A passing stage whose code path changed says so (``rerecord``: the
-    command that refreshes the golden).
+    answer where it adds something, artifacts and the rerun line. A passing stage whose code path changed
+    says so (``rerecord``: the command that refreshes the golden).
     """
     reading = reading or Reading()
     ranks = ", ".join(v.ranks) or "rank0"
@@ -173,12 +163,12 @@ def stage_text(
         lines = [
             f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
         ]
+    environment = reading.environment_line()
+    if environment:
+        lines.append(f"  {environment}")
     lines += _explanations(reading)
     lines += _evidence(v)
     lines += [_label(label, text) for label, text in msprobe_rows(reading)]
-    environment = reading.environment_line()
-    if environment and not reading.environment_explains:
-        lines.append(f"  {environment}")
     if artifacts is not None:
         lines.append(_label("artifacts", f"{artifacts}/"))
     if rerun:
@@ -187,19 +177,12 @@ def stage_text(
 
 
 def _explanations(reading: Reading) -> list[str]:
-    """A changed setting, where the change entered and its judgement, the environment when it is a first suspect."""
+    """A changed setting, where the change entered and its judgement."""
     lines = [_label("setting changed", line) for line in reading.changed]
-    environment = reading.environment_line()
-    # a changed code path comes from the software stack: the environment's difference is named before it
-    code_path = reading.origin is not None and reading.origin.kind is OriginKind.CODE_PATH
-    if environment and reading.environment_explains and code_path:
-        lines.append(f"  {environment}")
     if reading.origin is not None:
         lines.append(_label(ORIGIN_LABEL, reading.origin.summary))
     if reading.judgement:
         lines.append(_label(JUDGEMENT_LABEL, reading.judgement))
-    if environment and reading.environment_explains and not code_path:
-        lines.append(f"  {environment}")
     return lines
 
 
@@ -242,21 +225,38 @@ def _evidence(v: StageVerdict) -> list[str]:
 
 
 def code_path_line(v: StageVerdict, environment: EnvironmentDiff, *, rerecord: str | None = None) -> str | None:
-    """What a passing stage says of its changed code paths: the likely cause (the software that differs from the
-    golden's), what changed and where, how its paired values compare, how to refresh. None: nothing changed."""
+    """What a stage says of its changed code paths: the likely cause (the software that differs from the
+    golden's), what changed and where, how its paired values compare, and, where the stage passes with every
+    value within tolerance, how to refresh (a failing stage's verdict says why it fails: no re-record is
+    offered). None: nothing changed."""
     if not v.code_paths:
         return None
     software = "; ".join(map(str, environment.software))
     cause = f"{software} changed the code path" if software else "the code path changed"
     paired = v.profile.max_ratio()
     leaving = max(c.ratio for c in v.code_paths)
-    values = f"every paired value {_within(paired)}, the values leaving the changed calls {_within(leaving)}"
+    values = f"{_values('every paired value', 'paired values', paired)}, " + _values(
+        "the values leaving the changed calls", "the values leaving the changed calls", leaving
+    )
+    if not (v.passed and paired <= 1 and leaving <= 1):  # NaN compares False: never offered a re-record
+        return f"{cause}: {describe(v.code_paths)}; {values}"
     again = f": {rerecord}" if rerecord else ""
     return f"{cause}: {describe(v.code_paths)}; {values}; re-record to refresh{again}"
 
 
-def _within(ratio: float) -> str:
-    return "identical" if ratio == 0 else f"within tolerance (worst {ratio:.3g}x)"
+def _values(every: str, some: str, ratio: float) -> str:
+    """How values compare by their worst tolerance ratio: ``every`` value identical or within tolerance, else
+    ``some`` beyond it. A non-finite ratio (a dtype, shape or finiteness that changed, an exact value that moved;
+    NaN, which no comparison orders) is never within tolerance."""
+    if ratio == 0:
+        return f"{every} identical"
+    if ratio <= 1:
+        return f"{every} within tolerance (worst {ratio:.3g}x)"
+    if math.isfinite(ratio):
+        return f"{some} beyond tolerance (worst {ratio:.3g}x)"
+    return (
+        f"{some} beyond tolerance (worst ratio {ratio}: a dtype, shape or finiteness changed, or an exact value moved)"
+    )
 
 
 def msprobe_rows(reading: Reading) -> list[tuple[str, str]]:

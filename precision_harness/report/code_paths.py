@@ -23,6 +23,7 @@ MAX_CHANGES = 20
 
 class _Record(Protocol):
     scenario: str
+    passed: bool
     code_path: dict[str, Any] | None
 
 
@@ -52,9 +53,13 @@ def code_path_lines(records: Iterable[_Record]) -> Iterator[str]:
         more = len(names) - MAX_NAMED
         whom = ", ".join(names[:MAX_NAMED]) + (f" and {more} more" if more > 0 else "")
         differ = sum(r.code_path["failing"] > 0 for r in found if r.code_path is not None)
+        failed = sum(not r.passed for r in found)
+        match = "the values leaving the changed calls match the golden's"
         if differ:
             how = f"in {differ} the values leaving the changed calls differ from the golden's: their verdicts say how"
+        elif failed:  # a re-record would erase what fails them
+            how = f"{match}; {failed} fail elsewhere: their verdicts say why"
         else:
-            how = "the values leaving the changed calls match the golden's; re-record to refresh"
+            how = f"{match}; re-record to refresh"
         head = f"{cause} changed the code path" if cause else "the code path changed"
         yield f"{head} in {len(found)} stage dump(s) of {whom}: {'; '.join(what)} ({how})"
