@@ -350,10 +350,10 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
     the log-prob stages of step 1 pass; actor_update[step_1] fails, and its verdict leads with where the change
     entered, upstream of actor_update (its input, the advantages, is the first value that differs: at level auto
     the stage input Stage.advantages, invisible to its L0 dump, and in its rerun to step 1 at L1, the localisation,
-    the loss's input, the first API of the update the advantages moved). It names the environment only after the
-    evidence, as not explaining the drift alone: the run's other stage dumps are bit-identical to their goldens on
-    this machine. No replay: nothing to judge at an API. (Issue 31's level-auto plant and issue 29's verdict order,
-    one verl run and its localisation.)
+    the loss's input, the first API of the update the advantages moved). The environment's line comes first, as in
+    every failing item, and says it does not explain the drift alone: the run's other stage dumps are bit-identical
+    to their goldens on this machine. No replay: nothing to judge at an API. (Issue 31's level-auto plant and
+    issue 52's verdict order, one verl run and its localisation.)
     """
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
     example = tmp_path / "verl_cpu"
@@ -383,15 +383,17 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
     assert passed <= set(outcomes), out[-4000:]
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("actor_update @ step_1, rank0 ("))
+    assert lines[head + 1].startswith("  environment differs"), out[-4000:]
     # level auto: the L0 verdict's first differing value is the stage input the gate takes from verl's batch
-    assert lines[head + 1].startswith(
+    assert lines[head + 2].startswith(
         "  change entered    the change is upstream of actor_update: its input Stage.advantages.0.forward.input.0 "
         "is the first value that differs"
     ), out[-4000:]
     assert re.search(r"first divergence\s+rank\d\s+Stage\.advantages\.0\.forward\.input\.0", out), out[-4000:]
     # and its L1 localisation names the first API input that differs: the advantages entering the loss
     localized = next(i for i, line in enumerate(lines) if line.startswith("  localized at L1 (rerun to step_1, "))
-    assert lines[localized + 2].startswith(
+    entered = next(line for line in lines[localized + 1 : localized + 6] if line.startswith("    change entered "))
+    assert entered.startswith(
         "    change entered    the change is upstream of actor_update: its input Tensor.__mul__.23.forward.input.0 "
         "is the first value that differs"
     ), out[-4000:]
@@ -401,7 +403,7 @@ def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_c
     assert first_at_l1 and not first_at_l1.group(2).startswith("Stage."), out[-4000:]
     verdict = lines[head : next(i for i in range(head, len(lines)) if lines[i].startswith("  rerun "))]
     environment = next(i for i, line in enumerate(verdict) if line.startswith("  environment differs"))
-    assert environment > next(i for i, line in enumerate(verdict) if line.startswith("  first divergence "))
+    assert environment == 1 < next(i for i, line in enumerate(verdict) if line.startswith("  first divergence "))
     assert "CPU Intel Xeon Platinum 8480+ (amx_bf16) -> AMD EPYC" in verdict[environment]
     assert re.search(
         r"alone it does not explain this drift: \d+ other stage dump\(s\) of this run are identical",
