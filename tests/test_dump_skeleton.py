@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,12 +67,8 @@ def dump_bytes(data: dict) -> bytes:
 
 
 def golden_dumps(golden: Golden) -> Iterator[tuple[str, bytes]]:
-    """``(rank, dump.json bytes)`` of every rank of ``golden``'s step 1 (of every step in the nightly run: step 2's
-    dumps hold step 1's calls, other values)."""
-    every_step = os.environ.get("PRECISION_NIGHTLY") == "1"
+    """``(rank, dump.json bytes)`` of every rank of ``golden``, at every step."""
     for step, stage in sorted(golden.stages()):
-        if step > 1 and not every_step:
-            continue
         source = golden.stage(step, stage)
         for rank in source.ranks():
             content = source.content(rank)
