@@ -16,7 +16,8 @@ precision_harness (a wheel, or an editable install's ``.pth`` file or finder) ar
 :func:`main` puts it first on ``sys.path`` where the installed one is not that same folder, so the worker imports the
 caller's code. What the installation itself loads at start-up (a ``sitecustomize.py`` in the standard library or
 site-packages, a ``.pth`` file there) is loaded, as it is by every process of that installation: it is the
-environment under test, not a patch of the run.
+environment under test, not a patch of the run. ``-E`` drops ``PYTHONHASHSEED`` too: the replay's figures are torch's
+arithmetic on the captured tensors, which no string hash orders.
 
 This file is run as a script (its path), so it imports nothing of precision_harness before ``SRC`` is placed.
 """
