@@ -163,6 +163,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         artifacts=artifacts,
         environment=environment,
         msprobe_full=opts.msprobe_full,
+        msprobe_timeout=opts.msprobe_timeout,
         progress=bar.set_postfix_str,
     )
     report = PrecisionReport(mode="compare")

@@ -24,6 +24,9 @@ GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 WORKER_MODES = ("warm", "fresh")
 JUDGEMENT_MODES = ("replay", "off")
+#: seconds msprobe's worker has to answer on a failing stage (precision_harness.check.msprobe_worker): its reading of
+#: a 60,000-call window takes under a second, so this is only ever reached by a worker that hangs
+MSPROBE_TIMEOUT_S = 600
 
 
 def _path_or_none(value: Any) -> Path | None:
@@ -204,6 +207,16 @@ OPTIONS: tuple[Option, ...] = (
         convert=_flag,
     ),
     Option(
+        "msprobe-timeout",
+        "seconds msprobe's worker process has to answer on a failing stage before it is killed and the verdict says "
+        f"msprobe did not answer, its log kept in the stage's artifacts (default {MSPROBE_TIMEOUT_S}; 0: no limit; "
+        "--precision-msprobe-full over a large model's dumps may need more)",
+        default=str(MSPROBE_TIMEOUT_S),
+        pytest="ini",
+        cli=("compare",),
+        convert=_timeout,
+    ),
+    Option(
         "timeout",
         "seconds a scenario run may take (0: no limit)",
         default="0",
@@ -244,6 +257,8 @@ class PrecisionOptions:
     allow_skip: bool = field(default=_default("allow-skip"))
     #: msprobe's table and first diff over every failing rank, whole (check.msprobe_window)
     msprobe_full: bool = field(default=_default("msprobe-full"))
+    #: seconds msprobe's worker has to answer on a failing stage (None: no limit; check.msprobe_worker)
+    msprobe_timeout: float | None = field(default=_default("msprobe-timeout"))
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory
     worker_id: str | None = None

@@ -460,6 +460,7 @@ class PrecisionSession:
             environment=st.environment or EnvironmentDiff(),
             identical_elsewhere=self._identical(st, golden, run),
             msprobe_full=self.options.msprobe_full,
+            msprobe_timeout=self.options.msprobe_timeout,
             progress=self.on_progress,
         )
 

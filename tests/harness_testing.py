@@ -105,6 +105,42 @@ def hooks_env(**variables: str) -> dict[str, str]:
     return {"PYTHONPATH": path, **variables}
 
 
+#: a run's own patch of torch, as a user's ``sitecustomize.py`` on ``PYTHONPATH`` would bring it: the function
+#: ``torch.nn.functional.{name}`` computes {scale} times its result, patched right after that module's first import
+#: (so a process that never imports torch, as pytest's, stays torch-free)
+PATCHING_SITECUSTOMIZE = """
+import importlib.abc, importlib.machinery, sys
+
+
+class _Patching(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path) if name == "torch.nn.functional" else None
+        if spec is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            original = module.{name}
+            module.{name} = lambda *args, **kwargs: original(*args, **kwargs) * {scale!r}
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Patching())
+"""
+
+
+def patching_site(folder: Path, name: str, scale: float = 1.0 + 1e-4) -> Path:
+    """``folder`` holding a ``sitecustomize.py`` that patches ``torch.nn.functional.<name>`` to compute ``scale``
+    times its result (:data:`PATCHING_SITECUSTOMIZE`): put it on ``PYTHONPATH``, as a run that patches torch at the
+    Python level does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(PATCHING_SITECUSTOMIZE.format(name=name, scale=scale))
+    return folder
+
+
 def run_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``precision-harness ARGS`` (``python -m precision_harness.cli``) in a subprocess, ``env`` over this one's."""
     return subprocess.run(

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import base_data, tensor, write_dump
+from harness_testing import base_data, patching_site, tensor, write_dump
 
 from precision_harness.check import replay
 from precision_harness.check.check_settings import CheckSettings
@@ -25,6 +26,7 @@ from precision_harness.check.drift_origin import classify
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.rows import rows
 from precision_harness.dumps.stage import DirStage
+from precision_harness.runs import isolated, warm, warm_shared
 from precision_harness.runs.api_replay import launch, msprobe_acc, names
 
 
@@ -140,6 +142,21 @@ def test_the_worker_replays_a_captured_linear_and_says_why_not_a_dropout(capture
     assert (tmp_path / launch.ANSWER).is_file() and (tmp_path / launch.LOG).is_file()
 
 
+def test_the_reference_is_torchs_own_where_the_run_patched_the_api(
+    capture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's PYTHONPATH holds a sitecustomize that patches ``torch.nn.functional.linear`` to compute 1e-4 off:
+    the float64 replay, asked for warm where this test session's shared warm servers are up, is torch's own linear,
+    so the captured output, which torch's own linear computed, meets its standard. Before: the replay was forked
+    from a server that had loaded the patch (a fresh one inherited it too), and held torch's output 1e-4 away from
+    its reference."""
+    monkeypatch.setenv("PYTHONPATH", str(patching_site(tmp_path / "site", "linear")))
+    call = {"api": "Functional.linear.1.forward", "output": "Functional.linear.1.forward.output.0"}
+    (linear,) = launch.replay_calls(capture, [call], out_dir=tmp_path / "replay", timeout=300, warm=True)
+    assert linear["replayable"] and linear["standard"]["passed"], linear
+    assert 0 < linear["new"]["max_abs"] < 1e-5
+
+
 def test_a_fused_npu_op_is_replayed_through_msprobes_cpu_bench_function(tmp_path: Path) -> None:
     """npu_rms_norm's output (here msprobe's own bench function in bf16) against its float64 replay."""
     rank = tmp_path / "step0" / "rank0"
@@ -149,6 +166,24 @@ def test_a_fused_npu_op_is_replayed_through_msprobes_cpu_bench_function(tmp_path
     (result,) = launch.replay_calls(rank, [call], out_dir=tmp_path / "replay", timeout=300)
     assert result["replayable"], result.get("reason")
     assert result["dtype"] == "torch.bfloat16" and result["standard"]["passed"], result["standard"]
+
+
+def test_no_warm_server_that_loaded_start_up_code_serves_the_replay(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The session's own warm server (no shared ones) started from an environment with a PYTHONPATH imported what is
+    there at start-up: the replay is not forked from it."""
+    monkeypatch.delenv(warm_shared.DIR_ENV, raising=False)
+    monkeypatch.setattr(warm, "_server_env", {"OMP_NUM_THREADS": "1"})
+    monkeypatch.setattr(warm, "_server_start_up", isolated.start_up_code({"PYTHONPATH": "/somewhere/patches"}))
+    assert warm._server_start_up == "PYTHONPATH=/somewhere/patches" and warm.started() is None
+    monkeypatch.setattr(warm, "_server_start_up", isolated.start_up_code({}))
+    assert warm.started() is not None
+    monkeypatch.setenv(warm_shared.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(warm_shared.OWNER_ENV, str(os.getpid()))
+    assert warm.started() == warm_shared.SharedServers(tmp_path.resolve(), os.getpid())
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/patches")
+    assert warm.started() is None  # shared servers: one for this environment would load it too
 
 
 def test_a_failing_worker_is_one_line_naming_its_log(tmp_path: Path) -> None:

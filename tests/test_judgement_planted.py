@@ -39,6 +39,15 @@ dropped_bias           ``linear_nobias`` (q_proj's bias, which step 1   ``regres
                        grpo_tiny step 2
 =====================  ==============================================  ===============================================
 
+Issue 53's plant, a run's own patch of torch at the Python level, which the float64 replay must not take for the
+truth (it reads ``improvement`` where the replay loads the patch too):
+
+=====================  ==============================================  ===============================================
+patched_silu           a ``sitecustomize.py`` on ``PYTHONPATH`` that   ``regression`` at ``Functional.silu``
+                       patches ``torch.nn.functional.silu`` to
+                       compute 1e-4 off; grpo_tiny, committed golden
+=====================  ==============================================  ===============================================
+
 Each case runs one pytest session in a project of its own and selects one item (the run is whole; only
 the item's compare and msprobe's analysis are spared).
 """
@@ -46,6 +55,7 @@ the item's compare and msprobe's analysis are spared).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -53,7 +63,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harness_testing import CHROMIUM, DATA, TINY, chromium_dom, hooks_env, run_pytest
+from harness_testing import CHROMIUM, DATA, TINY, chromium_dom, hooks_env, patching_site, run_pytest
 
 from precision_harness.schemas import load_schema
 
@@ -90,8 +100,8 @@ def _project(root: Path, scenario: Path, *, golden: str | None = None, extra: st
     return root
 
 
-def _gate(root: Path, item: str, plant: str | None, *args: str) -> Gate:
-    env = hooks_env(PRECISION_TEST_PLANT=plant) if plant else None
+def _gate(root: Path, item: str, plant: str | None, *args: str, env: dict[str, str] | None = None) -> Gate:
+    env = hooks_env(PRECISION_TEST_PLANT=plant) if plant else env
     proc = run_pytest(root, "-k", item, "--precision-report", "rep", "--junitxml", "junit.xml", *args, env=env)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     doc = json.loads((root / "rep" / "report.json").read_text())
@@ -184,6 +194,15 @@ def gelu_tanh(tmp_path_factory: pytest.TempPathFactory) -> Gate:
 def dropped_bias(tmp_path_factory: pytest.TempPathFactory) -> Gate:
     root = _project(tmp_path_factory.mktemp("bias"), ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny")
     return _gate(root, "actor_compute_log_prob and step_2", "linear_nobias")
+
+
+@pytest.fixture(scope="module")
+def patched_silu(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    root = tmp_path_factory.mktemp("silu")
+    site = patching_site(root / "site", "silu")
+    _project(root / "project", ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    return _gate(root / "project", "actor_compute_log_prob and step_1", None, env={"PYTHONPATH": path})
 
 
 def _said_everywhere(gate: Gate, verdict: str, api: str) -> str:
@@ -289,6 +308,12 @@ def test_no_planted_loss_is_acquitted(
     """Issue 36's count over its plants: 0 read equivalent or improvement (a re-record would erase each)."""
     verdicts = {name: g.judgement["verdict"] for name, g in locals().items() if isinstance(g, Gate)}
     assert len(verdicts) == 5 and set(verdicts.values()) <= {"regression", "undecided"}, verdicts
+
+
+def test_a_function_the_run_patched_is_judged_against_torchs_own(patched_silu: Gate) -> None:
+    """Before: "improvement ... more precise now ... Review and re-record the golden" (the replay loaded the patch)."""
+    line = _said_everywhere(patched_silu, "regression", "Functional.silu.0.forward")
+    assert "x what this op costs in float32 (fails " in line and "keep the golden" in line, line
 
 
 def test_report_markdown_and_html_carry_the_judgement(regression: Gate) -> None:

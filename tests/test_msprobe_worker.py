@@ -5,10 +5,12 @@ asked here."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from subprocess import PIPE
 
@@ -20,6 +22,7 @@ from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.items import check_stage
 from precision_harness.check.msprobe_worker import Job
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.dumps.stage import DirStage
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def test_failing_stages_asked_of_the_worker_read_as_asked_here(tmp_path: Path, m
 @pytest.mark.parametrize(
     ("code", "log"),
     [
-        ("pass", False),  # gone before its job: the job cannot be handed over
+        ("pass", True),  # gone before its job: the job cannot be handed over (its log was dropped before issue 53)
         ("import sys; sys.stdin.readline(); sys.exit(3)", True),  # took its job and died
         ("import sys; sys.stdin.readline(); print('not json')", True),  # an answer that does not read
     ],
@@ -99,6 +102,34 @@ def test_a_worker_that_gives_no_answer_leaves_msprobe_asked_here(dumps, tmp_path
     assert worker_log.is_file() == log
     assert not log or worker_log.read_text().rstrip().endswith(f"exit {stand_in.returncode}")
     assert stand_in.poll() is not None
+
+
+#: a worker that takes its job and never answers, as a hung msprobe would (its log says it took the job)
+HUNG = "import sys, time; sys.stdin.readline(); print('reading', file=sys.stderr, flush=True); time.sleep(600)"
+
+
+def test_a_worker_that_does_not_answer_in_time_is_killed_and_the_verdict_says_so(dumps, tmp_path: Path) -> None:
+    """The stage's verdict says msprobe did not answer in one line; the worker is killed, its log kept in the stage's
+    artifacts, and msprobe is not asked here. Before issue 53: the gate waited on the worker for ever."""
+    run, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Norm=37.5))
+    settings = replace(_settings(tmp_path / "art"), msprobe_timeout=0.5)
+    with tempfile.TemporaryFile() as err:
+        stand_in = subprocess.Popen([sys.executable, "-c", HUNG], stdin=PIPE, stdout=PIPE, stderr=err)
+        msprobe_worker._worker = msprobe_worker._Worker(stand_in, err)
+        try:
+            out = check_stage(DirStage(run), DirStage(golden), settings)
+        finally:
+            stand_in.kill()
+            stand_in.wait()
+        assert msprobe_worker._worker is None and stand_in.returncode == -signal.SIGKILL
+    art = tmp_path / "art" / "step_1" / "actor_update"
+    line = "did not answer within 0.5 s (precision_msprobe_timeout): its worker was killed, its log kept as "
+    assert out.msprobe.errors == [line + "msprobe_worker.log in this stage's artifacts"]
+    assert out.msprobe.first_diff == {} and not (art / "msprobe.log").exists()  # not asked here
+    assert [ln.strip() for ln in out.text.splitlines() if line in ln] == [f"msprobe           {line}" + (
+        "msprobe_worker.log in this stage's artifacts")]  # fmt: skip
+    log = (art / msprobe_worker.LOG).read_text()
+    assert log.startswith("reading") and log.rstrip().endswith(f"exit {-signal.SIGKILL}")
 
 
 def test_an_answer_never_collected_is_not_read_as_the_next_stages(dumps, tmp_path: Path, paying) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.options import MSPROBE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class CheckSettings:
     #: msprobe's table and first diff of every failing rank, whole; else the first divergent rank's window
     #: (:mod:`precision_harness.check.msprobe_window`)
     msprobe_full: bool = False
+    #: seconds msprobe's worker has to answer on a failing stage, else it is killed and the verdict says so (None: no
+    #: limit; :mod:`precision_harness.check.msprobe_worker`)
+    msprobe_timeout: float | None = float(MSPROBE_TIMEOUT_S)
     #: called with a line per rank of a long stage compare (:class:`~precision_harness.progress.RankProgress`)
     progress: Callable[[str], None] | None = None
     #: the target's environment against the golden's: a failing verdict names it, first where it is a suspect

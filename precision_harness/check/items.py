@@ -213,7 +213,7 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     artifacts = settings.item_artifacts(golden.step, golden.name)
     asked = None
     if settings.asks_msprobe and target.ranks():
-        asked = _ask_msprobe(target, golden, verdict, artifacts, full=settings.msprobe_full)
+        asked = _ask_msprobe(target, golden, verdict, artifacts, settings)
     shown = settings.shown(artifacts) if artifacts is not None else None
     origin = classify(verdict, target, golden) if target.ranks() else None  # while msprobe reads, in its worker
     answer = asked.result() if asked is not None else None
@@ -244,20 +244,22 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
 
 
 def _ask_msprobe(
-    target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path, *, full: bool
+    target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path, settings: CheckSettings
 ) -> msprobe_worker.Pending:
     """msprobe's table and first diff of a failing stage: over the window of its first divergent rank
-    (:mod:`~precision_harness.check.msprobe_window`), or with ``full`` every failing rank whole; its graph for
-    L0/mix over the whole run stage either way. Asked of a worker where one was started ahead of the stage
-    (:mod:`~precision_harness.check.msprobe_worker`), else here when the answer is asked for."""
-    graph = golden.level in GRAPH_LEVELS
-    window = None if full else write_window(target, golden, verdict, artifacts)
+    (:mod:`~precision_harness.check.msprobe_window`), or with ``settings.msprobe_full`` every failing rank whole; its
+    graph for L0/mix over the whole run stage either way. Asked of a worker where one was started ahead of the stage
+    (:mod:`~precision_harness.check.msprobe_worker`; ``settings.msprobe_timeout`` seconds to answer), else here when
+    the answer is asked for."""
+    graph, timeout = golden.level in GRAPH_LEVELS, settings.msprobe_timeout
+    window = None if settings.msprobe_full else write_window(target, golden, verdict, artifacts)
     if window is None:
         # msprobe's tools read plain files, and pair by name: the golden goes to them aligned to the run's calls
         target_dir = target.plain_dir(artifacts)
         plain = aligned_golden_dir(target_dir, golden.plain_dir(artifacts / "golden"), artifacts)
         tables = {rank: artifacts / f"compare_result_{rank}.csv" for rank in verdict.failing_ranks}
-        return msprobe_worker.analyze(msprobe_worker.Job(target_dir, plain, artifacts, graph, tables=tables))
+        job = msprobe_worker.Job(target_dir, plain, artifacts, graph, tables=tables)
+        return msprobe_worker.analyze(job, timeout=timeout)
     job = msprobe_worker.Job(
         window.target_dir,
         window.golden_dir,
@@ -266,7 +268,7 @@ def _ask_msprobe(
         graph_of=target.plain_dir(artifacts) if graph else None,
         tables={window.rank: artifacts / f"compare_result_{window.rank}.csv"},
     )
-    return msprobe_worker.analyze(job, scope=window.line)
+    return msprobe_worker.analyze(job, scope=window.line, timeout=timeout)
 
 
 def aligned_golden_dir(target_dir: Path, golden_dir: Path, artifacts: Path) -> Path:

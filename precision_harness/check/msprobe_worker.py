@@ -16,9 +16,14 @@ A worker is started where its import hides behind work left here:
 - msprobe's compare is not imported here already (then asking it here costs no import).
 
 Otherwise msprobe is asked in this process, as :func:`~precision_harness.check.msprobe_tools.analyze_failure`
-always was, and so wherever the worker gives no answer (it died, its answer does not read: its standard error goes
-to ``<out_dir>/msprobe_worker.log``). The answer and msprobe's files are the same either way
-(``tests/test_msprobe_worker.py``).
+always was, and so wherever the worker gives no answer (it had gone before the stage was handed over, it died, its
+answer does not read). The answer and msprobe's files are the same either way (``tests/test_msprobe_worker.py``).
+
+A worker that has not answered a stage ``timeout`` seconds after it was handed over (``precision_msprobe_timeout``,
+``--msprobe-timeout``; :data:`~precision_harness.options.MSPROBE_TIMEOUT_S` by default) is killed, and the stage's
+answer is one error line, "did not answer within N s": msprobe is not asked again here, where the same reading could
+hang the gate itself. Whenever a worker is stopped for want of an answer, its standard error and exit code are kept
+as ``<out_dir>/msprobe_worker.log`` (:data:`LOG`), in the stage's artifacts.
 
 No worker outlives its process: it is killed at exit (``atexit``), and one whose process ends without exit handlers
 reads the end of its standard input and exits.
@@ -29,9 +34,11 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -44,6 +51,16 @@ from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure
 MIN_WARM_BYTES = 8 << 20
 #: a module of msprobe's compare: imported here, asking msprobe here costs no import
 _MSPROBE_COMPARE = "msprobe.core.compare.acc_compare"
+#: a stopped worker's standard error and exit code, in the artifacts of the stage it gave no answer for
+LOG = "msprobe_worker.log"
+
+
+class NoAnswer(Exception):
+    """The worker gave no answer to the job handed over: it ended, or wrote something that does not read."""
+
+
+class Timeout(NoAnswer):
+    """The worker did not answer within its time."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,7 @@ class _Worker:
     proc: subprocess.Popen
     err: IO[bytes]
     owed: bool = False  #: a job was handed over whose answer was not read (its stage's check stopped early)
+    _read: bytes = b""  #: what was read of the worker's standard output past the last answer's line
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -101,14 +119,40 @@ class _Worker:
         self.owed = True
         return True
 
-    def answer(self) -> MsprobeAnswer | None:
-        """The answer to the job handed over last; None where none reads (the worker died, or wrote something
-        else)."""
+    def answer(self, deadline: float | None = None) -> MsprobeAnswer:
+        """The answer to the job handed over last, read by ``deadline`` (``time.monotonic()``; None: no limit).
+
+        Raises:
+            Timeout: no whole line came by ``deadline``.
+            NoAnswer: the worker ended first, or its line is not an answer.
+        """
         self.owed = False
         try:
-            return _answer_of(json.loads(self.proc.stdout.readline()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+            return _answer_of(json.loads(self._line(deadline)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise NoAnswer(f"its answer does not read: {exc}") from None
+
+    def _line(self, deadline: float | None) -> bytes:
+        """The worker's next line of standard output, read from its descriptor (``select`` waits on that: data kept in
+        the file object's buffer would not wake it).
+
+        Raises:
+            Timeout: ``deadline`` passed first. NoAnswer: the output ended first.
+        """
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._read:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and (left <= 0 or not select.select([fd], [], [], left)[0]):
+                raise Timeout("no answer in time")
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError as exc:
+                raise NoAnswer(str(exc)) from None
+            if not chunk:
+                raise NoAnswer("it ended")
+            self._read += chunk
+        line, _, self._read = self._read.partition(b"\n")
+        return line
 
     def stop(self) -> bytes:
         """Kill the worker (where it runs) and reap it; its standard error and exit code, as its log reads them."""
@@ -126,9 +170,10 @@ _worker: _Worker | None = None
 
 def warm(size: int, left: int) -> None:
     """Start a worker importing msprobe where it pays (module docstring): a rank of a stage of ``size`` bytes failed
-    and ``left`` ranks are still to be compared here. One worker a process; one already running is kept."""
+    and ``left`` ranks are still to be compared here. One worker a process; one already started is kept, and one that
+    has gone stays until the next stage is handed over, whose artifacts keep its log (:func:`analyze`)."""
     global _worker
-    if _live() is not None:
+    if _worker is not None:
         return
     if left < 1 or size < MIN_WARM_BYTES or _MSPROBE_COMPARE in sys.modules:
         return
@@ -140,11 +185,13 @@ def warm(size: int, left: int) -> None:
 class Pending:
     """msprobe's answer on one stage, on its way: from the worker, else asked here when :meth:`result` is called."""
 
-    def __init__(self, job: Job, worker: _Worker | None, scope: str) -> None:
-        self.job, self._worker, self._scope = job, worker, scope
+    def __init__(self, job: Job, worker: _Worker | None, scope: str, timeout: float | None = None) -> None:
+        self.job, self._worker, self._scope, self._timeout = job, worker, scope, timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
 
     def result(self) -> MsprobeAnswer:
-        """The answer (its ``scope`` set): the worker's, else asked here (module docstring)."""
+        """The answer (its ``scope`` set): the worker's, else asked here (module docstring); a worker past its time
+        gives an answer of one error line."""
         answer = self._from_worker() if self._worker is not None else None
         if answer is None:
             answer = self.job.run()
@@ -153,22 +200,35 @@ class Pending:
 
     def _from_worker(self) -> MsprobeAnswer | None:
         worker, self._worker = self._worker, None
-        answer = worker.answer()
-        if answer is None:
-            log = _retire(worker)
-            self.job.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.job.out_dir / "msprobe_worker.log").write_bytes(log)
-        return answer
+        try:
+            return worker.answer(self._deadline)
+        except Timeout:
+            _keep_log(self.job, _retire(worker))
+            why = f"did not answer within {self._timeout:g} s (precision_msprobe_timeout): its worker was killed, "
+            return MsprobeAnswer(errors=[why + f"its log kept as {LOG} in this stage's artifacts"])
+        except NoAnswer:
+            _keep_log(self.job, _retire(worker))
+            return None
 
 
-def analyze(job: Job, *, scope: str = "") -> Pending:
+def _keep_log(job: Job, log: bytes) -> None:
+    """A stopped worker's log, in the artifacts of the stage it gave no answer for (:data:`LOG`)."""
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    (job.out_dir / LOG).write_bytes(log)
+
+
+def analyze(job: Job, *, scope: str = "", timeout: float | None = None) -> Pending:
     """Hand ``job`` to the worker where one runs (it starts reading at once), else keep it to be asked here;
-    ``scope`` is what msprobe read, as the verdict says it (:attr:`MsprobeAnswer.scope`)."""
-    worker = _live()
-    if worker is not None and (worker.owed or not worker.ask(job)):  # an answer owed would be read as this job's
+    ``scope`` is what msprobe read, as the verdict says it (:attr:`MsprobeAnswer.scope`); ``timeout``: seconds the
+    worker has to answer from now (None: no limit). A worker that had gone leaves its log in ``job``'s artifacts."""
+    worker = _worker
+    if worker is not None and worker.owed:  # an answer owed would be read as this job's
         _retire(worker)
         worker = None
-    return Pending(job, worker, scope)
+    elif worker is not None and not (worker.alive() and worker.ask(job)):
+        _keep_log(job, _retire(worker))
+        worker = None
+    return Pending(job, worker, scope, timeout)
 
 
 def _start() -> _Worker:
@@ -179,13 +239,6 @@ def _start() -> _Worker:
     atexit.unregister(_stop_worker)  # registered once, however many workers a process starts in turn
     atexit.register(_stop_worker)
     return _Worker(proc, err)
-
-
-def _live() -> _Worker | None:
-    """The worker, where it runs; one that has gone is reaped and forgotten."""
-    if _worker is not None and not _worker.alive():
-        _retire(_worker)
-    return _worker
 
 
 def _retire(worker: _Worker) -> bytes:

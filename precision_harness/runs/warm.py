@@ -31,7 +31,7 @@ import threading
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from precision_harness.runs import warm_shared
+from precision_harness.runs import isolated, warm_shared
 
 #: what the server imports once (the worker's heavy imports; nothing here builds a device context)
 PRELOAD = (
@@ -54,6 +54,9 @@ RUNNER = "precision_harness.runs.runner.__main__"
 
 _lock = threading.Lock()
 _server_env: dict[str, str] | None = None
+#: what the server's interpreter may have loaded at start-up that an isolated one does not
+#: (:func:`~precision_harness.runs.isolated.start_up_code`), read from this process's environment when it started
+_server_start_up: str | None = None
 
 
 def context_for(determinism: dict[str, str]) -> BaseContext | warm_shared.SharedServers | None:
@@ -84,7 +87,9 @@ def _start_server(determinism: dict[str, str]) -> None:
     are set around its start. Only those keys change, and only to the values every run of this
     environment gets anyway, so another thread starting a process meanwhile sees a whole environment.
     """
+    global _server_start_up
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+    _server_start_up = isolated.start_up_code(os.environ)
     saved = {key: os.environ.get(key) for key in determinism}
     os.environ.update(determinism)
     try:
@@ -98,17 +103,23 @@ def _start_server(determinism: dict[str, str]) -> None:
 
 
 def started() -> BaseContext | warm_shared.SharedServers | None:
-    """The forkserver context if this process started the warm server already (whatever its environment), else None.
+    """The forkserver context if this process started the warm server already (whatever its determinism environment)
+    and it loaded no start-up code an isolated interpreter leaves out, else None.
 
     The replay worker takes it where it exists: its figures do not depend on the server's thread settings
     (it pins one thread itself), and starting a server for it alone would cost what a fresh process does.
-    Where ``PRECISION_WARM_DIR`` is set, the shared servers: one for its environment may be up already.
+    A server that imported a ``sitecustomize`` from ``PYTHONPATH`` or the user's site-packages
+    (:func:`~precision_harness.runs.isolated.start_up_code`) may have patched what the replay is the reference
+    for, so it is never taken. Where ``PRECISION_WARM_DIR`` is set, the shared servers, when this process's
+    environment carries no such code (a server for the replay's environment is started with it).
     """
     shared = warm_shared.configured()
     if shared is not None:
-        return shared
+        return shared if isolated.start_up_code(os.environ) is None else None
     with _lock:
-        return multiprocessing.get_context("forkserver") if _server_env is not None else None
+        if _server_env is None or _server_start_up is not None:
+            return None
+        return multiprocessing.get_context("forkserver")
 
 
 def run_child(argv: list[str], env: dict[str, str], log_path: str, module: str = RUNNER) -> None:

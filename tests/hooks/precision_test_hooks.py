@@ -33,7 +33,7 @@ Two variables choose them; unset, every patched function does exactly what it di
   default generator reseeded by :data:`DROPOUT_SEED_SHIFT`: another mask for the same input),
   ``softmax_bf16`` (``softmax(x, dim, dtype=torch.float32)`` on bf16 ``x`` computed in bf16, as a kernel that
   ignores the upcast would: eager attention's), ``gelu_tanh`` (``gelu(x)`` computed as
-  ``gelu(x, approximate="tanh")`` in Qwen2's MLP only, not in the replay; with ``gelu`` too, that activation is
+  ``gelu(x, approximate="tanh")`` in Qwen2's MLP only; with ``gelu`` too, that activation is
   ``gelu`` in place of ``silu``, the golden's side of that plant), ``linear_nobias`` (``linear(x, w, b)``
   without ``b`` in a no-grad ``forward_log_prob``: the log-prob stages, not the update or the rollout).
   In the runner's stages, under msprobe: ``gather_index`` (each row's labels rotated by one position before
@@ -54,7 +54,8 @@ How a hook reaches a run: a test puts this folder on ``PYTHONPATH`` (:func:`harn
 for the processes it starts; this folder's ``sitecustomize.py`` calls :func:`install` at interpreter
 start-up, which patches each module of :data:`PATCHES` right after it is first imported (a worker,
 a warm server, a Ray rank, and each of verl's processes: Ray passes ``PYTHONPATH`` on to them).
-Nothing here imports torch until a runner module is imported.
+The judgement's float64 replay never loads them (``precision_harness.runs.isolated``): a plant is judged against
+what torch computes. Nothing here imports torch until a runner module is imported.
 """
 
 from __future__ import annotations
@@ -423,24 +424,13 @@ def _patch_distributed_c10d(c10d: ModuleType) -> None:
     c10d.all_reduce = planted_all_reduce
 
 
-def _in_replay() -> bool:
-    """Whether the judgement's CPU replay (precision_harness.runs.api_replay) is the caller: a device kernel's plant
-    stays on the device; the CPU reference that judges it computes what torch computes."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if str(frame.f_globals.get("__name__", "")).startswith("precision_harness.runs.api_replay"):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _patch_functional(functional: ModuleType) -> None:
     """``dropout_rng``: the default generator reseeded before each dropout (no op msprobe records);
     ``fused_attention``: SDPA computed from q, k and v rounded through bfloat16 (no op msprobe records)."""
     dropout, sdpa = functional.dropout, functional.scaled_dot_product_attention
 
     def planted_sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        if planted("fused_attention") and not _in_replay():
+        if planted("fused_attention"):
             import torch
 
             query, key, value = (_unhooked_round(t, torch.bfloat16) for t in (query, key, value))

@@ -3,8 +3,13 @@
 The worker runs with the CPU determinism environment of one thread
 (:func:`~precision_harness.runs.runner.devices.determinism_env`) and pins one thread itself, so the
 baseline's reduction order is the same wherever the gate runs; the calling process never imports
-torch. Where the session's warm server is up (:mod:`precision_harness.runs.warm`), the worker is
-forked from it, with torch and msprobe's acc_check already imported; else it is a fresh interpreter.
+torch.
+
+Its float64 replay is the reference the run's output is judged against, so it loads none of the run's
+start-up code (:mod:`precision_harness.runs.isolated`): it is a fresh ``python -I`` interpreter, without the
+run's ``PYTHONPATH`` (where a ``sitecustomize.py`` may patch torch) or the user's site-packages. Only where the
+session's warm server loaded none of that either (:func:`precision_harness.runs.warm.started`) is the worker
+forked from it, with torch and msprobe's acc_check already imported.
 """
 
 from __future__ import annotations
@@ -12,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
+from precision_harness.runs import isolated
 from precision_harness.runs import warm as warm_mod
 from precision_harness.runs.runner.devices import determinism_env
 
@@ -31,7 +36,8 @@ def replay_calls(
 ) -> list[dict]:
     """Replay ``calls`` (``{"api", "output"}``) of the capture in ``rank_dir``; one result per call, in order.
 
-    Request, answer and log go to ``out_dir``; ``warm``: fork the worker from the warm server when it is up.
+    Request, answer and log go to ``out_dir``; ``warm``: fork the worker from the warm server when it is up and
+    loaded no start-up code of the run (module docstring).
 
     Raises:
         RunFailedError: the worker exited non-zero or passed ``timeout`` seconds.
@@ -40,12 +46,13 @@ def replay_calls(
     request, answer, log = out_dir / REQUEST, out_dir / ANSWER, out_dir / LOG
     request.write_text(json.dumps({"rank_dir": str(rank_dir), "calls": calls}, indent=1), encoding="utf-8")
     answer.unlink(missing_ok=True)
-    env = {**os.environ, **determinism_env("cpu", 1)}
-    src = str(Path(__file__).resolve().parents[3])  # this checkout of precision_harness
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env = isolated.environment({**os.environ, **determinism_env("cpu", 1)})
     argv = [str(request), str(answer)]
     context = warm_mod.started() if warm else None
-    code = _forked(context, argv, env, log, timeout) if context is not None else _fresh(argv, env, log, timeout)
+    if context is not None:  # a server that loaded no start-up code of the run: this checkout first, as a run's
+        code = _forked(context, argv, {**env, "PYTHONPATH": isolated.SRC}, log, timeout)
+    else:
+        code = _fresh(argv, env, log, timeout)
     if code != 0 or not answer.is_file():
         raise RunFailedError(f"the replay worker exited with {code} (log: {display_path(log)})")
     results: list[dict[str, Any]] = json.loads(answer.read_text(encoding="utf-8"))["calls"]
@@ -57,7 +64,7 @@ def _timed_out(timeout: float | None, log: Path) -> RunFailedError:
 
 
 def _fresh(argv: list[str], env: dict[str, str], log: Path, timeout: float | None) -> int:
-    command = [sys.executable, "-m", MODULE.removesuffix(".__main__"), *argv]
+    command = isolated.command(MODULE.removesuffix(".__main__"), argv)
     with open(log, "wb") as fh:
         try:
             proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False)
