@@ -164,6 +164,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         environment=environment,
         msprobe_full=opts.msprobe_full,
         progress=bar.set_postfix_str,
+        allow_uncompared=opts.allow_uncompared,
     )
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):
