@@ -290,11 +290,14 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
 
     The stage's name and step come from ``golden``. Where every shared rank's digest equals the
-    golden's, the verdict is ``identical`` and its count is the golden's recorded one.
+    golden's, the verdict is ``identical`` and its count is the golden's recorded one. Either way its
+    :attr:`~StageVerdict.coverage` counts what the golden's ranks hold (read as columns where identical: the rows
+    msprobe recorded no statistic of are found so) and what was compared (:mod:`~precision_harness.check.coverage`).
 
     Raises:
         GoldenCorruptError: a dump on either side is unreadable.
-        ProbeUnavailableError: msprobe (its row parser) is not installed and the dumps differ.
+        ProbeUnavailableError: msprobe (its row parser) is not installed and the dumps differ, or a golden dump
+            holds an entry that is not in msprobe's plain layout (:func:`~precision_harness.dumps.columns.columns`).
     """
     policy = settings.policy
     verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
