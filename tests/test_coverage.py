@@ -242,3 +242,15 @@ def test_the_gate_shows_the_ledger_in_summary_report_and_junit(
     assert not [line for line in selected.outlines if line.startswith("coverage ")]  # -k drops nothing
     doc = json.loads((pytester.path / "rep/report.json").read_text())
     assert doc["scenarios"][0]["coverage"]["ranks"] == {"held": 2, "compared": 2, "not_compared": {}}
+
+
+def test_an_outcome_without_a_verdict_carries_its_own_ledger_into_the_scenarios() -> None:
+    """How a part of the golden no item compares (a golden stage the scenario no longer lists) joins the ledger."""
+    narrowed = Ledger()
+    narrowed["stages"].miss("narrowed scenario", held=True)
+    out = Outcome(False, "the golden holds step 2 that this scenario no longer checks", OutcomeKind.ERROR)
+    out.coverage = narrowed
+    report = PrecisionReport(mode="check", records=[_record(out, "s", 2, "actor_update")])
+    (line,) = [line for line in report.lines if line.startswith("coverage ")]
+    expected = "0 of 1 golden stages compared (0.0 %); not compared: steps: 1 narrowed scenario; stages: 1 narrowed"
+    assert line == f"coverage s: {expected} scenario"

@@ -75,11 +75,15 @@ class Outcome:
     origin: DriftOrigin | None = None
     #: a failing stage whose change entered at an API: the replay's judgement (check.replay)
     judgement: Judgement | None = None
+    #: the ledger of an outcome with no verdict that still accounts for part of the golden; else the verdict's
+    coverage: Ledger | None = None
 
     @property
     def ledger(self) -> Ledger | None:
         """What of the golden the item compared, and why not the rest (:mod:`~precision_harness.check.coverage`);
         None where nothing was compared (a recorded golden, an error before the compare)."""
+        if self.coverage is not None:
+            return self.coverage
         return self.verdict.ledger if self.verdict is not None else None
 
     @classmethod
