@@ -165,6 +165,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         msprobe_full=opts.msprobe_full,
         msprobe_timeout=opts.msprobe_timeout,
         progress=bar.set_postfix_str,
+        allow_uncompared=opts.allow_uncompared,
     )
     report = PrecisionReport(mode="compare")
     for key, out in check_items(target, golden, keys, settings):

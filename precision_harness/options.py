@@ -197,6 +197,16 @@ OPTIONS: tuple[Option, ...] = (
         convert=_flag,
     ),
     Option(
+        "allow-uncompared",
+        "pass a check that compared less of its golden than the golden holds for a reason nothing declares (the "
+        "coverage ledger: a golden rank, row, statistic or metric the run did not give); without it such an item "
+        "fails with one line naming what was not compared. Re-recording the golden is the other way",
+        flag=True,
+        pytest="both",
+        cli=("compare",),
+        convert=_flag,
+    ),
+    Option(
         "msprobe-full",
         "on a failing stage, run msprobe's compare table and first-diff analysis over every failing rank's whole "
         "dump; without it they read the first divergent rank only, the calls around its first divergence "
@@ -255,6 +265,8 @@ class PrecisionOptions:
     judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
     #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)
     allow_skip: bool = field(default=_default("allow-skip"))
+    #: a check that compared less than its golden holds passes (check.coverage)
+    allow_uncompared: bool = field(default=_default("allow-uncompared"))
     #: msprobe's table and first diff over every failing rank, whole (check.msprobe_window)
     msprobe_full: bool = field(default=_default("msprobe-full"))
     #: seconds msprobe's worker has to answer on a failing stage (None: no limit; check.msprobe_worker)

@@ -364,8 +364,7 @@ class PrecisionSession:
         self._environment(st, golden, run)
         localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
         settings = self._settings(st, golden, run)
-        # a failure here is rerun at L1, whose verdict asks msprobe
-        skip_msprobe = localizes and st.localized is None
+        skip_msprobe = localizes and st.localized is None  # a failure here is rerun at L1, whose verdict asks msprobe
         out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
         if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
             out = self._localize(st, golden, key, out, settings)
@@ -462,6 +461,7 @@ class PrecisionSession:
             msprobe_full=self.options.msprobe_full,
             msprobe_timeout=self.options.msprobe_timeout,
             progress=self.on_progress,
+            allow_uncompared=self.options.allow_uncompared,
         )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:

@@ -39,6 +39,9 @@ class CheckSettings:
     #: stage dumps of the same run identical to their goldens (sha256): the environment alone does not explain
     #: a drift on this machine
     identical_elsewhere: int = 0
+    #: a check that compared less than the golden holds, for a reason nothing declares, passes
+    #: (``--precision-allow-uncompared``; :mod:`~precision_harness.check.coverage`)
+    allow_uncompared: bool = False
 
     def rerun_of(self, key: ItemKey) -> str | None:
         """The command that reruns ``key`` alone, or None."""

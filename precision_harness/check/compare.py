@@ -28,6 +28,15 @@ import numpy as np
 from precision_harness.check import msprobe_worker, rank_pool
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
+from precision_harness.check.coverage import (
+    CHANGED_CODE_PATH,
+    NOT_IN_RUN,
+    NOT_RECORDED,
+    STRUCTURAL,
+    UNALIGNED,
+    held_by_columns,
+    held_by_row,
+)
 from precision_harness.check.drift_set import Drift, table_drifts
 from precision_harness.check.stage_verdict import Problem, RankVerdict, StageVerdict
 from precision_harness.check.stat_table import Cells, StatTable
@@ -35,7 +44,7 @@ from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, blank_rows, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
-from precision_harness.dumps.rows import count_statistics, is_tensor, rms, row_statistics, rows, unsummarised
+from precision_harness.dumps.rows import is_tensor, rms, row_statistics, rows
 from precision_harness.dumps.skeleton import same_skeleton_columns
 from precision_harness.dumps.stage import StageSource
 from precision_harness.dumps.statistics import STATISTICS, relative_change
@@ -72,6 +81,9 @@ def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: st
     pairing = pair_calls(t_dump, g_dump)
     if not pairing.alignable:
         verdict.problem(_too_different(pairing))
+        g_unaligned = list(rows(restore_non_finite(g_dump)).values())
+        _held(verdict, g_unaligned)
+        _missed(verdict, UNALIGNED, g_unaligned)
         return verdict
     if not pairing.blocks and all(t == g for t, g in pairing.pairs):  # the same calls: every row read as columns
         layouts = Layouts()
@@ -80,6 +92,9 @@ def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: st
     t_rows, g_all = rows(restore_non_finite(t_dump)), rows(restore_non_finite(g_dump))
     g_rows = aligned_rows(g_all, pairing)
     del t_dump, g_dump  # the rows are copies: at 65,000 calls a dump, its objects are half a rank's memory
+    _held(verdict, g_all.values())
+    in_golden_blocks = {api for block in pairing.blocks for api in block.golden}
+    _missed(verdict, CHANGED_CODE_PATH, (row for row in g_all.values() if row["api"] in in_golden_blocks))
     in_blocks = {api for block in pairing.blocks for api in block.target}
     first_row: dict[str, int] = {}
     plan: list[_Row | str] = []  # in row order: a row both sides hold, or a problem's text
@@ -94,6 +109,7 @@ def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: st
     for name in g_rows:
         if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
+            _missed(verdict, NOT_IN_RUN, [g_rows[name]])
     if not pairing.blocks:
         return verdict
     block_rows = BlockRows(by_call(t_rows), by_call(g_all), policy, stage)
@@ -136,6 +152,11 @@ def _judge_columns(
     v.calls = t.calls
     g_at, golden = aligned_golden_columns(t, g)
     paired = g_at >= 0
+    _held_columns(v, g, None)
+    if t.names != g.names:  # the golden's rows no run row is named as
+        unread = np.ones(len(g.names), dtype=bool)
+        unread[g_at[paired]] = False
+        _held_columns(v, g, unread)
     regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
     regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1)
     numels = np.array([*layouts.numels, 1], dtype=np.float64)[t.layout]  # NO_LAYOUT (-1) reads the 1 added
@@ -167,6 +188,31 @@ def _judge_columns(
         v.problems += [
             Problem(f"{n}: in the golden but missing from this run", v.rank) for n in g.names if n not in mine
         ]
+
+
+def _held_columns(v: RankVerdict, g: Columns, unread: np.ndarray | None) -> None:
+    """The golden's tensor rows and statistics into ``v``'s ledger: every one held (``unread`` None), or those of
+    the rows ``unread`` (``(rows,)`` bool) not compared, as :data:`~precision_harness.check.coverage.NOT_IN_RUN`."""
+    found = held_by_columns(g.present, g.scalar, unread)
+    for unit, n in zip(("rows", "statistics"), found, strict=True):
+        if unread is None:
+            v.coverage[unit].hold(n)
+        else:
+            v.coverage[unit].miss(NOT_IN_RUN, n)
+
+
+def _held(v: RankVerdict, golden_rows: Any) -> None:
+    """The tensor rows and statistics of the golden's rows (msprobe's row dicts) into ``v``'s ledger, as held."""
+    found = [held_by_row(row) for row in golden_rows]
+    v.coverage["rows"].hold(sum(r for r, _ in found))
+    v.coverage["statistics"].hold(sum(n for _, n in found))
+
+
+def _missed(v: RankVerdict, reason: str, golden_rows: Any) -> None:
+    """The tensor rows and statistics of the golden's rows (held already) not compared, for ``reason``."""
+    found = [held_by_row(row) for row in golden_rows]
+    v.coverage["rows"].miss(reason, sum(r for r, _ in found))
+    v.coverage["statistics"].miss(reason, sum(n for _, n in found))
 
 
 def _nonfinite_row(v: RankVerdict, name: str, table: StatTable, i: int) -> None:
@@ -209,10 +255,12 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         # it differs, whatever its statistics: where a change entered (check.drift_origin) must see it
         v.profile.append((v.rank, row.order, row.name, math.inf))
         v.structural.add((v.rank, row.name))
+        _missed(v, STRUCTURAL, [g_item])
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
     if is_tensor(t_item) and all(x is None for x in (*t_stats.values(), *g_stats.values())):
         v.unchecked.append(row.name)  # msprobe recorded no statistics (FRACTAL_NZ, fp8 on NPU): compared by nothing
+        v.coverage["rows"].miss(NOT_RECORDED, held=True)
         v.profile.append((v.rank, row.order, row.name, 0.0))
         return
     mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))
@@ -224,6 +272,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         v.checked += 1
         if t_val is None or g_val is None:
             v.problem(f"{row.name} {stat}: {g_val} -> {t_val}")
+            v.coverage["statistics"].miss(NOT_IN_RUN, int(t_val is None))
             continue
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
             v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
@@ -241,11 +290,14 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
 
     The stage's name and step come from ``golden``. Where every shared rank's digest equals the
-    golden's, the verdict is ``identical`` and its count is the golden's recorded one.
+    golden's, the verdict is ``identical`` and its count is the golden's recorded one. Either way its
+    :attr:`~StageVerdict.coverage` counts what the golden's ranks hold (read as columns where identical: the rows
+    msprobe recorded no statistic of are found so) and what was compared (:mod:`~precision_harness.check.coverage`).
 
     Raises:
         GoldenCorruptError: a dump on either side is unreadable.
-        ProbeUnavailableError: msprobe (its row parser) is not installed and the dumps differ.
+        ProbeUnavailableError: msprobe (its row parser) is not installed and the dumps differ, or a golden dump
+            holds an entry that is not in msprobe's plain layout (:func:`~precision_harness.dumps.columns.columns`).
     """
     policy = settings.policy
     verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
@@ -253,6 +305,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     verdict.allow_unchecked = policy.unchecked
     t_ranks, g_ranks = set(target.ranks()), set(golden.ranks())
     verdict.ranks = sorted(t_ranks | g_ranks)
+    _stage_held(verdict, golden, t_ranks)
     if not t_ranks:
         verdict.problems.append(Problem(f"no dump.json under {target}: the stage did not run or was not profiled"))
         return verdict
@@ -261,10 +314,9 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     shared = sorted(t_ranks & g_ranks)
     if shared and all(target.digest(r) == golden.digest(r) for r in shared):
         verdict.identical = not verdict.problems
+        _identical_held(verdict, golden, shared)
         recorded = golden.statistics()
-        verdict.checked = recorded if recorded is not None else sum(count_statistics(golden.load(r)) for r in shared)
-        # equal bytes say nothing of a tensor msprobe recorded no statistics of
-        verdict.unchecked = [(r, name) for r in shared for name in unsummarised(golden.load(r))]
+        verdict.checked = recorded if recorded is not None else verdict.coverage["statistics"].compared
         verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
     key, jobs, size = _stage_jobs(target, golden, policy, shared)
@@ -278,6 +330,45 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()
     return verdict
+
+
+def _stage_held(verdict: StageVerdict, golden: StageSource, t_ranks: set[str]) -> None:
+    """The stage and its ranks into the ledger, and what a golden rank the run lacks holds (read here: a failing
+    stage's)."""
+    cov, g_ranks = verdict.coverage, golden.ranks()
+    cov["stages"].hold()
+    if not t_ranks:
+        cov["stages"].miss(NOT_IN_RUN)
+    cov["ranks"].hold(len(t_ranks.intersection(g_ranks)))
+    for rank in g_ranks:
+        if rank not in t_ranks:
+            held, statistics, bare = _golden_rank(golden, rank)
+            cov["ranks"].miss(NOT_IN_RUN, held=True)
+            cov["rows"].miss(NOT_IN_RUN, held + len(bare), held=True)
+            cov["statistics"].miss(NOT_IN_RUN, statistics, held=True)
+
+
+def _golden_rank(golden: StageSource, rank: str) -> tuple[int, int, list[str]]:
+    """``(rows, statistics, unsummarised)`` of a golden rank read as columns: the rows and statistics it holds
+    (:func:`~precision_harness.check.coverage.held_by_columns`), and the names of its tensor rows msprobe recorded no
+    statistic of, as the compare names them."""
+    layouts = Layouts()
+    g = columns(golden.load(rank, raw=True), layouts)
+    rows_, statistics = held_by_columns(g.present, g.scalar)
+    no_value = np.flatnonzero(~g.present.any(axis=1) & ~g.scalar & (g.layout != NO_LAYOUT)).tolist()
+    bare = [g.names[i] for i in no_value if is_tensor(g.item(i))]
+    return rows_, statistics, bare
+
+
+def _identical_held(verdict: StageVerdict, golden: StageSource, shared: list[str]) -> None:
+    """The ledger of ranks identical to the golden's, and the tensor rows msprobe recorded no statistic of
+    (:attr:`StageVerdict.unchecked`): equal bytes say nothing of them."""
+    for rank in shared:
+        held, statistics, bare = _golden_rank(golden, rank)
+        verdict.coverage["rows"].hold(held)
+        verdict.coverage["rows"].miss(NOT_RECORDED, len(bare), held=True)
+        verdict.coverage["statistics"].hold(statistics)
+        verdict.unchecked += [(rank, name) for name in bare]
 
 
 def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: CheckSettings) -> None:

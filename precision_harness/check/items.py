@@ -24,6 +24,7 @@ from typing import Any
 from precision_harness.check import msprobe_worker, rank_pool, verdict_text
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare import compare_ahead, compare_stage
+from precision_harness.check.coverage import Ledger
 from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
@@ -74,6 +75,16 @@ class Outcome:
     origin: DriftOrigin | None = None
     #: a failing stage whose change entered at an API: the replay's judgement (check.replay)
     judgement: Judgement | None = None
+    #: the ledger of an outcome with no verdict that still accounts for part of the golden; else the verdict's
+    coverage: Ledger | None = None
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """What of the golden the item compared, and why not the rest (:mod:`~precision_harness.check.coverage`);
+        None where nothing was compared (a recorded golden, an error before the compare)."""
+        if self.coverage is not None:
+            return self.coverage
+        return self.verdict.ledger if self.verdict is not None else None
 
     @classmethod
     def error(cls, exc: PrecisionError) -> Outcome:
@@ -136,9 +147,20 @@ def check_items(
             except PrecisionError as exc:
                 out = Outcome.error(exc)
             out.environment = settings.environment
-            yield key, out
+            yield key, covered(out, settings)
     finally:
         rank_pool.forget()
+
+
+def covered(out: Outcome, settings: CheckSettings) -> Outcome:
+    """``out``, or where it passed having compared less than the golden holds for a reason nothing declares
+    (:attr:`~precision_harness.check.coverage.Ledger.dropped`), a failure whose first line names what was dropped;
+    ``settings.allow_uncompared`` (``--precision-allow-uncompared``) accepts it. An error, not a drift: no rerun
+    at L1 and no judgement is asked of it."""
+    ledger = out.ledger
+    if not out.passed or ledger is None or not ledger.dropped or settings.allow_uncompared:
+        return out
+    return replace(out, passed=False, text=f"{ledger.dropped_line()}\n{out.text}", kind=OutcomeKind.ERROR)
 
 
 def _ahead(target: Path, golden: Golden, keys: list[ItemKey], settings: CheckSettings) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.coverage import NOT_IN_RUN, Ledger
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.rows import to_float
 from precision_harness.dumps.statistics import relative_change
@@ -35,6 +36,12 @@ class MetricsVerdict:
     drifts: list[MetricDrift] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: a step or a metric on one side only, a value turned null
     worst_ratio: float = 0.0  #: largest ``|t - g| / (atol + rtol |g|)`` over the compared values (0: identical)
+    #: the golden's metric values (a number at a step): compared, or why not (:mod:`~precision_harness.check.coverage`)
+    coverage: Ledger = field(default_factory=Ledger, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.coverage
 
     @property
     def passed(self) -> bool:
@@ -55,6 +62,7 @@ def compare_metrics(
     t_rows, g_rows = _by_step(target), _by_step(golden)
     for step in sorted(set(g_rows) - set(t_rows)):
         verdict.problems.append(f"step {step}: in the golden metrics but missing from this run")
+        verdict.coverage["metrics"].miss(NOT_IN_RUN, _values(g_rows[step], g_rows[step]), held=True)
     for step in sorted(set(t_rows) - set(g_rows)):
         verdict.problems.append(f"step {step}: not in the golden metrics")
     for step in sorted(set(t_rows) & set(g_rows)):
@@ -62,11 +70,18 @@ def compare_metrics(
     return verdict
 
 
+def _values(row: dict[str, Any], names: Iterable[str]) -> int:
+    """The metrics of ``names`` that hold a number in ``row`` (a null holds nothing to compare)."""
+    return sum(to_float(row[name]) is not None for name in names)
+
+
 def _compare_step(
     verdict: MetricsVerdict, step: int, t: dict[str, Any], g: dict[str, Any], policy: TolerancePolicy
 ) -> None:
     for name in sorted(set(g) - set(t)):
         verdict.problems.append(f"step {step}: metric {name} missing from this run")
+    metrics = verdict.coverage["metrics"]
+    metrics.miss(NOT_IN_RUN, _values(g, set(g) - set(t)), held=True)
     for name in sorted(set(t) - set(g)):
         verdict.problems.append(f"step {step}: metric {name} not in the golden")
     for name in sorted(set(t) & set(g)):
@@ -75,8 +90,10 @@ def _compare_step(
             continue
         if tv is None or gv is None:  # a number became null (or the reverse): not a drift, a change
             verdict.problems.append(f"step {step}: metric {name}: {g[name]!r} -> {t[name]!r}")
+            metrics.miss(NOT_IN_RUN, int(gv is not None), held=True)
             continue
         verdict.checked += 1
+        metrics.hold()
         ratio = tolerance_ratio(tv, gv, policy.for_metric(name))
         verdict.worst_ratio = max(verdict.worst_ratio, ratio)
         if ratio > 1.0:

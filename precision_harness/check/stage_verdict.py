@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_harness.check.code_path import CodePathChange
+from precision_harness.check.coverage import DECLARED_UNCHECKED, NOT_RECORDED, Ledger
 from precision_harness.check.drift_profile import DriftProfile
 from precision_harness.check.drift_set import Drift, DriftSet, kept
 from precision_harness.dumps.statistics import STATISTICS
@@ -62,6 +63,8 @@ class RankVerdict(_Verdict):
     #: the rank's calls in order, where the run's and the golden's are the same; a failing rank's only (msprobe's
     #: window is cut from the dumps' bytes around them: :mod:`~precision_harness.check.msprobe_window`)
     calls: list[str] | None = field(default=None, repr=False)
+    #: the golden rank's tensor rows and statistics: compared, or why not (:mod:`~precision_harness.check.coverage`)
+    coverage: Ledger = field(default_factory=Ledger, repr=False)
     _nan_reported: bool = field(default=False, repr=False)
     _table_kept: list[Drift] = field(default_factory=list, repr=False)  #: those judged at once, until bound()
 
@@ -115,6 +118,16 @@ class StageVerdict(_Verdict):
     allow_unchecked: tuple[str, ...] = ()
     #: :attr:`RankVerdict.calls` of :attr:`first_divergent_rank` once the stage is settled (:meth:`settle`)
     calls: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    #: the golden stage's ranks, tensor rows and statistics: compared, or why not (read :attr:`ledger`)
+    coverage: Ledger = field(default_factory=Ledger, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        """:attr:`coverage`, its unrecorded rows that a ``tolerance.unchecked`` glob names counted as declared."""
+        ledger = Ledger.of([self.coverage])
+        if "rows" in ledger.units:
+            ledger["rows"].reclass(NOT_RECORDED, DECLARED_UNCHECKED, len(self.unchecked) - len(self.failing_unchecked))
+        return ledger
 
     @property
     def passed(self) -> bool:
@@ -193,5 +206,6 @@ class StageVerdict(_Verdict):
         self.code_paths += rank.code_paths
         self.structural |= rank.structural
         self.unchecked += [(rank.rank, name) for name in rank.unchecked]
+        self.coverage.add(rank.coverage)
         if rank.calls is not None:
             self.calls[rank.rank] = rank.calls

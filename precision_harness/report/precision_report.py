@@ -25,6 +25,7 @@ from precision_harness.check.metrics_compare import MetricsVerdict
 from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.code_paths import code_path_json, code_path_lines
+from precision_harness.report.coverage_report import coverage_lines, coverage_property, scenario_coverage
 from precision_harness.report.report_md import judgement_line
 from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, STAGES
 
@@ -129,6 +130,8 @@ class ItemRecord:
     code_path: dict[str, Any] | None = None
     #: tensor rows compared by nothing (msprobe recorded no statistics on either side), allowed or not
     unchecked: int = 0
+    #: what of the golden the item compared, by unit, and why not the rest (:meth:`Ledger.to_json`); None: nothing
+    coverage: dict[str, Any] | None = None
 
     @classmethod
     def from_outcome(
@@ -156,6 +159,7 @@ class ItemRecord:
             run=run,
         )
         rec._add_verdict(outcome.verdict)
+        rec.coverage = outcome.ledger.to_json() if outcome.ledger is not None else None
         if outcome.kind is OutcomeKind.ERROR:
             rec.problems = [outcome.text]
         if outcome.msprobe is not None:
@@ -227,7 +231,7 @@ class ItemRecord:
             props.append(("precision_judgement", judgement_line(self.judgement)))
         if self.code_path is not None:
             props.append(("precision_code_path", self.code_path["line"]))
-        return props
+        return props + coverage_property(self.coverage)
 
 
 @dataclass
@@ -287,6 +291,7 @@ class PrecisionReport:
         yield from self._skipped_lines()
         yield from self._environment_lines()
         yield from code_path_lines(self.records)
+        yield from coverage_lines(self._by_scenario())
         yield from self._run_lines()
         for u in self.unused:
             yield f"golden unused: {u['path']} (no collected scenario {u['scenario']}; remove with --precision-prune)"
@@ -421,6 +426,7 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
         "run": next((r.run for r in records if r.run), None),
         "compare_s": round(sum(r.compare_s for r in records), 4),
         "environment_diff": next((r.environment_diff for r in records if r.environment_diff), []),
+        "coverage": scenario_coverage(records),
     }
 
 
