@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import subprocess
 import sys
@@ -182,9 +183,12 @@ def test_an_msprobe_whose_parse_data_takes_no_data_folders_gives_its_first_diff(
     """mindstudio-probe 26.0.0's ``ParseData(mode_config, rank)``: its first diff and table, not a TypeError."""
     from msprobe.core.compare import acc_compare
 
+    takes_folders = "data_dirs" in inspect.signature(acc_compare.ParseData).parameters
+    folders = [{"NPU": None, "Bench": None}] if takes_folders else []
+
     class ParseData260(acc_compare.ParseData):
-        def __init__(self, mode_config, rank):  # 26.0.0's signature
-            super().__init__(mode_config, rank, {"NPU": None, "Bench": None})
+        def __init__(self, mode_config, rank):  # 26.0.0's signature, over the installed release's
+            super().__init__(mode_config, rank, *folders)
 
     monkeypatch.setattr(acc_compare, "ParseData", ParseData260)
     target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5))
