@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from precision_harness.check import msprobe_release
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.tolerance import TolerancePolicy
@@ -128,16 +129,20 @@ def size_note(stored: int, before: int) -> str:
 
 
 def no_msprobe() -> ProbeUnavailableError:
-    """The error of a gate that cannot dump: msprobe is not installed."""
-    return ProbeUnavailableError("mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
+    """The error of a gate that cannot dump: msprobe is not installed, or its release cannot dump here (the 8.x line
+    under numpy 2: :func:`~precision_harness.check.msprobe_release.run_problem`), in one line."""
+    why = msprobe_release.run_problem()
+    return ProbeUnavailableError(why or "mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
 
 
 def msprobe_available() -> bool:
-    """True if ``msprobe.core`` can be found (does not import msprobe.pytorch or torch)."""
+    """True if ``msprobe.core`` can be found and its release can dump here (reads package metadata: imports neither
+    msprobe.pytorch nor torch)."""
     try:
-        return importlib.util.find_spec("msprobe.core") is not None
+        found = importlib.util.find_spec("msprobe.core") is not None
     except (ImportError, ValueError):
         return False
+    return found and msprobe_release.run_problem() is None
 
 
 def record_run(store: GoldenStore, st: ScenarioState, run: RunResult, *, history_window: int) -> Recording:

@@ -54,11 +54,17 @@ def test_what_can_be_replayed_is_read_from_the_name(api: str, why: str | None) -
 
 
 def test_another_msprobe_version_is_refused_with_the_module_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert msprobe_acc.version_problem() is None  # the installed one is the one checked
-    monkeypatch.setattr(msprobe_acc.metadata, "version", lambda name: "27.0.0")
-    problem = msprobe_acc.version_problem()
-    assert problem is not None and problem.startswith("mindstudio-probe 27.0.0: the replay reads msprobe's acc_check")
-    assert "precision_harness/runs/api_replay/msprobe_acc.py" in problem
+    assert msprobe_acc.version_problem() is None  # the installed one is one of those read
+    for read in ("26.0.0", "26.1.0.post1", "26.2.0"):
+        monkeypatch.setattr(msprobe_acc.metadata, "version", lambda name, v=read: v)
+        assert msprobe_acc.version_problem() is None, read
+    for other in ("27.0.0", "26.3.0", "8.3.3"):
+        monkeypatch.setattr(msprobe_acc.metadata, "version", lambda name, v=other: v)
+        problem = msprobe_acc.version_problem()
+        assert problem is not None
+        assert problem.startswith(f"mindstudio-probe {other}: the replay reads msprobe's acc_check")
+        assert "of 26.0.0 to 26.2.x (precision_harness/runs/api_replay/msprobe_acc.py)" in problem
+        assert "pip install 'mindstudio-probe>=26.0.0,<26.3'" in problem and "\n" not in problem
 
 
 CAPTURE = r"""

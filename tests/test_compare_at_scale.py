@@ -115,6 +115,7 @@ def assert_same_verdict(new: compare.RankVerdict, ref: compare.RankVerdict) -> N
     assert new.drift_set == ref.drift_set  # the count of those not kept, every drift by API and statistic
     assert new.profile == ref.profile
     assert new.code_paths == ref.code_paths
+    assert new.recording == ref.recording and new.unchecked == ref.unchecked
 
 
 def scaled(node, factor: float, i: list[int]) -> None:
@@ -210,6 +211,12 @@ def plants() -> dict[str, tuple[dict, dict]]:
     planted("shape", lambda d: d[softmax]["output"][0].update(shape=[2, 4, 9]))
     planted("stat_missing", lambda d: d[softmax]["output"][0].update(Norm=None))
     planted("stat_na", lambda d: d[softmax]["output"][0].update(Norm="N/A"))
+    # an msprobe that records Mean and Norm of integer tensors (26.0.0) against one that does not (26.2.0), both ways
+    embedding_ids = "Functional.embedding.0.forward"
+    planted("int_stats_added", lambda d: d[embedding_ids]["input_args"][0].update(Mean=4.5, Norm=12.0))
+    counted = copy.deepcopy(golden)
+    counted[embedding_ids]["input_args"][0].update(Mean=4.5, Norm=12.0)
+    out["int_stats_lost"] = (copy.deepcopy(golden), counted)
     planted("zero_allowance", lambda d: d["Functional.embedding.0.forward"]["input_args"][0].update(Max=10))
     planted("extra_output", lambda d: d[softmax]["output"].append(tensor()))
     planted("missing_output", lambda d: d[softmax]["output"].pop())
@@ -247,7 +254,7 @@ def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> Non
     assert_same_verdict(new, ref)
     assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), ref)
     if plant not in ("identical", "within", "inf_both", "mean_near_zero") and policy != "exact":
-        assert not new.passed or new.code_paths  # the plant is seen, not compared away
+        assert not new.passed or new.code_paths or new.recording  # the plant is seen, not compared away
 
 
 class _Freed(dict):

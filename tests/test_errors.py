@@ -143,6 +143,33 @@ def test_msprobe_not_installed(project: pytest.Pytester) -> None:
     assert "Traceback" not in proc.stdout
 
 
+def test_an_msprobe_that_cannot_dump_under_numpy_2_is_one_line(project: pytest.Pytester) -> None:
+    """The 8.x line (CANN images ship it) imports np.unicode_, which numpy 2 removed: the run is refused before it
+    starts, in one line naming the release, numpy, the supported range and what to install; no worker dies."""
+    import numpy
+
+    site = project.path / "fake_site" / "mindstudio_probe-8.3.3.dist-info"  # found before the installed release
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: mindstudio-probe\nVersion: 8.3.3\n")
+    env = {**os.environ, "PYTHONPATH": str(site.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-k", "actor_update and step_1"],
+        cwd=project.path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout
+    line = (
+        f"mindstudio-probe 8.3.3 cannot run under numpy {numpy.__version__}: it uses np.unicode_, which numpy 2 "
+        "removed (the 8.x line needs numpy < 2, which verl 0.9.1 does not allow); the gate is checked with "
+        "mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.0.0,<26.3'"
+    )
+    assert line in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout and "EOFError" not in proc.stdout
+
+
 def test_worker_failure_is_one_line_with_log(project: pytest.Pytester) -> None:
     # a prompt longer than max_prompt_length fails inside the worker
     edit_scenario(project, "max_prompt_length: 10", "max_prompt_length: 3")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import subprocess
 import sys
@@ -142,3 +143,77 @@ def test_a_table_that_fails_is_a_line_and_the_first_diff_goes_on(dumps, tmp_path
     )
     assert answer.first_diff == {"rank0": "Functional.linear.0.forward"} and answer.tables == []
     assert [e.split(":")[:2] for e in answer.errors] == [["compare table", " FileExistsError"]]
+
+
+def _msprobe_release(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
+    """The installed distributions' versions as ``versions`` says (``mindstudio_probe="8.3.3"``), the others' real."""
+    from importlib import metadata
+
+    real = metadata.version
+    wanted = {name.replace("_", "-"): v for name, v in versions.items()}
+    monkeypatch.setattr(metadata, "version", lambda name: wanted.get(name) or real(name))
+
+
+@pytest.mark.parametrize(
+    ("numpy", "why"),
+    [
+        ("2.4.6", "mindstudio-probe 8.3.3 cannot run under numpy 2.4.6: it uses np.unicode_, which numpy 2 removed"),
+        ("1.26.4", "mindstudio-probe 8.3.3: msprobe's analyses are not supported for this release"),
+    ],
+)
+def test_an_unsupported_msprobe_is_one_line_naming_its_release_and_the_range(
+    dumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numpy: str, why: str
+) -> None:
+    """The 8.x line (CANN images ship it): msprobe's analyses say in one line that this release's are not supported,
+    with the supported range and what to install; nothing of msprobe runs, no log is written."""
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0))
+    _msprobe_release(monkeypatch, mindstudio_probe="8.3.3", numpy=numpy)
+    answer = analyze_failure(target, golden, tmp_path / "art", graph=True)
+    assert answer.first_diff == {} and answer.graphs == []
+    (line,) = answer.errors
+    assert line.startswith(why) and "\n" not in line
+    assert line.endswith("mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.0.0,<26.3'")
+    assert msprobe_rows(Reading(msprobe=answer)) == [("msprobe", line)]
+    assert not (tmp_path / "art" / "msprobe.log").exists()
+
+
+def test_an_msprobe_whose_parse_data_takes_no_data_folders_gives_its_first_diff(
+    dumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mindstudio-probe 26.0.0's ``ParseData(mode_config, rank)``: its first diff and table, not a TypeError."""
+    from msprobe.core.compare import acc_compare
+
+    takes_folders = "data_dirs" in inspect.signature(acc_compare.ParseData).parameters
+    folders = [{"NPU": None, "Bench": None}] if takes_folders else []
+
+    class ParseData260(acc_compare.ParseData):
+        def __init__(self, mode_config, rank):  # 26.0.0's signature, over the installed release's
+            super().__init__(mode_config, rank, *folders)
+
+    monkeypatch.setattr(acc_compare, "ParseData", ParseData260)
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0, Norm=37.5))
+    table = tmp_path / "art" / "compare_result_rank0.csv"
+    answer = analyze_failure(target, golden, tmp_path / "art", graph=False, tables={"rank0": table})
+    assert answer.errors == [] and answer.tables == [table]
+    assert answer.first_diff == {"rank0": "Functional.linear.0.forward"}
+
+
+def test_an_msprobe_that_fails_names_its_release_and_no_empty_log(
+    dumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release newer than those read whose compare API moved: one line naming the release and the range read; no
+    log file is pointed at where msprobe wrote nothing."""
+    from msprobe.core.compare import acc_compare
+
+    class Moved:
+        def __init__(self, mode_config, rank, data_dirs, backend):  # a future signature
+            raise AssertionError("not reached")
+
+    monkeypatch.setattr(acc_compare, "ParseData", Moved)
+    _msprobe_release(monkeypatch, mindstudio_probe="26.3.0")
+    target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=9.0))
+    answer = analyze_failure(target, golden, tmp_path / "art", graph=False)
+    (line,) = answer.errors
+    assert line.startswith("DiffAnalyzer: TypeError: ") and "missing 1 required positional argument" in line
+    assert line.endswith("(mindstudio-probe 26.3.0; msprobe's analyses are read against 26.0.0 to 26.2.x)")
+    assert not (tmp_path / "art" / "msprobe.log").exists()

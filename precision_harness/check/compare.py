@@ -32,6 +32,7 @@ from precision_harness.check.coverage import (
     CHANGED_CODE_PATH,
     NOT_IN_RUN,
     NOT_RECORDED,
+    OTHER_MSPROBE,
     STRUCTURAL,
     UNALIGNED,
     held_by_columns,
@@ -258,7 +259,10 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         _missed(v, STRUCTURAL, [g_item])
         return
     t_stats, g_stats = row_statistics(t_item), row_statistics(g_item)
-    if is_tensor(t_item) and all(x is None for x in (*t_stats.values(), *g_stats.values())):
+    four = t_stats.keys() == g_stats.keys() == set(STATISTICS)  # a tensor's Max/Min/Mean/Norm on both sides
+    if four:
+        _one_sided(v, row, (t_stats, g_stats), str(t_dtype))
+    if is_tensor(t_item) and four and not any(t_stats[s] is not None and g_stats[s] is not None for s in STATISTICS):
         v.unchecked.append(row.name)  # msprobe recorded no statistics (FRACTAL_NZ, fp8 on NPU): compared by nothing
         v.coverage["rows"].miss(NOT_RECORDED, held=True)
         v.profile.append((v.rank, row.order, row.name, 0.0))
@@ -269,11 +273,14 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         t_val = t_stats.get(stat)
         if t_val is None and g_val is None:
             continue
-        v.checked += 1
         if t_val is None or g_val is None:
-            v.problem(f"{row.name} {stat}: {g_val} -> {t_val}")
-            v.coverage["statistics"].miss(NOT_IN_RUN, int(t_val is None))
+            if not four:  # a scalar's value against a tensor's statistics: a structural change
+                v.checked += 1
+                v.problem(f"{row.name} {stat}: {g_val} -> {t_val}")
+            # recorded by one side's msprobe only (_one_sided): not compared; the golden's, where it held one, lost
+            v.coverage["statistics"].miss(NOT_IN_RUN if not four else OTHER_MSPROBE, int(t_val is None))
             continue
+        v.checked += 1
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
             v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
@@ -284,6 +291,15 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
             rel = relative_change(t_val, g_val)
             v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
     v.profile.append((v.rank, row.order, row.name, row_worst))
+
+
+def _one_sided(v: RankVerdict, row: _Row, stats: tuple[dict, dict], dtype: str) -> None:
+    """Each statistic of a tensor row that one side's msprobe records and the other's does not, into ``v.recording``:
+    not a numeric change: counted by statistic and dtype, never compared (:mod:`~precision_harness.check.recording`)."""
+    t_stats, g_stats = stats
+    for stat in STATISTICS:
+        if (t_stats[stat] is None) != (g_stats[stat] is None):
+            v.recording.note(stat, dtype, lost=t_stats[stat] is None, where=(v.rank, row.name))
 
 
 def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:

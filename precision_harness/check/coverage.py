@@ -42,6 +42,8 @@ DECLARED_UNCHECKED = "declared unchecked"
 CHANGED_CODE_PATH = "changed code path"
 #: a paired row whose dtype or shape changed: its statistics describe another tensor
 STRUCTURAL = "dtype or shape changed"
+#: a statistic the golden's msprobe recorded and this run's did not (check.recording: fails as coverage lost)
+OTHER_MSPROBE = "this run's msprobe does not record it"
 #: dumps whose calls pair below half of the larger side's: another program, a stale golden
 UNALIGNED = "too different to align"
 

@@ -234,7 +234,7 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         return Outcome(True, text, kind, verdict, seconds=time.perf_counter() - t0)
     artifacts = settings.item_artifacts(golden.step, golden.name)
     asked = None
-    if settings.asks_msprobe and target.ranks():
+    if settings.asks_msprobe and target.ranks() and not verdict.coverage_only:
         asked = _ask_msprobe(target, golden, verdict, artifacts, settings)
     shown = settings.shown(artifacts) if artifacts is not None else None
     origin = classify(verdict, target, golden) if target.ranks() else None  # while msprobe reads, in its worker
@@ -247,9 +247,8 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         msprobe=answer,
         graph_dir=(shown / "graph") if shown is not None else None,
     )
-    text = verdict_text.stage_text(
-        verdict, reading, artifacts=shown, rerun=settings.rerun_of(ItemKey(golden.step, golden.name))
-    )
+    rerun = settings.rerun_of(ItemKey(golden.step, golden.name))
+    text = verdict_text.stage_text(verdict, reading, artifacts=shown, rerun=rerun, rerecord=settings.rerecord)
     if artifacts is not None:
         artifacts.mkdir(parents=True, exist_ok=True)
         (artifacts / "verdict.txt").write_text(text + "\n", encoding="utf-8")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check import msprobe_release
 from precision_harness.errors import ProbeUnavailableError
 
 #: levels whose dumps carry a module tree in construct.json (a graph needs it; L1's is ``{}``)
@@ -95,7 +96,8 @@ def _compare(target: Path, golden: Path, rank: str, *, first_diff: bool) -> _Com
     get_dump_mode, Comparator, ParseData, MappingConfig, ModeConfig = _import_msprobe_compare()
     dump_mode = get_dump_mode({"npu_path": str(target), "bench_path": str(golden)})
     mode = ModeConfig(dump_mode=dump_mode, first_diff_analyze=first_diff)
-    npu_df, bench_df = ParseData(mode, rank, {"NPU": None, "Bench": None}).parse([str(target), str(golden), None])
+    parse = msprobe_release.parse_data(ParseData, mode, rank)  # its signature changed in 26.1.0
+    npu_df, bench_df = parse.parse([str(target), str(golden), None])
     table = Comparator(None, mode, MappingConfig()).compare_statistics(npu_df, bench_df)
     return _Compared(dump_mode, mode, npu_df, bench_df, table)
 
@@ -243,10 +245,16 @@ def analyze_failure(
     where the first diff reads a window of it. ``tables`` maps a rank folder (``rank0``) to its table's csv path;
     a rank's table comes from the same parse and ``compare_statistics`` as its first diff (one each, not two).
 
-    Writes under ``out_dir/first_diff/`` and ``out_dir/graph/``; msprobe's logs go to ``out_dir/msprobe.log``.
+    Writes under ``out_dir/first_diff/`` and ``out_dir/graph/``; msprobe's logs go to ``out_dir/msprobe.log`` (none
+    where it logged nothing). A release the analyses do not support (:mod:`~precision_harness.check.msprobe_release`)
+    gets one line in ``errors``, and nothing is run.
     """
     answer = MsprobeAnswer()
     t0 = time.perf_counter()
+    unsupported = msprobe_release.analyses_problem()
+    if unsupported is not None:  # one line, and nothing of msprobe's run
+        answer.errors.append(unsupported)
+        return answer
     log = io.StringIO()
     stages = _Stages(target_stage, golden_stage, out_dir / "first_diff", dict(tables or {}))
     steps = [("DiffAnalyzer", lambda: _first_diff(stages, answer))]
@@ -257,14 +265,19 @@ def analyze_failure(
                 lambda: setattr(answer, "graphs", build_graphs(graph_of or target_stage, out_dir / "graph")),
             )
         )
+    failed = []
     for tool, fn in steps:
         try:
             with _quiet(log):
                 fn()
         except Exception as exc:
             message = str(exc).splitlines()[0] if str(exc) else ""
-            answer.errors.append(f"{tool}: {type(exc).__name__}: {message} (log: {out_dir / 'msprobe.log'})")
+            failed.append(f"{tool}: {type(exc).__name__}: {message}{msprobe_release.unread()}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "msprobe.log").write_text(log.getvalue(), encoding="utf-8")
+    path = out_dir / "msprobe.log"
+    path.unlink(missing_ok=True)
+    if log.getvalue():  # a log is named only where msprobe wrote one
+        path.write_text(log.getvalue(), encoding="utf-8")
+    answer.errors += [f"{line} (log: {path})" if path.is_file() else line for line in failed]
     answer.seconds = time.perf_counter() - t0
     return answer

@@ -13,6 +13,7 @@ from precision_harness.check.code_path import CodePathChange
 from precision_harness.check.coverage import DECLARED_UNCHECKED, NOT_RECORDED, Ledger
 from precision_harness.check.drift_profile import DriftProfile
 from precision_harness.check.drift_set import Drift, DriftSet, kept
+from precision_harness.check.recording import RecordingDiff
 from precision_harness.dumps.statistics import STATISTICS
 
 
@@ -60,6 +61,8 @@ class RankVerdict(_Verdict):
     structural: set[tuple[str, str]] = field(default_factory=set)
     #: tensor rows neither side recorded a statistic of: compared by nothing
     unchecked: list[str] = field(default_factory=list)
+    #: the statistics one side's msprobe records and the other's does not (:mod:`~precision_harness.check.recording`)
+    recording: RecordingDiff = field(default_factory=RecordingDiff)
     #: the rank's calls in order, where the run's and the golden's are the same; a failing rank's only (msprobe's
     #: window is cut from the dumps' bytes around them: :mod:`~precision_harness.check.msprobe_window`)
     calls: list[str] | None = field(default=None, repr=False)
@@ -116,6 +119,9 @@ class StageVerdict(_Verdict):
     unchecked: list[tuple[str, str]] = field(default_factory=list)
     #: globs of the rows the scenario allows to go unchecked (``tolerance.unchecked``)
     allow_unchecked: tuple[str, ...] = ()
+    #: the statistics one side's msprobe records and the other's does not: those only the golden records (``lost``)
+    #: fail the stage, those only the run records (``added``) are named (:mod:`~precision_harness.check.recording`)
+    recording: RecordingDiff = field(default_factory=RecordingDiff)
     #: :attr:`RankVerdict.calls` of :attr:`first_divergent_rank` once the stage is settled (:meth:`settle`)
     calls: dict[str, list[str]] = field(default_factory=dict, repr=False)
     #: the golden stage's ranks, tensor rows and statistics: compared, or why not (read :attr:`ledger`)
@@ -131,9 +137,17 @@ class StageVerdict(_Verdict):
 
     @property
     def passed(self) -> bool:
-        """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), and
-        every tensor row compared by nothing is one the scenario allows."""
-        return super().passed and not self.failing_code_paths and not self.failing_unchecked
+        """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), every
+        tensor row compared by nothing is one the scenario allows, and the run records all the golden records."""
+        unchecked = self.failing_code_paths or self.failing_unchecked or self.recording.lost
+        return super().passed and not unchecked
+
+    @property
+    def coverage_only(self) -> bool:
+        """It fails only because the run records less than the golden (:mod:`~precision_harness.check.recording`):
+        nothing moved for msprobe's analyses or for where a change entered to read."""
+        others = self.drifts or self.problems or self.failing_code_paths or self.failing_unchecked
+        return bool(self.recording.lost) and not others
 
     @property
     def beyond(self) -> int:
@@ -156,7 +170,8 @@ class StageVerdict(_Verdict):
         """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
         worst = max([d.ratio for d in self.drifts] + [self.profile.max_ratio()])
         worst = max([worst] + [c.ratio for c in self.code_paths])
-        return math.inf if self.problems or self.failing_code_paths or self.failing_unchecked else worst
+        failing = self.problems or self.failing_code_paths or self.failing_unchecked or self.recording.lost
+        return math.inf if failing else worst
 
     @property
     def first_divergence(self) -> Drift | None:
@@ -181,6 +196,7 @@ class StageVerdict(_Verdict):
         """Ranks with a drift or an always-failure, sorted (``rank2`` before ``rank10``)."""
         ranks = {d.rank for d in self.drifts} | {p.rank for p in self.problems if p.rank is not None}
         ranks |= {c.rank for c in self.failing_code_paths} | {r for r, _ in self.failing_unchecked}
+        ranks |= self.recording.lost_ranks
         return sorted(ranks, key=lambda r: (len(r), r))
 
     @property
@@ -207,5 +223,6 @@ class StageVerdict(_Verdict):
         self.structural |= rank.structural
         self.unchecked += [(rank.rank, name) for name in rank.unchecked]
         self.coverage.add(rank.coverage)
+        self.recording.merge(rank.recording)
         if rank.calls is not None:
             self.calls[rank.rank] = rank.calls

@@ -23,6 +23,7 @@ from precision_harness.check.drift_set import Drift
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.metrics_compare import MetricsVerdict
 from precision_harness.check.msprobe_tools import MsprobeAnswer
+from precision_harness.check.recording import added_line, lost_line
 from precision_harness.check.stage_verdict import StageVerdict
 
 #: problems listed before "... and N more"
@@ -31,6 +32,8 @@ MAX_PROBLEMS = 5
 JUDGEMENT_LABEL = "judgement"
 #: the label of the line that reports a changed code path (:mod:`precision_harness.check.code_path`)
 CODE_PATH_LABEL = "code path"
+#: the label of the lines that say what one side's msprobe records and the other's does not (check.recording)
+RECORDED_LABEL = "recorded"
 
 
 #: significant digits a verdict value starts at; more are added only where a pair needs them
@@ -144,7 +147,9 @@ def stage_text(
         line = code_path_line(v, reading.environment, rerecord=rerecord)
         allowed = f"; {len(v.unchecked)} tensor row(s) unchecked, allowed by tolerance.unchecked" if v.unchecked else ""
         text = f"{where}: {v.checked} statistics {how}{allowed}"
-        return text + (f"\n{_label(CODE_PATH_LABEL, line)}" if line else "")
+        text += f"\n{_label(CODE_PATH_LABEL, line)}" if line else ""
+        recorded = added_line(v.recording, reading.environment)
+        return text + (f"\n{_label(RECORDED_LABEL, recorded)}" if recorded else "")
     if len(v.ranks) > 1 and v.failing_ranks:
         # multi-rank: name the rank that diverged first, then every rank that differs
         first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
@@ -159,6 +164,9 @@ def stage_text(
         lines = [
             f"{where}: {len(v.failing_unchecked)} tensor row(s) compared by nothing, {v.checked} statistics compared"
         ]
+    elif v.recording.lost and not v.failing_code_paths:
+        lost = sum(v.recording.lost.values())
+        lines = [f"{where}: coverage lost: {lost} statistic(s) of the golden not recorded, {v.checked} compared"]
     else:
         lines = [
             f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
@@ -168,6 +176,9 @@ def stage_text(
         lines.append(f"  {environment}")
     lines += _explanations(reading)
     lines += _evidence(v)
+    changes = reading.environment
+    recorded = lost_line(v.recording, changes, rerecord=rerecord), added_line(v.recording, changes)
+    lines += [_label(RECORDED_LABEL, line) for line in recorded if line]
     lines += [_label(label, text) for label, text in msprobe_rows(reading)]
     if artifacts is not None:
         lines.append(_label("artifacts", f"{artifacts}/"))

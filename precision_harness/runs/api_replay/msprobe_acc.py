@@ -8,10 +8,16 @@ and holds the precision standards (``precision_standard``: the benchmark, ULP an
 compares and their NPU-against-GPU status rules, ``api_precision_compare.record_*_result``). None of
 it is a public API: its command line (``msprobe acc_check``) compares a device with the CPU, not a
 captured tensor with a float64 replay, and takes files, not tensors. Rewriting them would drift from
-msprobe's own standards; so this module calls them, and only for :data:`CHECKED_VERSION`.
+msprobe's own standards; so this module calls them, and only for the releases read (:data:`CHECKED`).
 
-Another msprobe version is refused (:func:`version_problem`): the judgement is then ``undecided``
-with that reason, never a guess. Checked against mindstudio-probe 26.2.0 (torch 2.13.0, CPU).
+Read against mindstudio-probe 26.0.0, 26.1.0.post1 and 26.2.0 (torch 2.13.0, CPU): ``data_generate``,
+``acc_check_utils``, ``compare_utils``, ``compare_column``, ``compare_input``, ``precision_standard`` and the
+``record_*_result`` rules are the same code in all three (their syntax trees compared function by function), but
+for two points: 26.2.0's ``BasePrecisionCompare`` reads an empty metric as 0.0 where 26.0.0's raises (the replay
+never hands it an empty one), and the fused NPU ops' bench functions are a module-level ``npu_custom_functions``
+before 26.2.0 and ``get_npu_custom_functions()`` from it (:func:`bench_function` reads either). The 8.x line has
+no ``acc_check`` (its ``run_ut`` predates it). Another release is refused (:func:`version_problem`): the judgement
+is then ``undecided`` with that reason, in one line, never a guess.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-#: the mindstudio-probe release whose internals this module was read against
-CHECKED_VERSION = "26.2.0"
+#: the mindstudio-probe releases whose internals this module was read against: ``(first, beyond)`` (release tuples)
+CHECKED = ((26, 0, 0), (26, 3, 0))
+#: that range as a reason says it, and the install line that gives it
+CHECKED_RANGE = "26.0.0 to 26.2.x"
+INSTALL = "pip install 'mindstudio-probe>=26.0.0,<26.3'"
 #: msprobe's API-type prefixes that ``exec_api`` runs (msprobe's ``Const.*_API_TYPE_PREFIX``)
 EXEC_API_PREFIXES = ("Functional", "Tensor", "Torch")
 #: the msprobe standards an output is held to, by which list of ``api_precision_standard.yaml`` names it
@@ -37,12 +47,18 @@ def version_problem() -> str | None:
         found = metadata.version("mindstudio-probe")
     except metadata.PackageNotFoundError:
         return "mindstudio-probe is not installed in the replay's interpreter"
-    if found != CHECKED_VERSION:
+    if not CHECKED[0] <= _release(found) < CHECKED[1]:
         return (
-            f"mindstudio-probe {found}: the replay reads msprobe's acc_check internals as of {CHECKED_VERSION} "
-            "(precision_harness/runs/api_replay/msprobe_acc.py); check them and raise CHECKED_VERSION"
+            f"mindstudio-probe {found}: the replay reads msprobe's acc_check internals of {CHECKED_RANGE} "
+            f"(precision_harness/runs/api_replay/msprobe_acc.py): {INSTALL}, or read them and widen CHECKED"
         )
     return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``(26, 1, 0)`` of ``"26.1.0.post1"``; ``()`` (before any release) where it does not start with three numbers."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return tuple(int(part) for part in found.groups()) if found else ()
 
 
 @contextlib.contextmanager
@@ -78,10 +94,12 @@ def upcast(api_name: str, tensor: Any, dtype: Any) -> Any:
 
 def bench_function(api_name: str) -> Any | None:
     """msprobe's CPU bench function of a fused NPU op (``npu_rms_norm`` ...), or None where it ships none."""
-    from msprobe.pytorch.dump.function_factory import get_npu_custom_functions
+    from msprobe.pytorch.dump import function_factory
 
+    # 26.2.0 registers them from its fusion_operator_config.yaml on first use; 26.0.0 and 26.1.x at import
+    registered = getattr(function_factory, "get_npu_custom_functions", None)
     with _quiet():
-        functions = get_npu_custom_functions()
+        functions = registered() if registered is not None else function_factory.npu_custom_functions
     # msprobe's Register keeps its items beside the dict it subclasses: its .get() finds none
     return functions[api_name] if api_name in functions else None  # noqa: SIM401
 
@@ -104,7 +122,8 @@ def run_api(prefix: str, api_name: str, args: list[Any], kwargs: dict[str, Any])
     if prefix == "NPU":
         bench = bench_function(api_name)
         if bench is None:
-            raise LookupError(f"msprobe {CHECKED_VERSION} ships no CPU bench function for {api_name}")
+            release = metadata.version("mindstudio-probe")
+            raise LookupError(f"mindstudio-probe {release} ships no CPU bench function for {api_name}")
         return bench(*args, **kwargs)
     if prefix == "VF":
         return getattr(torch._VF, api_name)(*args, **kwargs)
