@@ -56,6 +56,23 @@ class GoldenStaleError(GoldenError):
     """The golden was recorded from another scenario hash or msprobe level: re-record, not drift."""
 
 
+class GoldenNarrowedError(GoldenError):
+    """The golden holds steps or stages its scenario no longer lists: they would be compared by nothing.
+
+    Attributes:
+        narrowing: the :class:`~precision_harness.goldens.narrowing.Narrowing` named by the message.
+    """
+
+    def __init__(self, message: str, narrowing: object = None) -> None:
+        super().__init__(message)
+        self.narrowing = narrowing
+
+
+class GoldenRefusedError(GoldenError):
+    """Recording refused: the run would make a golden that checks nothing (a stage without statistics) or
+    holds NaN/Inf the scenario does not declare. Nothing in ``golden/`` changes."""
+
+
 class GoldenDeviceModelError(GoldenError):
     """The golden was recorded on another accelerator model (GPU or NPU name) than the run's device.
 

@@ -19,9 +19,10 @@ state      reached by                                              its items
 new        :meth:`~PrecisionSession.state`                         --
 planned    :meth:`~PrecisionSession.plan`: ``SKIP`` (cannot    ``SKIP``: fail with the reason, or skip
            run here: its device is absent, verl is missing, no      under ``--precision-allow-skip``;
-           golden in check mode), ``ERROR`` (golden stale or        ``ERROR``: fail with the error's line,
-           corrupt; msprobe missing), ``RECORD`` (update, or        no run; ``CHECK``/``RECORD``: wait
-           missing with no golden on disk), ``CHECK``
+           golden in check mode), ``ERROR`` (golden stale,          ``ERROR``: fail with the error's line,
+           corrupt, or holding steps/stages the scenario no         no run; ``CHECK``/``RECORD``: wait
+           longer lists; msprobe missing), ``RECORD`` (update,
+           or missing with no golden on disk), ``CHECK``
 running    :meth:`~PrecisionSession.start`: the gate's up-front    wait for the run
            :meth:`~PrecisionSession.schedule` (``CHECK``/``RECORD``),
            a first item, or ``precision_run`` (any plan)
@@ -51,6 +52,7 @@ from precision_harness.check.verdict_text import settings_changed
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import GoldenMissingError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
+from precision_harness.goldens.narrowing import check_narrowing
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios, settle
 from precision_harness.options import PrecisionOptions
@@ -141,6 +143,7 @@ class PrecisionSession:
         else:
             try:
                 golden = self.store.load(scenario, st.golden_device)
+                check_narrowing(scenario, golden)  # the golden's steps/stages the scenario no longer lists
             except GoldenMissingError as exc:
                 return Plan(GoldenAction.SKIP, scenario, reason=str(exc))
             except PrecisionError as exc:
@@ -256,13 +259,8 @@ class PrecisionSession:
         if self.on_progress is None or st.progress_shown or st.future is None:
             return
         st.progress_shown = True
-        progress.follow(
-            self.run_dir(scenario),
-            st.future,
-            scenario=scenario.name,
-            report=self.on_progress,
-            total_steps=scenario.total_steps,
-        )
+        run_dir, total = self.run_dir(scenario), scenario.total_steps
+        progress.follow(run_dir, st.future, scenario=scenario.name, report=self.on_progress, total_steps=total)
 
     def scenario_named(self, name: str, dirs: Sequence[str]) -> Scenario:
         """The scenario ``name``: the one this session already knows, else ``<rootdir>/<dir>/<name>.yaml``.

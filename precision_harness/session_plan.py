@@ -25,6 +25,7 @@ from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden, update_command
 from precision_harness.goldens.manifest import LOCALIZE_DIR
+from precision_harness.goldens.recordable import check_recordable
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.history import golden_history
 from precision_harness.paths import display_path
@@ -151,6 +152,8 @@ def record_run(store: GoldenStore, st: ScenarioState, run: RunResult, *, history
 
     Raises:
         RunFailedError: a declared (step, stage) has no dump.
+        GoldenRefusedError: a stage holds no statistics, or the run holds NaN/Inf the scenario does not declare
+            (:func:`~precision_harness.goldens.recordable.check_recordable`); nothing is written.
         GoldenError: the golden cannot be written, or read back.
     """
     scenario = st.scenario
@@ -163,6 +166,7 @@ def record_run(store: GoldenStore, st: ScenarioState, run: RunResult, *, history
             f"({len(missing)} declared (step, stage) missing); a verl run dumps nothing when "
             "precision_debugger.config_path is unset or msprobe is missing with strict: false"
         )
+    check_recordable(scenario, run.run_dir)  # statistics in every stage, no undeclared NaN/Inf: else nothing written
     previous = store.previous(scenario.name, st.device)
     churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
     policy = TolerancePolicy.for_golden(

@@ -2,7 +2,14 @@
 
 - a weight sync that lists 0 parameters;
 - a ``rollout_generate`` stage whose run wrote no ``sampled_tokens.json`` where the golden has one;
-- a ``metrics.jsonl`` that logs a step twice (the compare kept the last row of the step).
+- a ``metrics.jsonl`` that logs a step twice (the compare kept the last row of the step);
+
+and (issue 53, item 3):
+
+- exact log-prob parity over 0 response tokens ("bit for bit on 0 tokens");
+- a stage whose dumps hold no statistic on either side ("0 statistics identical to the golden");
+- ``precision-harness compare`` of a target without ``metrics.jsonl`` against a golden with one (the metrics were
+  left out of the items).
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from harness_testing import base_data, write_dump
 from precision_harness.check import consistency
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
-from precision_harness.check.items import OutcomeKind, check_items
+from precision_harness.check.items import OutcomeKind, check_items, items_of
 from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.cli import main
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import parse_metrics
 from precision_harness.errors import GoldenCorruptError
@@ -97,3 +105,59 @@ def test_the_metrics_item_of_a_run_that_logged_a_step_twice_fails(tmp_path: Path
     [(_, out)] = check_items(tmp_path / "run", golden, [METRICS_ITEM], SETTINGS)
     assert not out.passed and out.kind is OutcomeKind.ERROR
     assert "\n" not in out.text and "training/global_step 1 again (first at line 1)" in out.text
+
+
+def test_exact_log_prob_parity_over_zero_tokens_fails(tmp_path: Path) -> None:
+    (tmp_path / "step_1").mkdir()
+    zeros = {
+        "response_mask": [[0, 0], [0, 0]],
+        "rollout_log_probs": [[0.0, 0.0]] * 2,
+        "old_log_probs": [[1.0, 2.0]] * 2,
+    }
+    (tmp_path / "step_1" / "log_probs.json").write_text(json.dumps(zeros))
+    exact = invariant_declarations.parse(
+        {"rollout_log_prob_parity": "exact"}, source="s.yaml", kind="builtin", records_rollout=True
+    )
+    verdict = consistency.check(tmp_path, 1, "rollout_log_prob_parity", exact)
+    assert not verdict.passed
+    assert verdict.text.startswith(
+        "rollout_log_prob_parity @ step_1: log_probs.json has no response token (every response_mask entry is 0): "
+        "no log-prob was compared"
+    ), verdict.text
+    bounds = invariant_declarations.parse(
+        {"rollout_log_prob_parity": {"max_abs": 1.0}}, source="s.yaml", kind="builtin", records_rollout=True
+    )
+    assert not consistency.check(tmp_path, 1, "rollout_log_prob_parity", bounds).passed  # as the bounds mode
+
+
+@pytest.mark.parametrize("ranks", [("rank0",), ("rank0", "rank1")], ids=["one rank", "two ranks"])
+def test_a_stage_without_statistics_on_either_side_fails(tmp_path: Path, ranks: tuple[str, ...]) -> None:
+    """An msprobe list/scope filter that matches nothing dumps ``"data": {}`` in the run and the golden alike."""
+    for root in ("golden", "run"):
+        for rank in ranks:
+            write_dump(tmp_path / root / "step_1" / "actor_update", {}, rank=rank)
+    golden = Golden.from_run_dir(tmp_path / "golden")
+    [(_, out)] = check_items(tmp_path / "run", golden, [ItemKey(1, "actor_update")], SETTINGS)
+    assert not out.passed and out.kind is OutcomeKind.ERROR and "\n" not in out.text
+    assert out.text.startswith(
+        'actor_update @ step_1: no statistics in the run or the golden (every rank\'s dump.json "data" is {}): '
+        "nothing was compared"
+    ), out.text
+
+
+def _with_metrics(root: Path, metrics: bool) -> Path:
+    write_dump(root / "step_1" / "actor_update", base_data())
+    if metrics:
+        (root / "metrics.jsonl").write_text(json.dumps({"training/global_step": 1, "actor/pg_loss": 0.5}) + "\n")
+    return root
+
+
+def test_compare_of_a_target_without_metrics_fails_the_goldens_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden, target = _with_metrics(tmp_path / "golden", True), _with_metrics(tmp_path / "target", False)
+    assert items_of(target, Golden.from_run_dir(golden))[-1] == METRICS_ITEM
+    assert main(["compare", str(target), str(golden), "--artifacts", str(tmp_path / "art")]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL {target / 'metrics.jsonl'}: missing; the golden {golden} holds metrics.jsonl" in out, out
+    assert "2 compared, 1 passed, 1 failed" in out

@@ -132,6 +132,12 @@ def _check_exact(run_dir: Path, step: int, where: str, mode: str) -> Verdict:
     if isinstance(log_probs, Verdict):
         return log_probs
     tokens = _response_tokens(log_probs)
+    if not tokens:  # nothing compared is a finding, not a pass (as the bounds mode's "no response token")
+        return Verdict(
+            False,
+            f"{where}: log_probs.json has no response token (every response_mask entry is 0): no log-prob was "
+            "compared; the rollout generated empty responses (check data.max_response_length and the rollout)",
+        )
     differ = [tok for tok in tokens if tok[2] != tok[3]]
     if not differ:
         return Verdict(

@@ -37,9 +37,10 @@ from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import DUMP, METRICS, load_dump, read_metrics
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import DirStage, StageSource
-from precision_harness.errors import GoldenMissingError, PrecisionError
+from precision_harness.errors import GoldenMissingError, PrecisionError, RunFailedError
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden
+from precision_harness.goldens.recordable import FILTER_FIELDS
 from precision_harness.paths import display_path
 from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
 
@@ -93,7 +94,8 @@ class Outcome:
 
 
 def items_of(target: Path, golden: Golden) -> list[ItemKey]:
-    """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` on either side, in execution order, then metrics."""
+    """Every ``(step, stage)`` with a ``step0/rank*/dump.json`` on either side, in execution order, then metrics
+    where the golden holds them (a target without ``metrics.jsonl`` fails that item, as the gate's does)."""
     found = set(golden.stages())
     for dump in Path(target).glob("step_*/*/step0/rank*/dump.json"):
         step_dir = dump.parents[3].name
@@ -101,8 +103,7 @@ def items_of(target: Path, golden: Golden) -> list[ItemKey]:
             found.add((int(step_dir[5:]), dump.parents[2].name))
     order = {s: i for i, s in enumerate(STAGES)}
     keys = [ItemKey(step, stage) for step, stage in sorted(found, key=lambda p: (p[0], order.get(p[1], 99), p[1]))]
-    has_metrics = (Path(target) / "metrics.jsonl").is_file() and golden.has_metrics()
-    return keys + ([METRICS_ITEM] if has_metrics else [])
+    return keys + ([METRICS_ITEM] if golden.has_metrics() else [])
 
 
 def identical_stages(target: Path, golden: Golden) -> int:
@@ -212,7 +213,14 @@ def _check_metrics(target: Path, golden: Golden, s: CheckSettings) -> Outcome:
         again = f"; re-record with: {s.rerecord}" if s.rerecord else ""
         raise GoldenMissingError(f"{display_path(golden.path)}: no metrics.jsonl in the golden{again}")
     golden_rows = golden.metrics()
-    return check_metrics(read_metrics(Path(target) / METRICS), golden_rows, s)
+    path = Path(target) / METRICS
+    if not path.is_file():
+        raise RunFailedError(
+            f"{display_path(path)}: missing; the golden {display_path(golden.path)} holds metrics.jsonl, so its "
+            f"{len(golden_rows)} step(s) of metrics would be compared by nothing: point at the run directory that "
+            "wrote it (verl writes it with trainer.logger: [console, file])"
+        )
+    return check_metrics(read_metrics(path), golden_rows, s)
 
 
 def check_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> Outcome:
@@ -227,6 +235,8 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     __tracebackhide__ = True
     t0 = time.perf_counter()
     verdict = compare_stage(target, golden, settings)
+    if verdict.passed and not verdict.checked and not verdict.unchecked:
+        return Outcome(False, _nothing_compared(verdict, settings), OutcomeKind.ERROR, verdict)
     if verdict.passed:
         kind = OutcomeKind.IDENTICAL if verdict.identical else OutcomeKind.COMPARED
         passing = verdict_text.Reading(environment=settings.environment)
@@ -261,6 +271,15 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
         seconds=time.perf_counter() - t0,
         artifacts=shown,
         origin=origin,
+    )
+
+
+def _nothing_compared(verdict: StageVerdict, settings: CheckSettings) -> str:
+    """The line of a stage whose dumps hold no statistic on either side: it compared nothing, so it does not pass."""
+    again = f"; re-record with: {settings.rerecord}" if settings.rerecord else ""
+    return (
+        f"{verdict.stage} @ step_{verdict.step}: no statistics in the run or the golden (every rank's dump.json "
+        f'"data" is {{}}): nothing was compared; msprobe\'s filter matched no API there: fix {FILTER_FIELDS}{again}'
     )
 
 

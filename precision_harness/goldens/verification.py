@@ -7,6 +7,7 @@ each problem as one line instead of raising at the first.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,14 @@ _FINITE_MAX = {
 }
 
 
-def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
-    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic.
+def non_finite(dump: dict[str, Any]) -> Iterator[tuple[str, str, float]]:
+    """``(tensor path, statistic, value)`` of every statistic of a parsed ``dump.json`` a golden may not hold.
 
     NaN anywhere, and +-Inf in Max or Min, are errors (a golden must be made of numbers). An
     infinite Mean or Norm is allowed where Max or Min holds a masking constant (at least half the
-    dtype's largest finite value), whose sum overflows in msprobe's own statistics.
+    dtype's largest finite value), whose sum overflows in msprobe's own statistics. Tensor paths are
+    :func:`~precision_harness.dumps.rows.tensors`' (``Functional.linear.0.forward.output.0``).
     """
-    problems = []
     for where, tensor in tensors(dump["data"]):
         dtype = str(tensor["dtype"]).rsplit(".", 1)[-1]
         extreme = 0.5 * _FINITE_MAX.get(dtype, math.inf)
@@ -45,8 +46,13 @@ def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
             if not isinstance(v, (int, float)) or math.isfinite(v):
                 continue
             if math.isnan(v) or stat in ("Max", "Min") or not masked:
-                problems.append(f"{shown}: {where} {stat} is {v}")
-    return problems
+                yield where, stat, v
+
+
+def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
+    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic
+    (:func:`non_finite`)."""
+    return [f"{shown}: {where} {stat} is {v}" for where, stat, v in non_finite(dump)]
 
 
 def verify_golden(path: Path) -> list[str]:

@@ -38,4 +38,6 @@ def validate(instance: Any, schema_name: str, *, source: str | Path) -> None:
         message = err.message
         if err.validator == "additionalProperties":
             message = f"{message}; remove it or check its spelling against {schema_name}.schema.json"
+        elif err.validator == "minItems" and err.instance == []:
+            message = "[] is empty: an empty list gates nothing; list at least one"
         raise SchemaError(f"{source}: {where}: {message}")
