@@ -16,8 +16,9 @@ Usage::
     python benchmarks/torch_releases.py --python /tmp/torch-2.6.0/bin/python
 
 For the stack matrix: :func:`venv_python` builds (or reuses) a release's venv, :func:`check_release` runs the three
-runs under a Python and returns a :class:`ReleaseRow`; :func:`table` formats rows as a Markdown table. The parent
-process never imports torch.
+runs under a Python and returns a :class:`ReleaseRow`; :func:`table` formats rows as a Markdown table;
+:func:`overlay` gives the ``PYTHONPATH`` folder that runs the pinned environment's gate (verl's CPU scenarios) under
+that torch. The parent process never imports torch.
 """
 
 from __future__ import annotations
@@ -69,6 +70,26 @@ def venv_python(version: str, root: Path = Path("/tmp")) -> Path:
     if probe.returncode != 0:
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={version}", "numpy"], check=True)
     return python
+
+
+def overlay(python: Path | str, root: Path = Path("/tmp")) -> Path:
+    """A folder that puts ``python``'s torch (and the CUDA libraries and triton it loads) first on ``PYTHONPATH`` of
+    another environment, nothing else moved: how the pinned environment runs verl's CPU scenario under that torch.
+    Made of links into its site-packages (``root/torch-overlay-<version>``).
+
+    Raises:
+        subprocess.CalledProcessError: ``python`` cannot report its site-packages.
+    """
+    code = "import sysconfig, importlib.metadata as m; print(sysconfig.get_paths()['purelib'], m.version('torch'))"
+    site, version = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    folder = root / f"torch-overlay-{version}"
+    folder.mkdir(exist_ok=True)
+    for entry in Path(site).iterdir():
+        name = entry.name.lower()
+        wanted = name.split("-")[0] in {"torch", "torchgen", "functorch", "nvidia", "triton", "cuda"}
+        if wanted and not (folder / entry.name).exists():
+            (folder / entry.name).symlink_to(entry)
+    return folder
 
 
 def check_release(python: Path | str, timeout_s: float = RUN_TIMEOUT_S, *, control: bool = True) -> ReleaseRow:
@@ -192,12 +213,16 @@ def main() -> None:
     parser.add_argument("versions", nargs="*", help="torch releases, each in its own venv /tmp/torch-X")
     parser.add_argument("--python", action="append", default=[], help="a Python whose torch to check")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON lines instead of a table")
+    parser.add_argument("--overlay", help="print the PYTHONPATH folder that puts this Python's torch first")
     parser.add_argument("--no-control", action="store_true", help="skip the unfilled control run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--no-fill", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker, fill=not args.no_fill)
+        return
+    if args.overlay:
+        print(overlay(args.overlay))
         return
     pythons = [*args.python, *(venv_python(v) for v in args.versions)]
     rows = [check_release(p, control=not args.no_control) for p in pythons]

@@ -79,7 +79,7 @@ COPY_IN_PARAMETERS = (
     "dtype",
     "device",
 )
-#: the rows left unchecked where the fill cannot apply
+#: the rows the fill would have made deterministic, named where it cannot apply
 UNFILLED_ROWS = "the Tensor.narrow rows of FSDP2's all-gather buffer (msprobe's stack: all_gather_copy_in)"
 _PATCHED = "__precision_patched__"
 
@@ -160,8 +160,9 @@ def not_filled(version: str, module: str) -> str:
     """The one line saying the fill does not apply under torch ``version`` and which rows go unchecked."""
     return (
         f"torch {version}: {module} allocates FSDP2's all-gather buffer in none of {ALLOC_MIXIN}, "
-        f"{ALLOCATE_MEMORY} nor {COPY_IN_KERNEL}; the buffer is not zero-filled, so {UNFILLED_ROWS} are unchecked: "
-        "they hold uninitialised memory (precision_harness/runs/fsdp2_buffers.py knows torch 2.5 to 2.14.1)"
+        f"{ALLOCATE_MEMORY} nor {COPY_IN_KERNEL}; the buffer is not zero-filled, so {UNFILLED_ROWS} are unchecked "
+        "by it: they hold uninitialised memory, and a difference there is no numeric change "
+        "(precision_harness/runs/fsdp2_buffers.py knows torch 2.5 to 2.14.1)"
     )
 
 
