@@ -24,8 +24,9 @@ the imported ``_fsdp_collectives`` module has (:func:`fill_point`), each layout 
   2.6.0 and 2.7.1 at ``torch.distributed.fsdp._fully_shard``): the CPU/CUDA kernel of ``fsdp::all_gather_copy_in``,
   ``all_gather_copy_in_cuda(all_gather_inputs, inp_split_sizes, all_gather_input_numel, world_size, rank, dtype,
   device)``, allocates the buffer itself. torch's dispatcher holds that function object and ``torch.library``
-  refuses a second Python kernel for the key, so the function's code is replaced by :func:`_copy_in_zeroed`, torch's
-  body with ``torch.zeros``, run in the torch module's globals.
+  refuses a second Python kernel for the key, so the function's code is replaced by
+  :func:`_all_gather_copy_in_zeroed`, torch's body with ``torch.zeros``, run in the torch module's globals (msprobe's
+  stack then names this module's frame, ``in _all_gather_copy_in_zeroed``, as the code that ran).
 - any other layout (torch 2.4, read in 2.4.1: ``foreach_all_gather`` itself allocates the buffer, inline, and
   narrows it; and any later release that moves it again): nothing is patched and the run proceeds; :func:`not_filled`
   says which rows go unchecked and why, in the verl process's log and in the gate's header.
@@ -201,7 +202,7 @@ def _zeroed_allocate_memory(original: Any) -> Any:
     return allocate_memory
 
 
-def _copy_in_zeroed(  # noqa: PLR0913  (torch's kernel's parameters, one for one: its code replaces the kernel's)
+def _all_gather_copy_in_zeroed(  # noqa: PLR0913  (torch's kernel's parameters, one for one: its code replaces the kernel's)
     all_gather_inputs: list[torch.Tensor],
     inp_split_sizes: list[int],
     all_gather_input_numel: int,
@@ -255,7 +256,7 @@ def zero_fill(collectives: Any) -> str | None:
     elif point == COPY_IN_KERNEL:
         kernel = getattr(collectives, COPY_IN_KERNEL)
         if not getattr(kernel, _PATCHED, False):
-            kernel.__code__ = _copy_in_zeroed.__code__  # the dispatcher holds this function object
+            kernel.__code__ = _all_gather_copy_in_zeroed.__code__  # the dispatcher holds this function object
             setattr(kernel, _PATCHED, True)
     else:
         import torch
