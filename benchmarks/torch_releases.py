@@ -53,6 +53,9 @@ class ReleaseRow:
     calls: int
     seconds: float
     error: str | None = None
+    #: what made the all-gathers: ``fully_shard`` (a sharded model's forward and backward), or FSDP2's copy-in
+    #: operator and a gloo all-gather where this release's ``fully_shard`` does not run on the CPU
+    path: str = "fully_shard"
 
 
 def venv_python(version: str, root: Path = Path("/tmp")) -> Path:
@@ -110,6 +113,7 @@ def check_release(python: Path | str, timeout_s: float = RUN_TIMEOUT_S, *, contr
         unfilled_nonzero=sum(c["narrow_nonzero"] for c in unfilled["calls"]),
         calls=len(first["calls"]),
         seconds=round(time.perf_counter() - start, 1),
+        path=first["path"],
     )
 
 
@@ -127,17 +131,17 @@ def _run(python: Path | str, *, fill: bool, timeout_s: float) -> dict[str, Any]:
 def table(rows: list[ReleaseRow]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| torch | fill point | two runs identical | narrowed views zero | unfilled non-zero elements | calls | s |",
-        "|---|---|---|---|---|---|---|",
+        "| torch | fill point | two runs identical | narrowed views zero | unfilled non-zero | calls | s | by |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.torch} | error: {r.error} | | | | | {r.seconds} |")
+            lines.append(f"| {r.torch} | error: {r.error} | | | | | {r.seconds} | |")
             continue
         yes = {True: "yes", False: "no"}
         lines.append(
             f"| {r.torch} | {r.layout or 'unknown: unchecked'} | {yes[r.identical]} | {yes[r.zero_before_copy]} "
-            f"| {r.unfilled_nonzero} | {r.calls} | {r.seconds} |"
+            f"| {r.unfilled_nonzero} | {r.calls} | {r.seconds} | {r.path} |"
         )
     return "\n".join(lines)
 
@@ -184,15 +188,44 @@ def _rank(rank: int, world: int, port: int, out: str, fill: bool) -> None:
     for layer in (model[0], model[2], model):
         fully_shard(layer)
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
-    model(x).pow(2).mean().backward()
+    path = "fully_shard"
+    try:
+        model(x).pow(2).mean().backward()
+    except (AttributeError, RuntimeError) as exc:  # this release's FSDP2 does not run on the CPU (2.6: Stream events)
+        calls.clear()
+        _copy_in_directly(rank, world)
+        path = f"fsdp::all_gather_copy_in + gloo all-gather (fully_shard on CPU: {str(exc).splitlines()[0]})"
     rows = [{**c, "buffer": _digest(c["buffer"])} for c in calls]  # the buffer after the all-gather filled it
     layout = None
     if fill:
         from precision_harness.runs import fsdp2_buffers
 
         layout = fsdp2_buffers.fill_point(next(sys.modules[m] for m in fsdp2_buffers.MODULES if m in sys.modules))
-    Path(f"{out}.{rank}").write_text(json.dumps({"layout": layout, "calls": rows}), encoding="utf-8")
+    found = {"layout": layout, "calls": rows, "path": path}
+    Path(f"{out}.{rank}").write_text(json.dumps(found), encoding="utf-8")
     dist.destroy_process_group()
+
+
+def _copy_in_directly(rank: int, world: int) -> None:
+    """FSDP2's copy-in operator through torch's dispatcher, as ``foreach_all_gather`` calls it in this release, then
+    the all-gather over gloo: where ``fully_shard`` itself does not run on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    from precision_harness.runs import fsdp2_buffers as fb
+
+    module = next(sys.modules[m] for m in fb.MODULES if m in sys.modules)
+    layout, cpu, op = fb.fill_point(module), torch.device("cpu"), torch.ops.fsdp.all_gather_copy_in
+    inputs, sizes, numel = [torch.arange(1.0, 7.0) * (rank + 1), torch.arange(1.0, 3.0) * (rank + 1)], [6, 2], 8
+    if layout == fb.ALLOC_MIXIN:
+        output = module.DefaultAllGather().allocate((numel * world,), dtype=torch.float32, device=cpu)
+        mine, output = op(inputs, output, sizes, numel, rank)
+    elif layout == fb.ALLOCATE_MEMORY:
+        group = dist.group.WORLD.group_name
+        mine, output = op(inputs, sizes, numel, world, rank, torch.float32, cpu, group, False)
+    else:
+        mine, output = op(inputs, sizes, numel, world, rank, torch.float32, cpu)
+    dist.all_gather_into_tensor(output, mine)
 
 
 def _worker(out: str, fill: bool) -> None:
@@ -205,7 +238,7 @@ def _worker(out: str, fill: bool) -> None:
     mp.spawn(_rank, args=(2, port, out, fill), nprocs=2, join=True)
     ranks = [json.loads(Path(f"{out}.{r}").read_text(encoding="utf-8")) for r in range(2)]
     calls = [c for r in ranks for c in r["calls"]]
-    found = {"torch": torch.__version__, "layout": ranks[0]["layout"], "calls": calls}
+    found = {"torch": torch.__version__, "layout": ranks[0]["layout"], "calls": calls, "path": ranks[0]["path"]}
     Path(out).write_text(json.dumps(found), encoding="utf-8")
 
 
