@@ -26,8 +26,7 @@ import fsdp2_layouts  # noqa: E402
 
 REFUSED = (
     "torch 2.0.1 is not supported by the precision gate (supported: torch 2.1 and later; FSDP2's all-gather buffer "
-    "zero-filled on torch 2.5 and later, run on 2.5.1, 2.6.0, 2.8.0, 2.10.0, 2.13.0, 2.14.1); "
-    "install one: pip install 'torch>=2.5.1'"
+    "zero-filled on torch 2.5 and later, run on 2.6.0, 2.8.0, 2.13.0, 2.14.1); install one: pip install 'torch>=2.6.0'"
 )
 #: release -> where it allocates the buffer (read in its wheel's _fsdp_collectives.py)
 EXPECTED = {

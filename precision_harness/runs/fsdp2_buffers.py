@@ -12,10 +12,10 @@ garbage and the compare a special case; the fill keeps the dump true.
 The version guard: where the buffer is allocated moved between torch releases, so the patch point is chosen by what
 the imported ``_fsdp_collectives`` module has (:func:`fill_point`), each layout read in torch's source:
 
-- :data:`ALLOC_MIXIN` (torch 2.9 to 2.14.1, read in 2.9.1, 2.10.0, 2.13.0, 2.14.1): ``foreach_all_gather``
-  asks its ``AllGather`` for the buffer, and FSDP2's default one, ``DefaultAllGather``, allocates it in
-  ``DefaultAllocMixin.allocate``. That method is replaced. verl 0.9.1 selects neither FSDP2's process-group nor its
-  symmetric-memory allocation, so their mixins are left alone.
+- :data:`ALLOC_MIXIN` (torch 2.9 to 2.14.1, read in 2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1):
+  ``foreach_all_gather`` asks its ``AllGather`` for the buffer, and FSDP2's default one, ``DefaultAllGather``,
+  allocates it in ``DefaultAllocMixin.allocate``. That method is replaced. verl 0.9.1 selects neither FSDP2's
+  process-group nor its symmetric-memory allocation, so their mixins are left alone.
 - :data:`ALLOCATE_MEMORY` (torch 2.8, read in 2.8.0): the copy-in kernel calls the module's
   ``allocate_memory(size, dtype, device, group, from_process_group)``, looked up at each call. The module's name is
   rebound to one that allocates with ``torch.zeros`` (the process-group branch, which verl does not select, is
@@ -59,7 +59,7 @@ MODULES = (
     "torch.distributed._composable.fsdp._fsdp_collectives",
 )
 #: the torch releases the fill was run on, two identical 2-rank all-gathers each (benchmarks/torch_releases.py)
-CHECKED_TORCH = ("2.5.1", "2.6.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1")
+CHECKED_TORCH = ("2.6.0", "2.8.0", "2.13.0", "2.14.1")
 #: the oldest torch the gate runs under (pyproject.toml's floor; the CPU kernels need torch.library)
 OLDEST_TORCH = (2, 1)
 #: the layouts :func:`fill_point` knows
