@@ -433,8 +433,8 @@ def command_spec(
     gains verl's file logger. The log header lists every gate-owned override and variable.
 
     Raises:
-        ScenarioError: a critic stage, ``rollout_generate`` or ``weight_sync`` off the cpu, a torch the FSDP2 buffer
-            patch was not checked with (:mod:`~precision_harness.runs.fsdp2_buffers`), ``level: auto`` off the cpu
+        ScenarioError: a critic stage, ``rollout_generate`` or ``weight_sync`` off the cpu, a torch the gate cannot run
+            under (:func:`~precision_harness.runs.fsdp2_buffers.refusal`), ``level: auto`` off the cpu
             under a verl the stage window was not checked with, or on cpu an unsupported verl or an override of a
             CPU-owned key.
     """
@@ -454,9 +454,9 @@ def command_spec(
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
     check_device_stages(scenario.path, list(scenario.stages), device)
     check_device_invariants(scenario, device)
-    unchecked = fsdp2_buffers.installed_refusal()
-    if unchecked is not None:
-        raise ScenarioError(f"{scenario.path}: {unchecked}")
+    unsupported = fsdp2_buffers.installed_refusal()
+    if unsupported is not None:
+        raise ScenarioError(f"{scenario.path}: {unsupported}")
     check_stage_window_version(scenario, device)
     if device == "cpu":
         check_cpu_version(scenario.path)
@@ -475,6 +475,7 @@ def command_spec(
     header = [version_line(device), f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
+    header.append(fsdp2_buffers.fill_line())
     # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
     hydra = {"hydra.run.dir": str(run_dir / "hydra")}
     return CommandSpec(
