@@ -232,9 +232,10 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
     assert len(message.splitlines()) == 1
 
 
-#: every committed scenario, each under one dispatch setting in turn, so that every setting runs at least once:
-#: two runs a scenario (its baseline and the setting) rather than nine (``precision-harness portability`` runs all)
-COMMITTED = sorted((REPO / "scenarios").glob("*.yaml"))
+#: every committed scenario but grpo_bf16_actor (above, under :data:`FAST`), each under one dispatch setting in turn,
+#: so that every setting runs at least once: two runs a scenario (its baseline and the setting) rather than nine
+#: (``precision-harness portability`` runs all)
+COMMITTED = sorted(p for p in (REPO / "scenarios").glob("*.yaml") if p != BF16)
 ROTATION = [(path, SETTINGS[i % len(SETTINGS)]) for i, path in enumerate(COMMITTED)]
 
 
