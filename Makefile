@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints/cpu.txt
 
-.PHONY: gate test lint format update-golden benchmarks lock clean
+.PHONY: gate test lint format update-golden benchmarks stack-matrix lock clean
 
 $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,11 +17,21 @@ $(VENV)/.gate: pyproject.toml constraints/cpu.txt
 # the upgrade the tests gate: transformers 5.23.0 beside the pinned environment (tests/test_real_upgrade.py)
 UPGRADE := $(VENV)/transformers-5.23
 
-$(VENV)/.test: $(VENV)/.gate constraints/transformers-5.23.txt
+# the stack matrix's cheap rows (benchmarks/stack_matrix.py, tests/test_stack_matrix.py): one release of
+# mindstudio-probe or transformers per constraints/stacks/ file, each in .venv/stacks/<file stem>
+STACKS := $(wildcard constraints/stacks/*.txt)
+# pyproject.toml's mindstudio-probe floor, as a wheel: what tests/test_install.py's device-like dry run may take
+MSPROBE_FLOOR := $(shell sed -n 's/.*"mindstudio-probe>=\([^"]*\)".*/\1/p' pyproject.toml)
+
+$(VENV)/.test: $(VENV)/.gate constraints/transformers-5.23.txt $(STACKS)
 	$(PIP) -e ".[test,verl]"
-	rm -rf $(UPGRADE)
+	rm -rf $(UPGRADE) $(VENV)/stacks
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(UPGRADE) \
 		-r constraints/transformers-5.23.txt
+	$(BIN)/python benchmarks/stack_matrix.py --install
+	rm -rf $(VENV)/wheels
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --dest $(VENV)/wheels \
+		"mindstudio-probe==$(MSPROBE_FLOOR)"
 	touch $@
 
 gate: $(VENV)/.gate          ## the main job: every scenario against golden/, plus the invariants
@@ -50,6 +60,9 @@ update-golden: $(VENV)/.gate ## re-record every golden (review the churn, then c
 
 benchmarks: $(VENV)/.test    ## overhead and speed ratios (printed, never asserted)
 	$(BIN)/python benchmarks/overhead.py
+
+stack-matrix: $(VENV)/.test  ## the whole gate under each release of constraints/stacks/ (and torch's rows): docs/stacks.md
+	$(BIN)/python benchmarks/stack_matrix.py --write-docs
 
 lock: $(VENV)/.test          ## re-pin the resolved test environment in constraints/cpu.txt
 	sed -i '/^# --- lock (make lock) ---$$/q' constraints/cpu.txt

@@ -49,6 +49,8 @@ PRELOAD = (
     "msprobe.pytorch.api_accuracy_checker.acc_check.data_generate",
     "msprobe.pytorch.api_accuracy_checker.compare.api_precision_compare",
 )
+#: the module the forkserver preloads: it imports :data:`PRELOAD` through :func:`preload`
+GUARDED_PRELOAD = "precision_harness.runs.warm_preload"
 #: the entry point a child runs by default: one scenario run (``python -m precision_harness.runs.runner``)
 RUNNER = "precision_harness.runs.runner.__main__"
 
@@ -57,6 +59,23 @@ _server_env: dict[str, str] | None = None
 #: what the server's interpreter may have loaded at start-up that an isolated one does not
 #: (:func:`~precision_harness.runs.isolated.start_up_code`), read from this process's environment when it started
 _server_start_up: str | None = None
+
+
+def preload() -> None:
+    """Import :data:`PRELOAD`, each module that raises left out.
+
+    The forkserver's own preload skips only ``ImportError``: any other error (mindstudio-probe 8.3.3 under numpy 2
+    raises ``AttributeError``) ends the server, and every run then fails with ``EOFError: unexpected EOF``. A
+    module left out here is imported by the run itself, which says in one line why it cannot
+    (:mod:`precision_harness.runs.msprobe_release`).
+    """
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the run's own import reports it
+            continue
 
 
 def context_for(determinism: dict[str, str]) -> BaseContext | warm_shared.SharedServers | None:
@@ -88,7 +107,7 @@ def _start_server(determinism: dict[str, str]) -> None:
     environment gets anyway, so another thread starting a process meanwhile sees a whole environment.
     """
     global _server_start_up
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+    multiprocessing.get_context("forkserver").set_forkserver_preload([GUARDED_PRELOAD])
     _server_start_up = isolated.start_up_code(os.environ)
     saved = {key: os.environ.get(key) for key in determinism}
     os.environ.update(determinism)

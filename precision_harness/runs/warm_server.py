@@ -18,7 +18,6 @@ and ends with its last child. A client that disconnects before its child ended h
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import selectors
@@ -226,8 +225,7 @@ def main(argv: list[str]) -> int:
     socket_path, owner, idle_s = Path(argv[0]), int(argv[1]), float(argv[2])
     from precision_harness.runs import warm
 
-    for name in warm.PRELOAD:
-        importlib.import_module(name)
+    warm.preload()
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)

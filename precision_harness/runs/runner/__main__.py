@@ -61,10 +61,11 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
     if dump:
         try:
             import msprobe.pytorch  # noqa: F401
-        except ImportError as exc:
-            raise ImportError(
-                f"mindstudio-probe is not importable in the worker ({exc}); pip install mindstudio-probe"
-            ) from None
+        except Exception as exc:  # a release built for numpy 1 raises AttributeError, not ImportError
+            from precision_harness.errors import ProbeUnavailableError
+            from precision_harness.runs.msprobe_release import unimportable
+
+            raise ProbeUnavailableError(unimportable(exc)) from None
     from precision_harness.runs.runner import devices
     from precision_harness.runs.runner.trainer import Trainer
 

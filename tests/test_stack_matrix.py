@@ -1,0 +1,158 @@
+"""The stack matrix's cheap rows in ``make test`` (issue 52): real mindstudio-probe and transformers releases.
+
+``make test`` installs each ``constraints/stacks/`` file, without dependencies, into ``.venv/stacks/<stem>``
+(``benchmarks/stack_matrix.py --install``). Each row here runs one scenario's first step
+(``scenarios/grpo_tiny.yaml -k step_1``: actor and reference log-probs and the actor update, every stage kind a
+model forward reaches) under that folder against the committed goldens, and asserts the true verdict:
+
+- mindstudio-probe 8.3.3 (numpy 1 only) is refused in one line that names it, numpy and what to install;
+- every other release passes, the numbers it records unmoved, and the package's change is named: msprobe in the
+  environment line, transformers as the cause of the changed code path.
+
+The whole gate per row, and the torch rows, run from the benchmark (docs/stacks.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import stack_matrix  # noqa: E402
+
+#: one scenario's first step: what each row costs in `make test` (docs/stacks.md has the whole gate)
+ONE_SCENARIO = ("scenarios/grpo_tiny.yaml", "-k", "step_1")
+STAGES = {"actor_compute_log_prob", "ref_compute_log_prob", "actor_update"}
+ROWS = [s for s in stack_matrix.stacks() if s.kind != "pinned"]
+MSPROBE_NUMPY1 = [s for s in ROWS if s.kind == "msprobe" and Version(s.version) < Version("26")]
+MSPROBE = [s for s in ROWS if s.kind == "msprobe" and s not in MSPROBE_NUMPY1]
+TRANSFORMERS = [s for s in ROWS if s.kind == "transformers"]
+GOLDEN = stack_matrix.pins()
+
+
+def _run(stack: stack_matrix.Stack, tmp_path: Path) -> stack_matrix.Row:
+    settings = stack_matrix.MatrixSettings(gate=ONE_SCENARIO, out=tmp_path, timeout_s=1500)
+    return stack_matrix.run_gate(stack, settings)
+
+
+def _ids(stacks: list[stack_matrix.Stack]) -> list[str]:
+    return [s.name for s in stacks]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", MSPROBE_NUMPY1, ids=_ids(MSPROBE_NUMPY1))
+def test_an_msprobe_release_for_numpy_1_is_refused_in_one_line(stack, tmp_path: Path) -> None:
+    row = _run(stack, tmp_path)
+    assert row.status == "refused", stack_matrix.table([row])
+    assert f"ProbeUnavailableError: mindstudio-probe {stack.version} does not import here (" in row.reason, row.reason
+    assert "numpy<2.0,>=1.23.0 (numpy 2." in row.reason and "pip install 'mindstudio-probe>=" in row.reason
+    texts = [item["text"] for item in row.report.get("items", [])]
+    assert texts and not any("EOFError" in text or "Traceback" in text for text in texts), texts[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", MSPROBE, ids=_ids(MSPROBE))
+def test_an_msprobe_release_passes_with_the_numbers_unmoved(stack, tmp_path: Path) -> None:
+    row = _run(stack, tmp_path)
+    assert row.ok, stack_matrix.table([row])
+    stages = [i for i in row.report["items"] if i["stage"] in STAGES]
+    assert {i["stage"] for i in stages} == STAGES, stack_matrix.table([row])
+    for item in stages:
+        assert item["kind"] == "identical" or item["worst_ratio"] == 0.0, item["text"]
+    diffs = [d for sc in row.report["scenarios"] for d in sc["environment_diff"]]
+    assert {"what": "mindstudio-probe", "golden": GOLDEN["msprobe"], "run": stack.version} in diffs, diffs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", TRANSFORMERS, ids=_ids(TRANSFORMERS))
+def test_a_transformers_release_passes_with_its_code_path_named(stack, tmp_path: Path) -> None:
+    row = _run(stack, tmp_path)
+    assert row.ok, stack_matrix.table([row])
+    cause = f"transformers {GOLDEN['transformers']} -> {stack.version}"
+    stages = [i for i in row.report["items"] if i["stage"] in STAGES]
+    assert {i["stage"] for i in stages} == STAGES, stack_matrix.table([row])
+    for item in stages:
+        assert "upstream" not in item["text"], item["text"]
+        if item["kind"] != "identical":
+            path = item["code_path"]
+            assert path is not None and path["failing"] == 0 and path["cause"].startswith(cause), item["text"]
+    diffs = [d for sc in row.report["scenarios"] for d in sc["environment_diff"]]
+    assert {"what": "transformers", "golden": GOLDEN["transformers"], "run": stack.version} in diffs, diffs
+
+
+def test_every_row_is_installed_where_the_gate_looks() -> None:
+    """``make test`` installed each row's release (the rows above are not vacuous: each runs that release)."""
+    for stack in ROWS:
+        probe = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+        argv = [sys.executable, "-c", probe, stack.package]
+        proc = subprocess.run(argv, env=stack_matrix.environment(stack), capture_output=True, text=True, check=False)
+        assert proc.stdout.strip() == stack.version, f"{stack.target}: `make .venv/.test` installs {stack.name}"
+
+
+def test_the_unimportable_line_names_what_the_release_needs() -> None:
+    """The refusal's line, without running anything: msprobe 8.3.3's own numpy requirement, read from its metadata."""
+    (stack,) = [s for s in MSPROBE_NUMPY1 if s.version == "8.3.3"]
+    code = (
+        "from precision_harness.runs.msprobe_release import unimportable;"
+        "print(unimportable(AttributeError('`np.unicode_` was removed in the NumPy 2.0 release.')))"
+    )
+    env = {**stack_matrix.environment(stack), "PYTHONDONTWRITEBYTECODE": "1"}
+    line = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert line.count("\n") == 1 and line.startswith("mindstudio-probe 8.3.3 does not import here (AttributeError:")
+    assert "numpy<2.0,>=1.23.0 (numpy 2." in line and "(docs/stacks.md): pip install 'mindstudio-probe>=" in line
+
+
+def test_a_stacks_file_names_its_package_and_release(tmp_path: Path) -> None:
+    good = tmp_path / "msprobe-x.txt"
+    good.write_text("# a row\nmindstudio-probe==26.1.0  # the release\nnumpy==1.26.4\n")
+    assert stack_matrix.load_stack(good) == stack_matrix.Stack(
+        "msprobe-x", "msprobe", "mindstudio-probe", "26.1.0", good
+    )
+    loose = tmp_path / "loose.txt"
+    loose.write_text("transformers>=4.57\n")
+    with pytest.raises(ValueError, match=r"loose.txt: first requirement 'transformers>=4.57' is not name==version"):
+        stack_matrix.load_stack(loose)
+
+
+def _item(kind: str, passed: bool, text: str) -> dict:
+    return {"kind": kind, "passed": passed, "text": text, "stage": "actor_update", "nodeid": "x"}
+
+
+def test_a_row_counts_items_and_refuses_where_nothing_was_gated() -> None:
+    stack = stack_matrix.Stack("s", "msprobe", "mindstudio-probe", "1")
+    env = "environment differs from the golden's: mindstudio-probe 26.2.0 -> 1"
+    items = [_item("identical", True, ""), _item("compared", True, ""), _item("compared", False, f"{env}\nbad Max")]
+    row = stack_matrix.row_from_report(stack, {"items": [*items, _item("compared", False, "bad Max")]}, 1.0)
+    assert (row.status, row.passed, row.identical, row.within, row.failed) == ("ran", 2, 1, 1, 2)
+    assert row.verdicts == [(2, "bad Max")]
+    refused = stack_matrix.row_from_report(stack, {"items": [_item("error", False, "cannot run\ntraceback")]}, 1.0)
+    assert (refused.status, refused.reason, refused.ok) == ("refused", "cannot run", False)
+    assert "| msprobe 1 | refused: cannot run | 0 | 0 | 0 | 1 |  | 1 |" in stack_matrix.table([refused])
+
+
+def test_the_docs_page_is_the_scripts(tmp_path: Path) -> None:
+    """docs/stacks.md is generated (``--write-docs``): its table rows are those the script writes for its rows."""
+    text = (ROOT / "docs" / "stacks.md").read_text()
+    assert "Generated by `python benchmarks/stack_matrix.py --write-docs`" in text
+    for stack in stack_matrix.stacks():
+        label = "pinned (constraints/cpu.txt)" if stack.kind == "pinned" else f"{stack.kind} {stack.version}"
+        assert f"| {label} |" in text, f"docs/stacks.md has no row for {stack.name}: run the script with --write-docs"
+
+
+def test_the_warm_preload_leaves_out_a_module_that_raises(tmp_path: Path, monkeypatch) -> None:
+    """A preloaded module raising other than ImportError (msprobe 8.3.3's AttributeError under numpy 2) once ended the
+    forkserver, and every run read ``EOFError``; now it is left to the run, and the rest is still imported."""
+    from precision_harness.runs import warm
+
+    (tmp_path / "raises_on_import.py").write_text("raise AttributeError('`np.unicode_` was removed')\n")
+    (tmp_path / "imports_fine.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(warm, "PRELOAD", ("raises_on_import", "imports_fine"))
+    warm.preload()
+    assert sys.modules.pop("imports_fine").LOADED and "raises_on_import" not in sys.modules
