@@ -43,7 +43,7 @@ class Leaving(str, Enum):
 
     MATCH = "match"  #: every output of the run's block matches the golden's value in its place within tolerance
     DIFFER = "differ"  #: some output does not
-    NONE = "none"  #: no tensor leaves the block (its calls return none): undecided, the rows after it carry the evidence
+    NONE = "none"  #: no tensor leaves the block (its calls return none): undecided, the rows after it are the evidence
 
 
 @dataclass(frozen=True)

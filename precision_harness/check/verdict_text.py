@@ -248,9 +248,11 @@ def code_path_line(v: StageVerdict, environment: EnvironmentDiff, *, rerecord: s
         return None
     software = "; ".join(map(str, environment.software))
     cause = f"{software} changed the code path" if software else "the code path changed"
-    paired = v.profile.max_ratio()
-    leaving = max(c.ratio for c in v.code_paths)
-    values = f"every paired value {_within(paired)}, the values leaving the changed calls {_within(leaving)}"
+    paired, decided = v.profile.max_ratio(), [c.ratio for c in v.code_paths if not c.undecided]
+    values = f"every paired value {_within(paired)}"
+    values += f", the values leaving the changed calls {_within(max(decided))}" if decided else ""
+    if len(decided) < len(v.code_paths):
+        values += f", {len(v.code_paths) - len(decided)} changed block(s) undecided: no tensor leaves them"
     again = f": {rerecord}" if rerecord else ""
     return f"{cause}: {describe(v.code_paths)}; {values}; re-record to refresh{again}"
 

@@ -173,12 +173,12 @@ def pair_calls(target: dict[str, Any], golden: dict[str, Any]) -> Pairing:
         golden: the golden's.
 
     Returns:
-        The pairing; where both dumps name the same calls in the same order, every call pairs with its
-        namesake and nothing is aligned (the common case, linear).
+        The pairing; where both dumps name the same calls in the same order and no call's tensors changed shape,
+        every call pairs with its namesake and nothing is aligned (the common case, linear).
     """
     t_apis, g_apis = list(target["data"]), list(golden["data"])
     pairing = Pairing(golden_calls=len(g_apis), target_calls=len(t_apis))
-    if t_apis == g_apis:
+    if t_apis == g_apis and not any(_reshaped_call(a, target["data"][a], golden["data"][a]) for a in t_apis):
         pairing.pairs = list(zip(t_apis, g_apis, strict=True))
         return pairing
     ids: dict[tuple[Any, ...], int] = {}  # small integers: rapidfuzz compares them without hashing tuples
@@ -203,6 +203,11 @@ def reshaped(golden: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
     if len(golden) != len(target) or golden[0] != target[0] or golden == target:
         return False
     return all(g[0] == t[0] for g, t in zip(golden[1:], target[1:], strict=True))
+
+
+def _reshaped_call(api: str, target: Any, golden: Any) -> bool:
+    """The call of one key on both sides computed another intermediate (:func:`reshaped`); equal entries cannot."""
+    return target is not golden and reshaped(signature(api, golden), signature(api, target))
 
 
 def _by_name(g_apis: list[str], t_apis: list[str], g_span: tuple[int, int], t_span: tuple[int, int]) -> list:
