@@ -72,7 +72,7 @@ class CodePathChange:
     evidence: str
     row: str = ""
     site: str | None = None
-    match: str | None = None  #: the golden row nearest :attr:`row` (a differing block's), msprobe's name
+    match: str | None = None  #: the golden row in :attr:`row`'s place (a differing block's, of its dtype and shape)
 
     @property
     def api(self) -> str:
@@ -152,12 +152,16 @@ def evaluate(block: ChangedBlock, rows_: BlockRows, *, rank: str, order: int) ->
     side = "the golden's " if removed else ""
     for k, (name, row) in enumerate(leaving.items()):
         match, theirs = places[k] if k < len(places) else (None, None)
-        ratio = _worst_ratio(name, row, theirs, rows_) if theirs is not None and _same_place(row, theirs) else math.inf
+        alike = theirs is not None and _same_place(row, theirs)
+        ratio = _worst_ratio(name, row, theirs, rows_) if alike else math.inf
         worst = max(worst, ratio)
         if math.isinf(ratio) or ratio > 1.0:
             there = "nothing" if theirs is None else f"{match} {_layout(theirs)}, {_how(ratio)} away"
             evidence = f"{side}{name} {_layout(row)} does not match the {_pool(block)} in its place ({there})"
-            return CodePathChange(rank, block, order, Leaving.DIFFER, ratio, evidence, name, match=match)
+            # the replay judges against the golden's value in its place only where it is of the same dtype and shape
+            return CodePathChange(
+                rank, block, order, Leaving.DIFFER, ratio, evidence, name, match=match if alike else None
+            )
         lines.append(f"{side}{name} {_layout(row)} has the statistics of {_whose(removed)}{match} ({_how(ratio)})")
     return CodePathChange(rank, block, order, Leaving.MATCH, worst, "; ".join(lines), (block.target or block.golden)[0])
 
