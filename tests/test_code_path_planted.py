@@ -11,12 +11,18 @@ fused, rounds apart    ``fused_attention``: eager attention's six calls     fail
 replaced + numeric     ``rope_mul,linear_bf16``: 5.23.0's RoPE, and the     fails at the first product, named where the
                        products from bf16-rounded inputs                    change entered; the RoPE block reported as
                                                                             matching
+other shapes           ``mask_shape``: the causal mask compared on          passes, the changed code path named, never
+                       ``[1, 18]`` and ``[18, 1]`` indices (``[18, 18]``)   "upstream" (transformers 4.57.3 builds the
+                       where 5.10.4 records ``[1, 1, 18, 18]``              mask so, and failed every item upstream)
 =====================  ==================================================  ============================================
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from harness_testing import hooks_env, run_pytest
 from test_judgement_planted import ROOT, Gate, _gate, _project
 
 pytestmark = pytest.mark.slow
@@ -63,3 +69,24 @@ def test_a_numeric_change_after_a_replaced_call_is_named_where_it_entered(replac
         "code path         2 other changed block(s) whose values match: Tensor.__matmul__ -> Tensor.__mul__ (x2; "
     )
     assert gate.record["code_path"]["failing"] == 0 and gate.record["code_path"]["count"] == 2
+
+
+@pytest.fixture(scope="module")
+def reshaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """The gate of :data:`ITEM` under the ``mask_shape`` plant: its output and the item's report.json record."""
+    root = _project(tmp_path_factory.mktemp("mask"), ROOT / "scenarios/grpo_tiny.yaml", golden="grpo_tiny")
+    proc = run_pytest(root, "-k", ITEM, "--precision-report", "rep", env=hooks_env(PRECISION_TEST_PLANT="mask_shape"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    doc = json.loads((root / "rep" / "report.json").read_text())
+    return proc.stdout, next(r for r in doc["items"] if r["stage"] == "actor_compute_log_prob" and r["step"] == 1)
+
+
+def test_a_mask_built_through_other_shapes_passes_as_a_changed_code_path(reshaped: tuple[str, dict]) -> None:
+    stdout, record = reshaped
+    path = record["code_path"]
+    assert path is not None and path["what"] == ["Tensor.__le__ (other shapes)"], record["text"]
+    assert path["failing"] == 0 and {c["leaving"] for c in path["changes"]} == {"match"}
+    assert (
+        "Tensor.__le__.0.forward.output.0 [18, 18] has the statistics of the golden's" in path["changes"][0]["evidence"]
+    )
+    assert "upstream" not in record["text"] and "upstream" not in stdout

@@ -7,13 +7,18 @@ Such a block is a finding of its own, not drift: it passes when the values leavi
 golden's, and the stage then passes with the change reported.
 
 The values leaving a block are the outputs of its last run call that has any (the block's result;
-the calls before it feed it). Each must match one of the golden's candidates: an output of any of the
-golden block's calls (a replacement), or, where the golden had no calls there (an insertion), an input
-of the run block's own calls (a no-op such as ``contiguous``). Calls removed (the run's side is empty)
-must have passed their input on: the golden block's result matches one of its own inputs, else it is
-computed nowhere in the run. Match means the same dtype and number of elements (a transposed layout
-keeps its values) and every Max/Min/Mean/Norm within the stage's tolerance, Mean against the golden's
-RMS as in :mod:`precision_harness.check.compare`.
+the calls before it feed it). Each is matched to the value in its place (by order: the block's first
+output with the first, and so on): for a replacement, the output of the golden block's last call that
+has any; where the golden had no calls there (an insertion), the input of the run block's first call
+(a no-op such as ``contiguous`` passes its input on); for calls removed (the run's side is empty), the
+golden block's result against its first call's input, else it is computed nowhere in the run. Match
+means the same dtype, the same shape up to the order of its dimensions and dimensions of size 1 (a
+transpose, a view that adds or drops them: 5.23.0's RoPE product ``[4, 18, 4]`` for 5.10.4's
+``[4, 4, 18]``, a mask ``[4, 18, 18]`` for ``[4, 1, 18, 18]``), and every Max/Min/Mean/Norm within the
+stage's tolerance, Mean against the golden's RMS as in :mod:`precision_harness.check.compare`. An output
+of another place, however equal, is not a match. A block from which no tensor leaves is undecided
+(:attr:`Leaving.NONE`): it passes reported as such, the paired rows after it being the only evidence, and
+fails under ``tolerance.code_path: fail``.
 
 What statistics cannot show: a value equal in Max/Min/Mean/Norm but permuted. The paired rows after
 the block, compared as usual, are the second line of evidence.
@@ -30,15 +35,15 @@ from typing import Any
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.pairing import ChangedBlock
-from precision_harness.dumps.rows import numel, rms, row_statistics
+from precision_harness.dumps.rows import rms, row_statistics
 
 
 class Leaving(str, Enum):
     """Whether the values leaving a changed block match the golden's."""
 
-    MATCH = "match"  #: every output of the run's block matches a golden candidate within tolerance
-    DIFFER = "differ"  #: some output matches none
-    NONE = "none"  #: no tensor leaves the block (its calls return none): the rows after it carry the evidence
+    MATCH = "match"  #: every output of the run's block matches the golden's value in its place within tolerance
+    DIFFER = "differ"  #: some output does not
+    NONE = "none"  #: no tensor leaves the block (its calls return none): undecided, the rows after it are the evidence
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class CodePathChange:
     evidence: str
     row: str = ""
     site: str | None = None
-    match: str | None = None  #: the golden row nearest :attr:`row` (a differing block's), msprobe's name
+    match: str | None = None  #: the golden row in :attr:`row`'s place (a differing block's, of its dtype and shape)
 
     @property
     def api(self) -> str:
@@ -76,8 +81,13 @@ class CodePathChange:
 
     @property
     def matches(self) -> bool:
-        """The values leaving the block match the golden's (or it leaves none)."""
+        """The values leaving the block do not differ from the golden's (they match, or none leaves: undecided)."""
         return self.leaving is not Leaving.DIFFER
+
+    @property
+    def undecided(self) -> bool:
+        """No tensor leaves the block: nothing of it was compared (it fails under ``tolerance.code_path: fail``)."""
+        return self.leaving is Leaving.NONE
 
     @property
     def where(self) -> str:
@@ -131,22 +141,27 @@ def by_call(table: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, A
 
 
 def evaluate(block: ChangedBlock, rows_: BlockRows, *, rank: str, order: int) -> CodePathChange:
-    """Whether the values leaving ``block`` match the golden's (module docstring)."""
+    """Whether the values leaving ``block`` match the golden's in their places (module docstring)."""
     removed = not block.target
     leaving = _leaving(block.golden if removed else block.target, rows_.golden if removed else rows_.target)
     if not leaving:
-        why = "no tensor leaves the block; the paired rows after it carry the evidence"
+        why = "no tensor leaves the block: undecided, only the paired rows after it carry evidence"
         return CodePathChange(rank, block, order, Leaving.NONE, 0.0, why, (block.target or block.golden)[0])
-    candidates = _candidates(block, rows_)
+    places = _places(block, rows_)
     worst, lines = 0.0, []
-    for name, row in leaving.items():
-        ratio, match = _closest(name, row, candidates, rows_)
+    side = "the golden's " if removed else ""
+    for k, (name, row) in enumerate(leaving.items()):
+        match, theirs = places[k] if k < len(places) else (None, None)
+        alike = theirs is not None and _same_place(row, theirs)
+        ratio = _worst_ratio(name, row, theirs, rows_) if alike else math.inf
         worst = max(worst, ratio)
-        side = "the golden's " if removed else ""
         if math.isinf(ratio) or ratio > 1.0:
-            nearest = "" if match is None else f" (the nearest, {match}, is {_how(ratio)} away)"
-            evidence = f"{side}{name} {_layout(row)} matches no {_pool(block)}{nearest}"
-            return CodePathChange(rank, block, order, Leaving.DIFFER, ratio, evidence, name, match=match)
+            there = "nothing" if theirs is None else f"{match} {_layout(theirs)}, {_how(ratio)} away"
+            evidence = f"{side}{name} {_layout(row)} does not match the {_pool(block)} in its place ({there})"
+            # the replay judges against the golden's value in its place only where it is of the same dtype and shape
+            return CodePathChange(
+                rank, block, order, Leaving.DIFFER, ratio, evidence, name, match=match if alike else None
+            )
         lines.append(f"{side}{name} {_layout(row)} has the statistics of {_whose(removed)}{match} ({_how(ratio)})")
     return CodePathChange(rank, block, order, Leaving.MATCH, worst, "; ".join(lines), (block.target or block.golden)[0])
 
@@ -156,50 +171,48 @@ def _whose(removed: bool) -> str:
 
 
 def _pool(block: ChangedBlock) -> str:
-    """What a block's leaving values were looked for in (:func:`_candidates`), as a verdict says it."""
+    """Where a block's leaving values were looked for (:func:`_places`), as a verdict says it."""
     if block.golden and block.target:
-        return "output of the golden's calls there"
+        return "golden's output"
     if block.target:
-        return "input of the inserted calls: they are not a no-op"
-    return "input of the removed calls: their result is computed nowhere in this run"
+        return "input of the inserted calls (they are not a no-op)"
+    return "input of the removed calls (their result is computed nowhere in this run)"
 
 
 def _leaving(apis: tuple[str, ...], table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """The output rows of the last of ``apis`` that has any: the block's result on that side."""
     for api in reversed(apis):
-        outputs = {n: r for n, r in table.get(api, {}).items() if r.get("state") == "output" and _is_tensor(r)}
+        outputs = _tensors(table.get(api, {}), "output")
         if outputs:
             return outputs
     return {}
 
 
-def _candidates(block: ChangedBlock, rows_: BlockRows) -> dict[str, dict[str, Any]]:
-    """What a leaving value may match: for a replacement, the golden block's outputs; for an insertion, the run
-    block's own inputs (a no-op such as ``contiguous``); for a removal, the golden block's own inputs."""
+def _places(block: ChangedBlock, rows_: BlockRows) -> list[tuple[str, dict[str, Any]]]:
+    """The values the leaving ones are matched to, in order: for a replacement, the golden block's result (the
+    outputs of its last call that has any); for an insertion, the run block's first call's inputs (a no-op passes
+    its input on); for a removal, the golden block's first call's inputs."""
     if block.golden and block.target:
-        pool, state = [rows_.golden.get(api, {}) for api in block.golden], "output"
-    elif block.target:
-        pool, state = [rows_.target.get(api, {}) for api in block.target], "input"
-    else:
-        pool, state = [rows_.golden.get(api, {}) for api in block.golden], "input"
-    return {n: r for rows in pool for n, r in rows.items() if r.get("state") == state and _is_tensor(r)}
+        return list(_leaving(block.golden, rows_.golden).items())
+    first, table = (block.target[0], rows_.target) if block.target else (block.golden[0], rows_.golden)
+    return list(_tensors(table.get(first, {}), "input").items())
+
+
+def _tensors(rows_: dict[str, dict[str, Any]], state: str) -> dict[str, dict[str, Any]]:
+    return {n: r for n, r in rows_.items() if r.get("state") == state and _is_tensor(r)}
 
 
 def _is_tensor(row: dict[str, Any]) -> bool:
     return row.get("dtype") is not None and row.get("shape") is not None
 
 
-def _closest(
-    name: str, row: dict[str, Any], candidates: dict[str, dict[str, Any]], rows_: BlockRows
-) -> tuple[float, str | None]:
-    """The candidate of the same dtype and size whose statistics are nearest ``row``'s: (worst ratio, its name)."""
-    best: tuple[float, str | None] = (math.inf, None)
-    for c_name, c_row in candidates.items():
-        if c_row.get("dtype") != row.get("dtype") or numel(c_row.get("shape")) != numel(row.get("shape")):
-            continue
-        ratio = _worst_ratio(name, row, c_row, rows_)
-        best = min(best, (ratio, c_name), key=lambda b: b[0])
-    return best
+def _same_place(row: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """The same dtype, and the same dimensions but for their order and those of size 1 (a transpose, a view)."""
+    return row.get("dtype") == theirs.get("dtype") and _dims(row.get("shape")) == _dims(theirs.get("shape"))
+
+
+def _dims(shape: Any) -> list[int] | None:
+    return sorted(int(d) for d in shape if int(d) != 1) if isinstance(shape, (list, tuple)) else None
 
 
 def _worst_ratio(name: str, row: dict[str, Any], golden: dict[str, Any], rows_: BlockRows) -> float:

@@ -3,7 +3,7 @@
 For a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose inputs
 match the golden's gives other outputs; and for one classified ``code_path`` whose changed block is
 one run call that replaced golden calls (a fused op for a decomposition) with inputs equal to the
-golden block's: that call is judged against the golden block's output it is nearest to
+golden block's: that call is judged against the golden block's output in its place
 (:func:`block_rows`), else the judgement says why not (:func:`block_not_replayable`). :func:`judge_outcome`
 
 1. picks the calls to judge (:func:`calls_to_judge`): that API, then the next few divergent APIs
@@ -211,7 +211,7 @@ def _paired_rows(pair: StagePair, origin: DriftOrigin) -> tuple[dict[str, Any], 
 def block_rows(change: CodePathChange, checked: dict, golden: dict) -> tuple[dict[str, Any], str | None]:
     """The golden rows a changed block's one run call is judged against, named as that call's rows: each input
     the golden block's input of equal type, dtype, size and statistics (a value: equal value), in the run's layout
-    (the same values, read transposed or reshaped), and the differing output the golden's nearest
+    (the same values, read transposed or reshaped), and the differing output the golden's in its place
     (:attr:`CodePathChange.match`). Second: why the block cannot be judged that way (None: it can)."""
     (api,) = change.block.target
     g_inputs = [r for name, r in golden.items() if r["api"] in change.block.golden and r.get("state") == "input"]

@@ -244,11 +244,14 @@ def code_path_line(v: StageVerdict, environment: EnvironmentDiff, *, rerecord: s
         return None
     software = "; ".join(map(str, environment.software))
     cause = f"{software} changed the code path" if software else "the code path changed"
-    paired = v.profile.max_ratio()
-    leaving = max(c.ratio for c in v.code_paths)
-    values = f"{_values('every paired value', 'paired values', paired)}, " + _values(
-        "the values leaving the changed calls", "the values leaving the changed calls", leaving
-    )
+    paired, decided = v.profile.max_ratio(), [c.ratio for c in v.code_paths if not c.undecided]
+    leaving = max(decided, default=0.0)
+    values = _values("every paired value", "paired values", paired)
+    if decided:
+        leaving_values = "the values leaving the changed calls"
+        values += ", " + _values(leaving_values, leaving_values, leaving)
+    if len(decided) < len(v.code_paths):
+        values += f", {len(v.code_paths) - len(decided)} changed block(s) undecided: no tensor leaves them"
     if not (v.passed and paired <= 1 and leaving <= 1):  # NaN compares False: never offered a re-record
         return f"{cause}: {describe(v.code_paths)}; {values}"
     again = f": {rerecord}" if rerecord else ""

@@ -12,9 +12,12 @@ without its index) and the dtypes and shapes of its tensors, with a Levenshtein 
 (``rapidfuzz.distance.Levenshtein.opcodes``, bit-parallel and banded by :data:`SCORE_HINT`: about
 0.1 s at 10^5 calls a side, benchmarks/alignment.py). Inside each stretch that does not align, calls
 of the same name are paired again by name alone (``rapidfuzz.distance.Indel``, a longest common
-subsequence), so a call whose dtype or shape changed stays paired and is compared as such. What is
-left are the changed blocks (:class:`ChangedBlock`): the golden's calls there were replaced by the
-run's, and no other pairing moved.
+subsequence), so a call whose dtype changed stays paired and is compared as such. A call paired so whose
+tensors keep their dtypes but not their shapes (a causal mask built ``[18, 18]`` where the golden built
+``[1, 1, 18, 18]``, a view, a broadcast: transformers 4.57.3 against 5.10.4) is not a pair: the same op
+computed another intermediate, a changed code path judged by the values leaving it. What is left are the
+changed blocks (:class:`ChangedBlock`): the golden's calls there were replaced by the run's, and no other
+pairing moved.
 
 Everything that reads both sides of a stage by name reads the golden through this pairing, renamed to
 the run's names (:func:`aligned_golden` for a dump, :func:`aligned_rows` for its parsed rows): the
@@ -110,8 +113,10 @@ class ChangedBlock:
 
     @property
     def what(self) -> str:
-        """``"Tensor.__matmul__ -> Tensor.__mul__"``; a removed or inserted side reads ``(nothing)``."""
-        return f"{_names(self.golden)} -> {_names(self.target)}"
+        """``"Tensor.__matmul__ -> Tensor.__mul__"``; a removed or inserted side reads ``(nothing)``; the same calls
+        with other shapes read ``"Tensor.__le__, Tensor.__and__ (other shapes)"``."""
+        golden, target = _names(self.golden), _names(self.target)
+        return f"{golden} (other shapes)" if golden == target else f"{golden} -> {target}"
 
 
 def _names(apis: Sequence[str]) -> str:
@@ -168,26 +173,60 @@ def pair_calls(target: dict[str, Any], golden: dict[str, Any]) -> Pairing:
         golden: the golden's.
 
     Returns:
-        The pairing; where both dumps name the same calls in the same order, every call pairs with its
-        namesake and nothing is aligned (the common case, linear).
+        The pairing; where both dumps name the same calls in the same order and no call's tensors changed shape,
+        every call pairs with its namesake and nothing is aligned (the common case, linear).
     """
     t_apis, g_apis = list(target["data"]), list(golden["data"])
     pairing = Pairing(golden_calls=len(g_apis), target_calls=len(t_apis))
-    if t_apis == g_apis:
+    if t_apis == g_apis and not any(_reshaped_call(a, target["data"][a], golden["data"][a]) for a in t_apis):
         pairing.pairs = list(zip(t_apis, g_apis, strict=True))
         return pairing
     ids: dict[tuple[Any, ...], int] = {}  # small integers: rapidfuzz compares them without hashing tuples
     t_sig = [ids.setdefault(signature(a, target["data"][a]), len(ids)) for a in t_apis]
     g_sig = [ids.setdefault(signature(a, golden["data"][a]), len(ids)) for a in g_apis]
+    sigs = list(ids)
     matched: list[tuple[int, int]] = []
     for op in Levenshtein.opcodes(g_sig, t_sig, score_hint=SCORE_HINT):
         if op.tag == "equal":
             matched += [(op.src_start + k, op.dest_start + k) for k in range(op.src_end - op.src_start)]
         else:
-            matched += _by_name(g_apis, t_apis, (op.src_start, op.src_end), (op.dest_start, op.dest_end))
+            found = _by_name(g_apis, t_apis, (op.src_start, op.src_end), (op.dest_start, op.dest_end))
+            matched += [(i, j) for i, j in found if not reshaped(sigs[g_sig[i]], sigs[t_sig[j]])]
     pairing.pairs = [(t_apis[j], g_apis[i]) for i, j in matched]
     pairing.blocks = _blocks(matched, g_apis, t_apis)
     return pairing
+
+
+def reshaped(golden: tuple[Any, ...], target: tuple[Any, ...]) -> bool:
+    """Two :func:`signature` of one API whose tensors have the same dtypes, in order, and not the same shapes: the op
+    computed another intermediate (a mask ``[18, 18]`` for ``[1, 1, 18, 18]``), a changed code path, not a pair."""
+    if len(golden) != len(target) or golden[0] != target[0] or golden == target:
+        return False
+    return all(g[0] == t[0] for g, t in zip(golden[1:], target[1:], strict=True))
+
+
+def _reshaped_call(api: str, target: Any, golden: Any) -> bool:
+    """The call of one key on both sides computed another intermediate (:func:`reshaped`); its signatures are built
+    only where a shape differs (:func:`_shape_moved`: the common case, every call the golden's, stays linear)."""
+    return _shape_moved(target, golden) and reshaped(signature(api, golden), signature(api, target))
+
+
+def _shape_moved(target: Any, golden: Any) -> bool:
+    """Some tensor entry below ``target`` has another shape than the one in its place below ``golden`` (or the two
+    differ in form): :func:`_layouts`' walk, both sides at once, without building anything."""
+    if isinstance(target, dict):
+        if not isinstance(golden, dict):
+            return True
+        if "dtype" in target and "Max" in target:
+            return target.get("shape") != golden.get("shape")
+        return any(
+            _shape_moved(value, golden.get(key)) for key, value in target.items() if isinstance(value, (dict, list))
+        )
+    if isinstance(target, list):
+        if not isinstance(golden, list) or len(golden) != len(target):
+            return True
+        return any(_shape_moved(t, g) for t, g in zip(target, golden, strict=True) if isinstance(t, (dict, list)))
+    return False
 
 
 def _by_name(g_apis: list[str], t_apis: list[str], g_span: tuple[int, int], t_span: tuple[int, int]) -> list:

@@ -22,7 +22,10 @@ Two variables choose them; unset, every patched function does exactly what it di
   variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast); changed code paths:
   ``rope_mul`` (RoPE's frequencies by a ``Tensor.__mul__`` where 5.10.4 records a ``Tensor.__matmul__``, as
   transformers 5.23.0 computes them: the same values, another call) and ``fused_attention`` (eager attention
-  replaced by one ``scaled_dot_product_attention`` call whose kernel rounds q, k and v through bfloat16).
+  replaced by one ``scaled_dot_product_attention`` call whose kernel rounds q, k and v through bfloat16) and
+  ``mask_shape`` (the causal mask's comparison made on ``[1, 18]`` and ``[18, 1]`` indices, giving ``[18, 18]``,
+  where 5.10.4 records ``[1, 1, 1, 18]``, ``[1, 1, 18, 1]`` and ``[1, 1, 18, 18]``, then viewed back by an op msprobe
+  does not record: the same mask through other intermediate shapes, as transformers 4.57.3 builds it).
   Several sites join with ``,`` (``rope_mul,linear_bf16``).
   In the built-in runner's portable matrix products (``precision_harness.runs.runner.cpu_kernels``), where
   msprobe records the API around them unchanged: ``linear_bf16`` (an fp32 product computed from its inputs
@@ -87,6 +90,7 @@ SITES = (
     "dropout_rng",
     "rope_mul",
     "fused_attention",
+    "mask_shape",
     "tf32",
     "cublas_workspace",
     "nondeterministic",
@@ -380,6 +384,23 @@ def _patch_attention(qwen2: ModuleType) -> None:
     qwen2.eager_attention_forward = attention
 
 
+def _patch_masking_utils(masking_utils: ModuleType) -> None:
+    """``mask_shape``: the causal mask function compares its indices as ``[1, kv]`` and ``[q, 1]`` (one recorded
+    ``Tensor.__le__`` of other shapes) and views the result back to the broadcast shape unhooked."""
+    original = masking_utils.causal_mask_function
+
+    def causal_mask_function(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+        if not planted("mask_shape"):
+            return original(batch_idx, head_idx, q_idx, kv_idx)
+        import torch
+
+        view = torch.ops.aten.view.default  # unhooked: msprobe records the comparison only
+        mask = view(kv_idx, [1, -1]) <= view(q_idx, [-1, 1])
+        return view(mask, list(torch.broadcast_shapes(kv_idx.shape, q_idx.shape)))
+
+    masking_utils.causal_mask_function = causal_mask_function
+
+
 def _patch_cpu_kernels(cpu_kernels: ModuleType) -> None:
     """``linear_bf16`` and ``sum_order`` inside the portable products: msprobe's rows around them stay the same."""
     matmul_acc, products_summed = cpu_kernels.matmul_acc, cpu_kernels._products_summed
@@ -505,6 +526,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "verl.workers.engine_workers": _patch_engine_workers,
     "precision_harness.runs.verl_cpu.policy_server": _patch_policy_server,
     "transformers.models.qwen2.modeling_qwen2": _patch_qwen2,
+    "transformers.masking_utils": _patch_masking_utils,
     "precision_harness.runs.runner.cpu_kernels": _patch_cpu_kernels,
     "torch.distributed.distributed_c10d": _patch_distributed_c10d,
     "torch.nn.functional": _patch_functional,
