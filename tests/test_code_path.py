@@ -199,11 +199,11 @@ def _record(out) -> ItemRecord:
 
 
 def test_an_infinite_paired_ratio_is_never_within_tolerance(tmp_path: Path) -> None:
-    """A changed code path and, after it, an intermediate built with another shape (the older transformers' causal
-    mask): the shape's ratio is infinite. The stage fails, and its code path line says the paired values are beyond
-    tolerance, not "within tolerance (worst infx)", and offers no re-record."""
+    """A changed code path and, after it, a paired value narrowed to bf16 (a dtype change stays paired: its ratio is
+    infinite). The stage fails, and its code path line says the paired values are beyond tolerance, not "within
+    tolerance (worst infx)", and offers no re-record."""
     target = rope(new=True)
-    target["data"]["Tensor.sin.0.forward"]["output"][0]["shape"] = [1, 4, 18, 8]
+    target["data"]["Tensor.sin.0.forward"]["output"][0]["dtype"] = "torch.bfloat16"
     out = check(tmp_path, rope(new=False), target)
     assert not out.passed and out.verdict.profile.max_ratio() == math.inf
     line = _record(out).code_path["line"]
@@ -213,7 +213,9 @@ def test_an_infinite_paired_ratio_is_never_within_tolerance(tmp_path: Path) -> N
         "moved), the values leaving the changed calls identical"
     ), line
     assert "within tolerance (worst inf" not in out.text
-    [summary] = [line for line in PrecisionReport(mode="check", records=[_record(out)]).lines if "code path" in line]
+    records = [_record(out)]
+    lines = PrecisionReport(mode="check", records=records).lines
+    [summary] = [line for line in lines if "changed the code path" in line]
     assert "re-record" not in summary and summary.endswith("1 fail elsewhere: their verdicts say why)"), summary
 
 
