@@ -164,7 +164,7 @@ def test_an_msprobe_that_cannot_dump_under_numpy_2_is_one_line(project: pytest.P
     line = (
         f"mindstudio-probe 8.3.3 cannot run under numpy {numpy.__version__}: it uses np.unicode_, which numpy 2 "
         "removed (the 8.x line needs numpy < 2, which verl 0.9.1 does not allow); the gate is checked with "
-        "mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.0.0,<26.3'"
+        "mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.1.0'"
     )
     assert line in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout and "EOFError" not in proc.stdout

@@ -172,7 +172,7 @@ def test_an_unsupported_msprobe_is_one_line_naming_its_release_and_the_range(
     assert answer.first_diff == {} and answer.graphs == []
     (line,) = answer.errors
     assert line.startswith(why) and "\n" not in line
-    assert line.endswith("mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.0.0,<26.3'")
+    assert line.endswith("mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.1.0'")
     assert msprobe_rows(Reading(msprobe=answer)) == [("msprobe", line)]
     assert not (tmp_path / "art" / "msprobe.log").exists()
 

@@ -23,24 +23,18 @@ from __future__ import annotations
 
 import inspect
 import re
-from importlib import metadata
 from typing import Any
 
-#: the oldest release whose compare internals msprobe_tools.py was read against, and the newest
+from precision_harness.runs.msprobe_release import WANTED, installed
+
+#: the oldest release whose compare internals msprobe_tools.py was read against, and the newest: the oldest is
+#: below the install floor (runs/msprobe_release.py): 26.0.0 runs the gate (docs/stacks.md) where a stack holds it
 OLDEST, CHECKED = (26, 0, 0), (26, 2, 0)
-#: the range as a line says it, and the install line that gives it
+#: the range as a line says it, and the install line that gives it (the stage API's own, runs/msprobe_release.py)
 RANGE = "26.0.0 to 26.2.x"
-INSTALL = "pip install 'mindstudio-probe>=26.0.0,<26.3'"
+INSTALL = f"pip install {WANTED}"
 #: the first release whose ParseData takes the dump data folders (``data_dirs``)
 DATA_DIRS = (26, 1, 0)
-
-
-def installed(name: str = "mindstudio-probe") -> str | None:
-    """The installed version of ``name`` in this interpreter (the first on ``sys.path``), or None."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def release(version: str) -> tuple[int, int, int]:

@@ -20,9 +20,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 DISTRIBUTION = "mindstudio-probe"
 #: the oldest release the stack matrix proves (docs/stacks.md); pyproject.toml requires at least this
 MSPROBE_FLOOR = "26.1.0"
+#: the requirement that gives a release the gate runs with, as pip takes it
+WANTED = f"'{DISTRIBUTION}>={MSPROBE_FLOOR}'"
 
 
-def _installed(name: str) -> str | None:
+def installed(name: str = DISTRIBUTION) -> str | None:
+    """The installed version of ``name`` in this interpreter (the first on ``sys.path``), or None."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -45,7 +48,7 @@ def unmet_requirements(distribution: str = DISTRIBUTION) -> list[str]:
             continue
         if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
             continue
-        version = _installed(requirement.name)
+        version = installed(requirement.name)
         if version is None:
             unmet.append(f"{requirement.name} (not installed)")
         elif not requirement.specifier.contains(version, prereleases=True):
@@ -56,16 +59,12 @@ def unmet_requirements(distribution: str = DISTRIBUTION) -> list[str]:
 def unimportable(exc: BaseException) -> str:
     """One line for ``exc``, raised importing ``msprobe.pytorch``: the release, the error, what it needs, what to do."""
     message = str(exc).splitlines()[0] if str(exc) else ""
-    version = _installed(DISTRIBUTION)
+    version = installed(DISTRIBUTION)
     if version is None:
-        return f"mindstudio-probe is not installed ({type(exc).__name__}: {message}); pip install {_wanted()}"
+        return f"mindstudio-probe is not installed ({type(exc).__name__}: {message}); pip install {WANTED}"
     unmet = unmet_requirements()
     needs = f"; this release requires {', '.join(unmet)}" if unmet else ""
     return (
         f"mindstudio-probe {version} does not import here ({type(exc).__name__}: {message}){needs}; "
-        f"the gate runs with mindstudio-probe>={MSPROBE_FLOOR} (docs/stacks.md): pip install {_wanted()}"
+        f"the gate runs with mindstudio-probe>={MSPROBE_FLOOR} (docs/stacks.md): pip install {WANTED}"
     )
-
-
-def _wanted() -> str:
-    return f"'{DISTRIBUTION}>={MSPROBE_FLOOR}'"
