@@ -363,8 +363,9 @@ class PrecisionSession:
         assert golden is not None
         self._environment(st, golden, run)
         localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
+        localizes = localizes and self.options.localize == "rerun"
         settings = self._settings(st, golden, run)
-        # a failure here is rerun at L1, whose verdict asks msprobe
+        # a failure here is rerun at L1 (--precision-localize rerun), whose verdict asks msprobe
         skip_msprobe = localizes and st.localized is None
         out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
         if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
