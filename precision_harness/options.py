@@ -27,6 +27,7 @@ JUDGEMENT_MODES = ("replay", "off")
 #: seconds msprobe's worker has to answer on a failing stage (precision_harness.check.msprobe_worker): its reading of
 #: a 60,000-call window takes under a second, so this is only ever reached by a worker that hangs
 MSPROBE_TIMEOUT_S = 600
+LOCALIZE_MODES = ("rerun", "off")
 
 
 def _path_or_none(value: Any) -> Path | None:
@@ -188,6 +189,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=JUDGEMENT_MODES,
     ),
     Option(
+        "localize",
+        "rerun (default): a level: auto scenario's first failing stage is rerun to its step dumping that stage at L1, "
+        "and its verdict names the first divergent API; off: the L0 verdict with the stage's inputs and outputs, "
+        "no rerun (a quick triage run, or a CI job where a rerun costs minutes: the item fails all the same)",
+        default="rerun",
+        choices=LOCALIZE_MODES,
+    ),
+    Option(
         "allow-skip",
         "skip, instead of failing, the items of a scenario that cannot run here: its device is absent, verl is "
         "not installed (engine: verl), or it has no golden in check mode; the summary says how many were skipped "
@@ -263,6 +272,7 @@ class PrecisionOptions:
     timeout: float | None = field(default=_default("timeout"))
     worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm)
     judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
+    localize: str = field(default=_default("localize"))  #: rerun | off (precision_harness.check.level_auto)
     #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)
     allow_skip: bool = field(default=_default("allow-skip"))
     #: a check that compared less than its golden holds passes (check.coverage)

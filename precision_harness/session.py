@@ -361,6 +361,7 @@ class PrecisionSession:
         assert golden is not None
         self._environment(st, golden, run)
         localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
+        localizes = localizes and self.options.localize == "rerun"
         settings = self._settings(st, golden, run)
         skip_msprobe = localizes and st.localized is None  # a failure here is rerun at L1, whose verdict asks msprobe
         out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]

@@ -261,8 +261,3 @@ def chromium_dom(page: Path, profile: Path) -> subprocess.CompletedProcess:
     flags += ["--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}"]
     command = [str(CHROMIUM), *flags, "--dump-dom", page.as_uri()]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-
-
-#: a test ``make test`` leaves out and a nightly run (``PRECISION_NIGHTLY=1``) runs: each is a further verl run of
-#: minutes, whose mechanism a test of ``make test`` already exercises (README, "Quick start")
-NIGHTLY = pytest.mark.skipif(os.environ.get("PRECISION_NIGHTLY") != "1", reason="nightly: PRECISION_NIGHTLY=1 runs it")

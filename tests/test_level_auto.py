@@ -274,3 +274,18 @@ def test_merge_order_and_rank_digest() -> None:
     assert list(merged(dump, outputs)["data"]) == [adv, "Module.a.forward.0", loss]
     assert merged(dump, None) is dump
     assert rank_digest("a", None) == "a" and rank_digest("a", "b") != rank_digest("a", "c")
+
+
+def test_localize_off_keeps_the_l0_verdict_and_reruns_nothing(project: Path, tmp_path: Path) -> None:
+    """``--precision-localize off`` (a quick triage run): the failing stage keeps its L0 and stage-output verdict,
+    with no L1 rerun and no localisation line."""
+    root = tmp_path / "p"
+    shutil.copytree(project / "scenarios", root / "scenarios")
+    shutil.copytree(project / "golden" / "plant_auto", root / "golden" / "plant_auto")
+    shutil.copy(project / "pytest.ini", root / "pytest.ini")
+    select = ("-k", "actor_update and step_1", "--precision-localize", "off")
+    proc = run_pytest(root, "scenarios/plant_auto.yaml", *select, env=hooks_env(PRECISION_TEST_PLANT="advantages"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "first divergence  Stage.advantages.0.forward.input.0" in proc.stdout
+    assert "localiz" not in proc.stdout
+    assert not (root / ".precision/artifacts/plant_auto/localize").exists()

@@ -9,14 +9,11 @@ synced into it every step through verl's ``update_weights``, rollout correction 
   process never imports torch);
 - the committed golden holds a real training signal (read as JSON, no run);
 - end to end (slow, minutes): five planted regressions, each failing the item it should and
-  nothing earlier in the step's pipeline, and a run that fails mid-way leaving no process behind. Four
-  plants run nightly only (``PRECISION_NIGHTLY=1``): the rollout's log-probs, the weights not synced, the
-  norm's upcast and one rank's gradient each cost a verl run of minutes (the gradient plant two: its failing
-  ``level: auto`` stage is rerun at L1), and ``make test`` shows each mechanism on the built-in loop
-  (tests/test_consistency.py: a rollout's log-probs, a weight sync skipping a layer; a precision plant
-  failing its first stage: tests/test_judgement_planted.py; one Ray rank's batch perturbed, failing
-  ``actor_update`` naming that rank: tests/test_multi_rank.py), with verl's trainer shown by the advantages
-  plant, which also shows verl run to the selected step.
+  nothing earlier in the step's pipeline, and a run that fails mid-way leaving no process behind. Each plant
+  is one verl run, only as far as it needs (``-k``: step 1, or step 2 for the weights not synced), checked
+  without the L1 localisation and the judgement's rerun (``--precision-localize off``, ``--precision-judgement
+  off``) where it reads which item fails, not the API inside it; the advantages plant shows verl run to the
+  selected step and localised at L1 (its second run).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_testing import NIGHTLY, hooks_env, left_behind
+from harness_testing import hooks_env, left_behind
 
 from precision_harness.errors import ScenarioError
 from precision_harness.runs import kind_runners, verl_engine
@@ -265,12 +262,29 @@ def _outcomes(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", stdout))
 
 
-def _check(*select: str, **plants: str) -> tuple[dict[str, str], str]:
-    """Check the scenario from the example's folder with ``plants`` in every process, its items filtered by
-    ``select`` (pytest's options: ``-k step_1`` runs verl to step 1): ``{item: outcome}``, stdout."""
+def _check(steps: int | None, **plants: str) -> tuple[dict[str, str], str]:
+    """Check the scenario from the example's folder with ``plants`` in every process, its items of steps 1 to
+    ``steps`` selected (verl then runs only that far: None, the whole run and the metrics item): ``{item:
+    outcome}``, stdout. No L1 localisation and no judgement rerun (``--precision-localize off``,
+    ``--precision-judgement off``): each would cost a further verl run, and these plants read where a stage fails,
+    not the API inside it (the advantages plant below shows verl's localisation)."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
+    select = ["-k", " or ".join(f"step_{step}" for step in range(1, steps + 1))] if steps else []
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(SCENARIO.relative_to(EXAMPLE)), *select],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            str(SCENARIO.relative_to(EXAMPLE)),
+            "--precision-localize",
+            "off",
+            "--precision-judgement",
+            "off",
+            *select,
+        ],
         cwd=EXAMPLE,
         env={**os.environ, **hooks_env(**plants)},
         capture_output=True,
@@ -279,7 +293,10 @@ def _check(*select: str, **plants: str) -> tuple[dict[str, str], str]:
         check=False,
     )
     outcomes = _outcomes(proc.stdout)
-    assert len(outcomes) == (len(PIPELINE) if select else 19), proc.stdout[-4000:]
+    assert len(outcomes) == (steps * len(PIPELINE) if steps else 19), proc.stdout[-4000:]
+    if steps:
+        assert f"grpo_dp2_bf16_cpu: run to step {steps} of 3, as selected" in proc.stdout, proc.stdout[-4000:]
+    assert "localiz" not in proc.stdout, proc.stdout[-4000:]
     assert not left_behind(EXAMPLE / ".precision")
     return outcomes, proc.stdout
 
@@ -292,44 +309,67 @@ def _first_failure(outcomes: dict[str, str]) -> str:
     return failed[0]
 
 
-@pytest.mark.slow
-@NIGHTLY
-def test_e2e_one_ranks_gradient_perturbed_before_the_reduction_fails_actor_update_naming_that_rank() -> None:
-    """Rank 1's loss, and so its gradient before the reduce-scatter, scaled by 1+1e-3 (tests/hooks). Step 1's
-    items selected: verl runs one training step of three, and says so."""
-    outcomes, out = _check("-k", "step_1", PRECISION_TEST_PERTURB_RANK="1")
-    assert "grpo_dp2_bf16_cpu: run to step 1 of 3, as selected" in out, out[-4000:]
-    assert _first_failure(outcomes) == "actor_update[step_1]"
-    assert re.search(r"actor_update @ step_1, rank1 .*statistics beyond tolerance", out), out[-4000:]
-    assert re.search(r"first divergence\s+rank1", out), out[-4000:]
+@pytest.fixture(scope="module")
+def rank_and_sync_run() -> tuple[dict[str, str], str]:
+    """One verl run, to step 2, serving two plants that touch disjoint things: rank 1's loss scaled by 1+1e-3
+    (its gradient before the reduce-scatter: actor_update of step 1 on) and the rollout ignoring the weight sync
+    after step 1's update (tests/hooks). weight_sync is the run's own invariant, the rollout's weights against the
+    actor's after the sync (no golden): a perturbed update moves both sides alike, a skipped sync only the rollout."""
+    return _check(2, PRECISION_TEST_PERTURB_RANK="1", PRECISION_TEST_PLANT="rollout_stale_weights")
+
+
+def _failed(outcomes: dict[str, str], step: int) -> set[str]:
+    return {item for item, outcome in outcomes.items() if item.endswith(f"[step_{step}]") and outcome != "PASSED"}
+
+
+def _verdict(out: str, head: str) -> str:
+    """The verdict that starts with the line starting ``head``, up to the next item's (`` @ step_``)."""
+    lines = out[out.index(head) :].splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if " @ step_" in line), len(lines))
+    return "\n".join(lines[:end])
 
 
 @pytest.mark.slow
-@NIGHTLY
-def test_e2e_the_rollouts_log_probs_shifted_fail_rollout_generate_the_parity_and_the_metrics() -> None:
-    """The rollout returns its log-probs rounded through bf16 (a rollout kernel change); the tokens stay."""
-    outcomes, out = _check(PRECISION_TEST_PLANT="rollout_logprobs")
+def test_e2e_one_ranks_gradient_perturbed_before_the_reduction_fails_actor_update_naming_that_rank(
+    rank_and_sync_run: tuple[dict[str, str], str],
+) -> None:
+    """Rank 1's gradient perturbed: of step 1, actor_update alone fails, its verdict naming rank 1 (the skipped
+    sync comes after step 1's update)."""
+    outcomes, out = rank_and_sync_run
+    assert _failed(outcomes, 1) == {"actor_update[step_1]"}, out[-4000:]
+    verdict = _verdict(out, "actor_update @ step_1, rank1 ")
+    assert re.search(r"actor_update @ step_1, rank1 .*statistics beyond tolerance", verdict), verdict
+    assert re.search(r"first divergence\s+rank1", verdict), verdict
+
+
+@pytest.mark.slow
+def test_e2e_the_rollouts_log_probs_shifted_fail_rollout_generate_and_the_parity() -> None:
+    """The rollout returns its log-probs rounded through bf16 (a rollout kernel change); the tokens stay. Step 1
+    shows it: rollout_generate fails first, and the parity bound on verl's own rollout_probs_diff metrics."""
+    outcomes, out = _check(1, PRECISION_TEST_PLANT="rollout_logprobs")
     assert _first_failure(outcomes) == "rollout_generate[step_1]"
-    assert outcomes["rollout_log_prob_parity[step_1]"] == "FAILED" and outcomes["metrics"] == "FAILED"
+    assert outcomes["rollout_log_prob_parity[step_1]"] == "FAILED"
     assert "changed token" not in out  # the same tokens: the statistics of their log-probs moved
     assert re.search(r"training/rollout_probs_diff_m\w+ \S+ > ", out), out[-4000:]
 
 
 @pytest.mark.slow
-@NIGHTLY
-def test_e2e_weights_not_synced_at_step_2_fail_weight_sync_at_step_2() -> None:
-    """The rollout ignores the sync after step 1's update and samples step 2 from step 1's weights."""
-    outcomes, out = _check(PRECISION_TEST_PLANT="rollout_stale_weights")
-    assert _first_failure(outcomes) == "weight_sync[step_2]"
+def test_e2e_weights_not_synced_at_step_2_fail_weight_sync_at_step_2(
+    rank_and_sync_run: tuple[dict[str, str], str],
+) -> None:
+    """The rollout ignores the sync after step 1's update and samples step 2 from step 1's weights: weight_sync of
+    step 1 passes, and step 2's first failing item is its weight_sync, naming the parameters."""
+    outcomes, out = rank_and_sync_run
+    assert outcomes["weight_sync[step_1]"] == "PASSED"
+    assert _first_failure({k: v for k, v in outcomes.items() if k.endswith("[step_2]")}) == "weight_sync[step_2]"
     assert re.search(r"weight_sync @ step_2: .*model\.\S+", out), out[-4000:]
 
 
 @pytest.mark.slow
-@NIGHTLY
 def test_e2e_a_norm_without_its_fp32_upcast_fails_the_first_forward_stage_of_step_1() -> None:
     """Qwen2's RMSNorm with its variance rounded to bf16, in every process: the rollout's forward, the first of
-    step 1, fails first."""
-    outcomes, _ = _check(PRECISION_TEST_PLANT="norm_precision")
+    step 1, fails first (step 1 selected)."""
+    outcomes, _ = _check(1, PRECISION_TEST_PLANT="norm_precision")
     assert _first_failure(outcomes) == "rollout_generate[step_1]"
     assert outcomes["actor_compute_log_prob[step_1]"] == "FAILED"
 
@@ -338,7 +378,7 @@ def test_e2e_a_norm_without_its_fp32_upcast_fails_the_first_forward_stage_of_ste
 def test_e2e_a_two_rank_run_that_fails_midway_leaves_no_process_behind() -> None:
     """A plant site no hook knows makes every patched model forward raise: the run fails in its workers after
     Ray, TransferQueue and both ranks started; the verdict is one line and nothing is left running."""
-    outcomes, out = _check(PRECISION_TEST_PLANT="no_such_site")
+    outcomes, out = _check(None, PRECISION_TEST_PLANT="no_such_site")
     assert set(outcomes.values()) == {"FAILED"}
     assert re.search(r"grpo_dp2_bf16_cpu\.yaml: command exited with \d+; last lines:", out), out[-3000:]
 
