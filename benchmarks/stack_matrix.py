@@ -331,7 +331,8 @@ def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
         "## Supported range",
         "",
         "The releases of each package that a row proves: the gate ran, nothing failed. The floor of",
-        "mindstudio-probe in pyproject.toml is the oldest of them.",
+        "mindstudio-probe in pyproject.toml is the oldest of them whose own requirements the pinned stack meets",
+        "(a row installs its release without them: 26.0.0 declares protobuf<=3.20.2, which ray[default] forbids).",
         "",
     ]
     for kind, (proved, rest) in supported(rows).items():
