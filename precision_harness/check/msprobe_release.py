@@ -22,10 +22,10 @@ release and the range read (:func:`unread`). Each reason is one line: no traceba
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any
 
-from precision_harness.runs.msprobe_release import WANTED, installed
+from precision_harness.runs.msprobe_release import DISTRIBUTION, WANTED
+from precision_harness.runs.package_versions import installed, release
 
 #: the oldest release whose compare internals msprobe_tools.py was read against, and the newest: the oldest is
 #: below the install floor (runs/msprobe_release.py): 26.0.0 runs the gate (docs/stacks.md) where a stack holds it
@@ -37,12 +37,6 @@ INSTALL = f"pip install {WANTED}"
 DATA_DIRS = (26, 1, 0)
 
 
-def release(version: str) -> tuple[int, int, int]:
-    """``(26, 1, 0)`` of ``"26.1.0.post1"``; ``(0, 0, 0)`` where the version does not start with three numbers."""
-    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    return (int(found[1]), int(found[2]), int(found[3])) if found else (0, 0, 0)
-
-
 def _numpy_2() -> str | None:
     """numpy's version where it is 2 or later (None: older, or not installed)."""
     version = installed("numpy")
@@ -52,7 +46,7 @@ def _numpy_2() -> str | None:
 def run_problem(version: str | None = None) -> str | None:
     """Why this interpreter's msprobe cannot dump a run, in one line; None where it can (or none is installed:
     that is the session's own error). Only the 8.x line under numpy 2 is known not to."""
-    version = version or installed()
+    version = version or installed(DISTRIBUTION)
     numpy = _numpy_2()
     if version is None or release(version) >= OLDEST or numpy is None:
         return None
@@ -66,7 +60,7 @@ def run_problem(version: str | None = None) -> str | None:
 def analyses_problem(version: str | None = None) -> str | None:
     """Why msprobe's analyses (its compare table, first diff and graph) are not asked of this release, in one line;
     None where they are (a newer release than :data:`CHECKED` is tried)."""
-    version = version or installed()
+    version = version or installed(DISTRIBUTION)
     if version is None:
         return "mindstudio-probe is not installed in this interpreter; pip install mindstudio-probe"
     if release(version) >= OLDEST:
@@ -79,7 +73,7 @@ def analyses_problem(version: str | None = None) -> str | None:
 
 def unread(version: str | None = None) -> str:
     """What a line of msprobe's own failure adds where the release is not one the guard was read against."""
-    version = version or installed() or "unknown"
+    version = version or installed(DISTRIBUTION) or "unknown"
     if OLDEST <= release(version) <= (*CHECKED[:2], 999):
         return ""
     return f" (mindstudio-probe {version}; msprobe's analyses are read against {RANGE})"

@@ -50,6 +50,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from precision_harness.runs.package_versions import installed, release
+
 if TYPE_CHECKING:
     import torch
 
@@ -85,11 +87,6 @@ UNFILLED_ROWS = "the Tensor.narrow rows of FSDP2's all-gather buffer (msprobe's 
 _PATCHED = "__precision_patched__"
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match[1]), int(match[2])) if match else None
-
-
 def refusal(version: str | None) -> str | None:
     """The one line refusing a verl run under torch ``version`` (None: not installed, or one the gate runs under).
 
@@ -99,8 +96,7 @@ def refusal(version: str | None) -> str | None:
     """
     if version is None:
         return None
-    release = _release(version)
-    if release is not None and release >= OLDEST_TORCH:
+    if release(version, 2) >= OLDEST_TORCH:
         return None
     oldest = ".".join(map(str, OLDEST_TORCH))
     return (
@@ -112,10 +108,7 @@ def refusal(version: str | None) -> str | None:
 
 def installed_version() -> str | None:
     """The installed torch's version, read from its package metadata (torch is not imported); None: none installed."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed("torch")
 
 
 def installed_refusal() -> str | None:

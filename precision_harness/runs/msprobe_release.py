@@ -16,20 +16,14 @@ import importlib.metadata
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from precision_harness.runs.package_versions import installed
+
 #: the distribution msprobe ships in
 DISTRIBUTION = "mindstudio-probe"
 #: the oldest release the stack matrix proves (docs/stacks.md); pyproject.toml requires at least this
 MSPROBE_FLOOR = "26.1.0"
 #: the requirement that gives a release the gate runs with, as pip takes it
 WANTED = f"'{DISTRIBUTION}>={MSPROBE_FLOOR}'"
-
-
-def installed(name: str = DISTRIBUTION) -> str | None:
-    """The installed version of ``name`` in this interpreter (the first on ``sys.path``), or None."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def unmet_requirements(distribution: str = DISTRIBUTION) -> list[str]:

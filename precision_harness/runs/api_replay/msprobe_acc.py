@@ -25,10 +25,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from precision_harness.runs.package_versions import release
 
 #: the mindstudio-probe releases whose internals this module was read against: ``(first, beyond)`` (release tuples)
 CHECKED = ((26, 0, 0), (26, 3, 0))
@@ -47,18 +48,12 @@ def version_problem() -> str | None:
         found = metadata.version("mindstudio-probe")
     except metadata.PackageNotFoundError:
         return "mindstudio-probe is not installed in the replay's interpreter"
-    if not CHECKED[0] <= _release(found) < CHECKED[1]:
+    if not CHECKED[0] <= release(found) < CHECKED[1]:
         return (
             f"mindstudio-probe {found}: the replay reads msprobe's acc_check internals of {CHECKED_RANGE} "
             f"(precision_harness/runs/api_replay/msprobe_acc.py): {INSTALL}, or read them and widen CHECKED"
         )
     return None
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """``(26, 1, 0)`` of ``"26.1.0.post1"``; ``()`` (before any release) where it does not start with three numbers."""
-    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    return tuple(int(part) for part in found.groups()) if found else ()
 
 
 @contextlib.contextmanager
