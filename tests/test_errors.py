@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from harness_testing import edit_scenario, make_project
@@ -125,19 +126,24 @@ def test_golden_missing_a_stage(project: pytest.Pytester) -> None:
     )
 
 
-def test_msprobe_not_installed(project: pytest.Pytester) -> None:
-    fake = project.path / "fake_site" / "msprobe"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'msprobe' (simulated)\")\n")
-    env = {**os.environ, "PYTHONPATH": str(project.path / "fake_site")}
-    proc = subprocess.run(
+def _actor_update_step_1(project: pytest.Pytester, site: Path) -> subprocess.CompletedProcess:
+    """The project's ``actor_update`` item of step 1, checked in a pytest process with ``site`` first on
+    ``PYTHONPATH`` (a stand-in for what is installed)."""
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-k", "actor_update and step_1"],
         cwd=project.path,
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(site)},
         timeout=300,
     )
+
+
+def test_msprobe_not_installed(project: pytest.Pytester) -> None:
+    fake = project.path / "fake_site" / "msprobe"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'msprobe' (simulated)\")\n")
+    proc = _actor_update_step_1(project, project.path / "fake_site")
     assert proc.returncode == 1, proc.stdout
     assert "mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe" in proc.stdout
     assert "Traceback" not in proc.stdout
@@ -151,15 +157,7 @@ def test_an_msprobe_that_cannot_dump_under_numpy_2_is_one_line(project: pytest.P
     site = project.path / "fake_site" / "mindstudio_probe-8.3.3.dist-info"  # found before the installed release
     site.mkdir(parents=True)
     (site / "METADATA").write_text("Metadata-Version: 2.1\nName: mindstudio-probe\nVersion: 8.3.3\n")
-    env = {**os.environ, "PYTHONPATH": str(site.parent)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-k", "actor_update and step_1"],
-        cwd=project.path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    proc = _actor_update_step_1(project, site.parent)
     assert proc.returncode == 1, proc.stdout
     line = (
         f"mindstudio-probe 8.3.3 cannot run under numpy {numpy.__version__}: it uses np.unicode_, which numpy 2 "
