@@ -227,11 +227,15 @@ def _evidence(v: StageVerdict) -> list[str]:
         rank = f"{first.rank}: " if multi else ""
         more = f" (x{len(changes)}, the first shown)" if len(changes) > 1 else ""
         lines.append(_label(CODE_PATH_LABEL, f"{rank}{what}{more}: {first.evidence}"))
-    matching = [c for c in v.code_paths if c not in failing]
+    others = [c for c in v.code_paths if c not in failing]
+    matching, undecided = [c for c in others if not c.undecided], [c for c in others if c.undecided]
     if matching:
         lines.append(
             _label(CODE_PATH_LABEL, f"{len(matching)} other changed block(s) whose values match: {describe(matching)}")
         )
+    if undecided:
+        said = f"{len(undecided)} other changed block(s) undecided, no tensor leaves them: {describe(undecided)}"
+        lines.append(_label(CODE_PATH_LABEL, said))
     return lines
 
 
