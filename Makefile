@@ -41,10 +41,11 @@ gate: $(VENV)/.gate          ## the main job: every scenario against golden/, pl
 # parity tests (tests/test_verl_parity.py) instead of skipping them. Two xdist workers (CI's 2 cores): the
 # tests that run examples/verl_cpu where it stands share one worker (xdist_group "verl_cpu_example").
 # The gate itself (scenarios/, precision_tests/) is `make gate`; these are the harness's own tests.
+# --durations: CI's log ends with the slowest tests, what to cut when `make test` nears CI's time.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.test          ## the harness's tests, the verl parity and the verl examples end to end
-	PRECISION_REQUIRE_VERL=1 $(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) tests
+	PRECISION_REQUIRE_VERL=1 $(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --durations=40 tests
 
 lint: $(VENV)/.test          ## ruff lint and format check, import contracts (configured in pyproject.toml)
 	$(BIN)/ruff check .
