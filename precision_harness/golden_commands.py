@@ -1,6 +1,7 @@
 """``precision-harness golden ACTION``: the golden store from the command line.
 
-- ``verify``: schema, both sha256 of every file, unlisted files, NaN/Inf lint (exit 1 on a problem);
+- ``verify``: schema, both sha256 of every file, unlisted files, NaN/Inf lint (exit 1 on a problem; a NaN/Inf the
+  golden's scenario declares under ``tolerance.nonfinite`` is listed as declared, with its reason, and passes);
 - ``list``: every golden with its level, steps, stored and plain size, calibration;
 - ``migrate``: plain (format 1) goldens rewritten compressed, and every dump without an index indexed, atomically,
   re-recording nothing;
@@ -15,10 +16,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, UsageError
 from precision_harness.options import PrecisionOptions
+
+if TYPE_CHECKING:
+    from precision_harness.goldens.store import GoldenStore
+    from precision_harness.goldens.verification import NonFinite
 
 #: problems listed per golden by ``golden verify`` before "... and N more"
 MAX_LISTED = 20
@@ -42,20 +48,46 @@ def cmd_golden_verify(args: argparse.Namespace) -> int:
 
     store = _golden_store(args)
     goldens = store.list()
+    declarations = _declarations(args.scenarios, store)
     bad = 0
     for name, device in goldens:
-        problems = verify_golden(store.path(name, device))
+        found = verify_golden(store.path(name, device), declarations.get(name, ()))
+        problems = found.problems
         bad += bool(problems)
+        counts = [f"{len(problems)} problem(s)"] if problems else []
+        counts += [f"{len(found.declared)} NaN/Inf its scenario declares"] if found.declared else []
         _print(
             f"{'FAIL' if problems else 'ok  '} {store.path(name, device)}"
-            + (f": {len(problems)} problem(s)" if problems else "")
+            + (f": {', '.join(counts)}" if counts else "")
         )
         for p in problems[:MAX_LISTED]:
             _print(f"  {p}")
         if len(problems) > MAX_LISTED:
             _print(f"  ... and {len(problems) - MAX_LISTED} more")
+        for p in found.declared[:MAX_LISTED]:
+            _print(f"  {p}")
+        if len(found.declared) > MAX_LISTED:
+            _print(f"  ... and {len(found.declared) - MAX_LISTED} more declared")
     _print(f"{len(goldens)} goldens verified, {bad} with problems")
     return EXIT_DRIFT if bad else EXIT_PASS
+
+
+def _declarations(named: list[Path], store: GoldenStore) -> dict[str, tuple[NonFinite, ...]]:
+    """``{scenario name: its tolerance.nonfinite entries}`` of the store's goldens, read from the scenario files
+    ``named`` (files or folders of ``*.yaml``/``*.yml``), or where none are named, from every such file in a
+    ``scenarios`` folder below the golden directory's parent (the project the goldens belong to).
+
+    Raises:
+        ScenarioError: a scenario file is not readable YAML, or a golden's breaks the schema (file and field).
+    """
+    from precision_harness.goldens.recordable import declared_in_files
+    from precision_harness.goldens.unused_goldens import discover_scenarios
+
+    if named:
+        files = [f for p in named for f in (sorted([*p.glob("*.yaml"), *p.glob("*.yml")]) if p.is_dir() else [p])]
+    else:
+        files = discover_scenarios(store.root.resolve().parent, ["scenarios"])
+    return declared_in_files(files, {name for name, _ in store.list()})
 
 
 def cmd_golden_list(args: argparse.Namespace) -> int:
@@ -154,7 +186,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("golden", help="inspect goldens")
     gsub = p.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
     for action, func, text in (
-        ("verify", cmd_golden_verify, "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem)"),
+        (
+            "verify",
+            cmd_golden_verify,
+            "schema, sha256 and NaN/Inf lint of every golden (exit 1 on a problem; a NaN/Inf its scenario declares "
+            "under tolerance.nonfinite is shown as declared)",
+        ),
         ("list", cmd_golden_list, "every golden with its level, steps, stored and plain size, calibration"),
         (
             "migrate",
@@ -166,6 +203,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("history", cmd_golden_history, "the golden now against each committed version of it (git), per stage"),
     ):
         gp = gsub.add_parser(action, help=text)
+        if action == "verify":
+            gp.add_argument(
+                "scenarios",
+                type=Path,
+                nargs="*",
+                metavar="SCENARIO",
+                help="scenario files (or folders of them) whose tolerance.nonfinite declares NaN/Inf of their golden "
+                "(default: every *.yaml in a scenarios folder beside the golden directory)",
+            )
         if action == "export":
             gp.add_argument("scenario", type=Path, help="scenario YAML file whose golden is exported")
             gp.add_argument("--out", type=Path, required=True, help="empty or new folder for the plain layout")

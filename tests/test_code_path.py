@@ -178,6 +178,39 @@ def test_a_dtype_changed_inside_the_stage_is_not_called_upstream(tmp_path: Path)
     ) in out.text
 
 
+def test_a_mask_the_stage_built_as_bool_where_the_golden_cast_it_to_int64_is_not_called_upstream(
+    tmp_path: Path,
+) -> None:
+    """Issue 52's rule for an int/bool change of dtype alone: the loss reads the stage's own ``logits > 0`` mask as
+    bool where the golden read it cast to int64 by an op msprobe does not record (``.long()``), the same values.
+    msprobe records only Max/Min of such tensors (bool: any/all); the mask still carries the comparison's value."""
+    logits = tensor(shape=(2, 8), Max=2.0, Min=-1.0, Mean=0.3, Norm=4.0)
+    loss, out = tensor(shape=(2, 8), Max=0.5, Min=-0.5, Mean=0.0, Norm=1.0), tensor(shape=(2, 8), Max=0.5, Norm=0.8)
+    as_bool, as_int = (
+        tensor("torch.bool", (2, 8), True, False, None, None),
+        tensor("torch.int64", (2, 8), 1, 0, None, None),
+    )
+
+    def stream(mask: dict) -> dict:
+        return {
+            "data": {
+                "Tensor.__gt__.0.forward": api([logits, {"type": "float", "value": 0.0}], [as_bool]),
+                "Tensor.__mul__.0.forward": api([loss, mask], [out]),
+            }
+        }
+
+    for way, golden, run in (("cast", as_int, as_bool), ("uncast", as_bool, as_int)):
+        out_ = check(tmp_path / way, stream(golden), stream(run))
+        assert not out_.passed and "upstream" not in out_.text, out_.text
+        assert out_.origin.kind is OriginKind.UNRECORDED and out_.origin.structural
+        assert out_.origin.producer == "Tensor.__gt__.0.forward.output.0"
+        assert (
+            "inside actor_compute_log_prob, through an op msprobe does not record: Tensor.__mul__.0.forward.input.1 "
+            "is the first value that differs (its dtype or shape), and it carries Tensor.__gt__.0.forward.output.0's "
+            "value"
+        ) in out_.text
+
+
 def test_a_dtype_change_of_a_value_from_outside_the_stage_stays_upstream(tmp_path: Path) -> None:
     """The loss reads an int64 mask where the golden read float32 IS weights of 1: no recorded call made either."""
     weights, mask = tensor(shape=(2, 8), Max=1.0, Min=1.0, Mean=1.0, Norm=4.0), tensor("torch.int64", (2, 8), 1, 1)

@@ -8,13 +8,14 @@ import copy
 from pathlib import Path
 
 from harness_testing import api, tensor
-from test_code_path import check
+from test_code_path import _record, check
 from test_pairing import rope
 
 from precision_harness.check.code_path import Leaving
 from precision_harness.check.drift_origin import OriginKind
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.pairing import pair_calls
+from precision_harness.report.precision_report import PrecisionReport
 
 
 def _bool(shape: tuple[int, ...], lo: bool = False) -> dict:
@@ -84,6 +85,40 @@ def test_a_block_from_which_no_tensor_leaves_is_undecided(tmp_path: Path) -> Non
     assert "the values leaving the changed calls identical" not in out.text
     strict = check(tmp_path, rope(new=True), _no_tensor_leaves(), TolerancePolicy.from_config({"code_path": "fail"}))
     assert not strict.passed and strict.origin.kind is OriginKind.CODE_PATH
+
+
+def _barrier_after_cos(*, sin_max: float = 0.5) -> dict:
+    """5.23.0's :func:`rope` with a call that returns nothing inserted after the cos (a second changed block, apart
+    from the replaced matmul), and its sin's Max at ``sin_max`` (the golden's: 0.5)."""
+    data = list(rope(new=True)["data"].items())
+    data.insert(4, ("Distributed.barrier.0.forward", api([], [])))
+    data[5][1]["output"][0]["Max"] = sin_max
+    return {"data": dict(data)}
+
+
+def _summary(out) -> str:
+    [line] = [x for x in PrecisionReport(mode="check", records=[_record(out)]).lines if "changed the code path" in x]
+    return line
+
+
+def test_the_summary_of_an_undecided_block_counts_it_and_never_reads_as_a_match(tmp_path: Path) -> None:
+    alone = check(tmp_path, rope(new=True), _no_tensor_leaves())
+    assert alone.passed
+    assert _summary(alone).endswith(
+        "(nothing) -> Distributed.barrier (1 changed block(s) in 1 stage dump(s) undecided: no tensor leaves them, "
+        "only the paired values after them were compared; re-record to refresh)"
+    ), _summary(alone)
+    assert "match" not in _summary(alone) and _record(alone).code_path["undecided"] == 1
+    mixed = check(tmp_path, rope(new=False), _barrier_after_cos())
+    assert mixed.passed and {c.leaving for c in mixed.verdict.code_paths} == {Leaving.MATCH, Leaving.NONE}
+    assert _summary(mixed).endswith(
+        "(1 changed block(s) in 1 stage dump(s) undecided: no tensor leaves them, only the paired values after them "
+        "were compared; the values leaving the other changed calls match the golden's; re-record to refresh)"
+    ), _summary(mixed)
+    drifted = check(tmp_path, rope(new=False), _barrier_after_cos(sin_max=0.7))
+    assert not drifted.passed and drifted.origin.kind is OriginKind.API and drifted.origin.api == "Tensor.sin.0.forward"
+    assert "1 other changed block(s) whose values match: Tensor.__matmul__ -> Tensor.__mul__" in drifted.text
+    assert "1 other changed block(s) undecided, no tensor leaves them: (nothing) -> Distributed.barrier" in drifted.text
 
 
 def _fused(result: dict) -> dict:

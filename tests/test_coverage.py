@@ -35,6 +35,8 @@ from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.goldens.golden import Golden
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.report_html import html_report
+from precision_harness.report.report_md import markdown_report
 from precision_harness.schemas import load_schema
 
 SETTINGS = CheckSettings(scenario="s", policy=TolerancePolicy())
@@ -195,6 +197,29 @@ def test_report_json_holds_each_scenarios_ledger_and_the_summary_names_only_the_
     bad["scenarios"][0]["coverage"]["statistics"]["not_compared"] = {NOT_IN_RUN: 0}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, load_schema("report"))
+
+
+def test_report_md_and_html_show_each_scenarios_share_compared_and_why_the_rest_was_not(tmp_path: Path) -> None:
+    """A reviewer reads report.md in a pull request: a row per scenario with report.json's figures, kept where the
+    comment is cut to its budget; report.html the same."""
+    golden = stage(tmp_path / "golden", base_data(), ("rank0", "rank1"))
+    full = check_stage(golden, golden, SETTINGS)
+    short = check_stage(stage(tmp_path / "target", base_data()), golden, SETTINGS)
+    report = PrecisionReport(mode="check", records=[_record(full, "whole", 1, "a"), _record(short, "short", 1, "a")])
+    doc = report.to_document()
+    ledgers = {s["name"]: Ledger.from_json(s["coverage"]) for s in doc["scenarios"]}
+    share, missing = ledgers["short"].headline(), ledgers["short"].missing_text()
+    assert share == "30 of 60 golden statistics compared (50.0 %)"
+    assert missing == f"ranks: 1 {NOT_IN_RUN}; rows: 8 {NOT_IN_RUN}; statistics: 30 {NOT_IN_RUN}"
+    md = markdown_report(doc)
+    assert f"| short | {share} | {missing} |" in md
+    assert "| whole | 60 of 60 golden statistics compared (100 %) | - |" in md
+    cut = markdown_report(doc, budget=1_000)
+    assert "Cut to fit" in cut and "### Failures" not in cut
+    assert f"| short | {share} | {missing} |" in cut and "| whole | " in cut
+    page = html_report(doc)
+    assert '<section id="coverage">' in page
+    assert f'<th class="stage">short</th><td>{share}</td><td class="left">{missing}</td>' in page
 
 
 # -------------------------------------------------------------------- end to end: a command scenario, 2 ranks

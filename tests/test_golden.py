@@ -309,7 +309,7 @@ def test_manifest_path_outside_golden_is_corrupt_and_never_read(
     assert f"manifest.json: {field}: {value!r} is not a relative path inside the golden" in str(err.value)
     assert "\n" not in str(err.value) and "re-record with: pytest" in str(err.value)
     assert opened == []
-    problems = verification.verify_golden(store.path("tiny_ppo", "cpu"))
+    problems = verification.verify_golden(store.path("tiny_ppo", "cpu")).problems
     assert len(problems) == 1 and "is not a relative path inside the golden" in problems[0] and opened == []
 
 
@@ -407,7 +407,7 @@ def test_plain_golden_stays_readable_and_migrates_losslessly(tmp_path: Path, sce
     indexes = {n for n in contents if n.endswith("/dump.index")}
     assert indexes and exported == {n: c for n, c in contents.items() if n not in indexes}  # byte for byte
     assert all(migrated.read(n) == contents[n] for n in indexes)  # kept, though msprobe's export leaves them out
-    assert verification.verify_golden(path) == []
+    assert verification.verify_golden(path).problems == []
     assert store.migrate("tiny_ppo", "cpu") is False  # already compressed: nothing written
 
 

@@ -20,6 +20,7 @@ from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.items import OutcomeKind
+from precision_harness.cli import main
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.narrowing import narrowed
 from precision_harness.goldens.store import GoldenStore
@@ -186,3 +187,40 @@ def test_a_nonfinite_declaration_without_a_reason_is_a_schema_error(tmp_path: Pa
     with pytest.raises(ScenarioError) as exc:
         _scenario(tmp_path, extra="tolerance:\n  nonfinite:\n    - where: Functional.softmax.*\n")
     assert "tolerance.nonfinite.0" in str(exc.value) and "'reason' is a required property" in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------ golden verify
+def _nan_at_softmax_inf_at_linear(step: int, stage: str) -> dict:
+    data = _nan_at_softmax(step, stage)
+    data["Functional.linear.0.forward"]["output"][0]["Min"] = -math.inf
+    return data
+
+
+def test_golden_verify_shows_a_declared_nan_as_declared_and_fails_only_on_an_undeclared_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The NaN the scenario declares is listed with its reason and passes; an undeclared one stays a problem."""
+    declared = "  nonfinite:\n    - where: Functional.softmax.*.output.*\n      reason: fully masked rows\n"
+    scenario = _scenario(tmp_path, extra=f"tolerance:\n{declared}")
+    store = GoldenStore(tmp_path / "golden")
+    store.promote(_run(tmp_path / "nan", scenario, _nan_at_softmax), scenario, "cpu")
+    verify = ["golden", "verify", "--golden-dir", str(tmp_path / "golden")]
+    assert main(verify) == 0  # the scenario found in scenarios/ beside golden/
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("golden/tiny_ppo/cpu: 10 NaN/Inf its scenario declares") and out[0].startswith("ok ")
+    assert len(out) == 12 and out[-1] == "1 goldens verified, 0 with problems"
+    reason = (
+        "Functional.softmax.0.forward.output.0 Max is nan, declared (Functional.softmax.*.output.*): fully masked rows"
+    )
+    assert all(line.endswith(reason) for line in out[1:11]), out
+    store.promote(_run(tmp_path / "inf", scenario, _nan_at_softmax_inf_at_linear), scenario, "cpu")
+    assert main(verify) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": 10 problem(s), 10 NaN/Inf its scenario declares") and out[0].startswith("FAIL ")
+    problems, declared_lines = out[1:11], out[11:21]
+    assert all(line.endswith("Functional.linear.0.forward.output.0 Min is -inf") for line in problems), out
+    assert all(line.endswith(": fully masked rows") and "softmax" in line for line in declared_lines), out
+    undeclaring = _scenario(tmp_path / "elsewhere")  # a scenario file named on the command line: declares nothing
+    assert main([*verify, str(undeclaring.path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": 20 problem(s)") and "softmax" in "".join(out[1:21]) and "declared" not in "".join(out)

@@ -32,6 +32,7 @@ CODE_PATH = {
     ),
     "count": 2,
     "failing": 0,
+    "undecided": 0,
     "what": ["Torch.arange -> Tensor.expand, Tensor.__and__"],
     "cause": "transformers 5.10.4 -> 4.57.1",
     "changes": [],

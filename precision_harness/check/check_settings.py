@@ -42,6 +42,9 @@ class CheckSettings:
     #: a check that compared less than the golden holds, for a reason nothing declares, passes
     #: (``--precision-allow-uncompared``; :mod:`~precision_harness.check.coverage`)
     allow_uncompared: bool = False
+    #: why FSDP2's all-gather buffer rows are not compared: the run, or the golden's, ran without the zero-fill (its
+    #: ``env`` says so; :mod:`~precision_harness.check.unfilled`); None: both were filled, every row is compared
+    unfilled: str | None = None
 
     def rerun_of(self, key: ItemKey) -> str | None:
         """The command that reruns ``key`` alone, or None."""

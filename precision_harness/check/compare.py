@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from precision_harness.check import msprobe_worker, rank_pool
+from precision_harness.check import msprobe_worker, rank_pool, unfilled
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
 from precision_harness.check.coverage import (
@@ -54,7 +54,13 @@ from precision_harness.progress import RankProgress
 
 
 def compare_rank(
-    t_dump: dict[str, Any], g_dump: dict[str, Any], *, policy: TolerancePolicy, stage: str, rank: str
+    t_dump: dict[str, Any],
+    g_dump: dict[str, Any],
+    *,
+    policy: TolerancePolicy,
+    stage: str,
+    rank: str,
+    skip: frozenset[str] = frozenset(),
 ) -> RankVerdict:
     """Compare one rank's parsed dump pair: key sets, then every statistic of every row.
 
@@ -64,18 +70,21 @@ def compare_rank(
     (:meth:`RankVerdict.bound`). Where both dumps hold the same calls (the common case), both are read as
     :func:`~precision_harness.dumps.columns.columns` and a row's object is built only where its verdict needs it.
     The dumps may be parsed by ``parse_dump`` or ``parse_dump_raw`` (restored in place for the row-by-row way).
+    The rows of the run's calls ``skip`` are left out (:mod:`~precision_harness.check.unfilled`).
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
     """
     dumps = [t_dump, g_dump]
     del t_dump, g_dump  # _compared holds the only references, so it frees each dump once its rows are named
-    verdict = _compared(dumps, policy=policy, stage=stage, rank=rank)
+    verdict = _compared(dumps, policy=policy, stage=stage, rank=rank, skip=skip)
     verdict.bound()
     return verdict
 
 
-def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: str, rank: str) -> RankVerdict:
+def _compared(
+    dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: str, rank: str, skip: frozenset[str]
+) -> RankVerdict:
     t_dump, g_dump = dumps
     dumps.clear()
     verdict = RankVerdict(rank)
@@ -88,7 +97,7 @@ def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: st
         return verdict
     if not pairing.blocks and all(t == g for t, g in pairing.pairs):  # the same calls: every row read as columns
         layouts = Layouts()
-        _judge_columns(verdict, (columns(t_dump, layouts), columns(g_dump, layouts)), layouts, policy, stage)
+        _judge_columns(verdict, (columns(t_dump, layouts), columns(g_dump, layouts)), layouts, policy, (stage, skip))
         return verdict
     t_rows, g_all = rows(restore_non_finite(t_dump)), rows(restore_non_finite(g_dump))
     g_rows = aligned_rows(g_all, pairing)
@@ -104,6 +113,9 @@ def _compared(dumps: list[dict[str, Any]], *, policy: TolerancePolicy, stage: st
         if t_item["api"] in in_blocks:
             continue
         g_item = g_rows.get(name)
+        if g_item is not None and t_item["api"] in skip:
+            unfilled.skip_row(verdict, name, g_item)
+            continue
         # a paired call with other tensors: a structural change
         plan.append(f"{name}: not in the golden" if g_item is None else _Row(name, order, t_item, g_item))
     _judge(verdict, plan, policy=policy, stage=stage)
@@ -144,12 +156,13 @@ def _judge(v: RankVerdict, plan: list[_Row | str], *, policy: TolerancePolicy, s
 
 
 def _judge_columns(
-    v: RankVerdict, sides: tuple[Columns, Columns], layouts: Layouts, policy: TolerancePolicy, stage: str
+    v: RankVerdict, sides: tuple[Columns, Columns], layouts: Layouts, policy: TolerancePolicy, at: tuple[str, frozenset]
 ) -> None:
     """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
     the regular rows judged at once, a row object built only for a row that is not regular, and a drift only
-    for one the verdict keeps (:func:`~precision_harness.check.drift_set.table_drifts`)."""
-    t, g = sides
+    for one the verdict keeps (:func:`~precision_harness.check.drift_set.table_drifts`). ``at``: the stage, and the
+    run's calls whose rows are left out (:mod:`~precision_harness.check.unfilled`)."""
+    (t, g), (stage, skip) = sides, at
     v.calls = t.calls
     g_at, golden = aligned_golden_columns(t, g)
     paired = g_at >= 0
@@ -158,8 +171,9 @@ def _judge_columns(
         unread = np.ones(len(g.names), dtype=bool)
         unread[g_at[paired]] = False
         _held_columns(v, g, unread)
+    left_out = unfilled.skip_columns(v, t, golden, paired, skip) if skip else np.zeros(len(t.names), dtype=bool)
     regular = paired & (t.layout == golden.layout) & (t.layout != NO_LAYOUT) & ~t.scalar & ~golden.scalar
-    regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1)
+    regular &= (t.present == golden.present).all(axis=1) & t.present.any(axis=1) & ~left_out
     numels = np.array([*layouts.numels, 1], dtype=np.float64)[t.layout]  # NO_LAYOUT (-1) reads the 1 added
     norm = golden.stats[:, STATISTICS.index("Norm")]
     with np.errstate(all="ignore"):
@@ -171,7 +185,7 @@ def _judge_columns(
     v._table_kept += table_drifts(table, (t.names, range(len(t.names))), v.rank, v.drift_set)
     names, worst, order = t.names, table.worst, 0
     # a row neither side gives anything to compare: its 0.0 point comes with the columns, as _compare_row gives it
-    said = ~regular & ~blank_rows(t, golden, paired, layouts)
+    said = ~regular & ~blank_rows(t, golden, paired, layouts) & ~left_out
     said[np.flatnonzero(table.nonfinite)[:1]] = True  # only a rank's first non-finite value is a problem
     for i in np.flatnonzero(said).tolist():
         v.profile.extend_columns(v.rank, (order, i), names, worst)
@@ -328,6 +342,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     verdict = StageVerdict(settings.scenario, golden.step, golden.name, tolerance=policy.describe())
     verdict.strict_code_path = policy.strict_code_path
     verdict.allow_unchecked = policy.unchecked
+    verdict.unfilled_reason = settings.unfilled or ""
     t_ranks, g_ranks = set(target.ranks()), set(golden.ranks())
     verdict.ranks = sorted(t_ranks | g_ranks)
     _stage_held(verdict, golden, t_ranks)
@@ -344,7 +359,7 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
         verdict.checked = recorded if recorded is not None else verdict.coverage["statistics"].compared
         verdict.identical = verdict.identical and not verdict.failing_unchecked
         return verdict
-    key, jobs, size = _stage_jobs(target, golden, policy, shared)
+    key, jobs, size = _stage_jobs(target, golden, settings, shared)
     ticker = RankProgress(f"step_{golden.step}/{golden.name}", len(shared), settings.progress)
     for done, rank_verdict in enumerate(rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key), 1):
         verdict.add(rank_verdict)
@@ -403,7 +418,7 @@ def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: Check
     found = []
     for target, golden in stages:
         ranks = target.ranks()
-        stage = _stage_jobs(target, golden, settings.policy, ranks)
+        stage = _stage_jobs(target, golden, settings, ranks)
         if rank_pool.started(stage[0]) or (
             ranks and ranks == golden.ranks() and target.digest(ranks[0]) != golden.digest(ranks[0])
         ):
@@ -411,17 +426,20 @@ def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: Check
     rank_pool.ahead(_rank_verdict, found)
 
 
-def _stage_jobs(target: StageSource, golden: StageSource, policy: TolerancePolicy, ranks: list[str]) -> rank_pool.Stage:
+def _stage_jobs(target: StageSource, golden: StageSource, settings: CheckSettings, ranks: list[str]) -> rank_pool.Stage:
     """A stage compare in the rank pool: its key (its folders, its policy, the object its jobs hold, and its ranks), a
     job per rank and the run's dump bytes; :func:`compare_stage` and :func:`compare_ahead` build it alike."""
+    policy, left_out = settings.policy, settings.unfilled is not None
     key = str(target), str(golden), id(policy), tuple(ranks)
     size = rank_pool.dump_bytes(target, ranks)
     if ranks and all(golden.indexed(rank) for rank in ranks):  # only the run's dump is read
         size //= rank_pool.INDEXED_SHARE
-    return key, [(target, golden, policy, rank) for rank in ranks], size
+    return key, [(target, golden, policy, rank, left_out) for rank in ranks], size
 
 
-def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str) -> RankVerdict:
+def _rank_verdict(
+    target: StageSource, golden: StageSource, policy: TolerancePolicy, rank: str, left_out: bool = False
+) -> RankVerdict:
     """One rank of a stage, read and compared (in a pool's worker where the stage is large), one parsed dump at a
     time: the run's is read as columns and freed before the golden's is parsed. Where the calls differ (a changed
     code path), the run's is parsed again for the row-by-row way (:func:`compare_rank`).
@@ -431,11 +449,15 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
 
     A run's dump.json that does not parse fails its rank with the parser's one line (file, byte offset); the
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
+
+    With ``left_out``, the rows of the run's calls in FSDP2's unfilled all-gather buffer are not compared
+    (:func:`~precision_harness.check.unfilled.calls`).
     """
+    skip = unfilled.calls(target, rank) if left_out else frozenset()
     sides = same_skeleton_columns(target, golden, rank)
     if sides is not None:
         verdict = RankVerdict(rank)
-        _judge_columns(verdict, sides[:2], sides[2], policy, golden.name)
+        _judge_columns(verdict, sides[:2], sides[2], policy, (golden.name, skip))
         verdict.bound()
         return verdict
     try:
@@ -449,12 +471,13 @@ def _rank_verdict(target: StageSource, golden: StageSource, policy: TolerancePol
         t_calls, t_columns = list(t_dump["data"]), columns(t_dump, layouts)
         del t_dump  # the columns keep none of it
         g_dump = golden.load(rank, raw=True)
-        if list(g_dump["data"]) != t_calls:
-            return compare_rank(target.load(rank, raw=True), g_dump, policy=policy, stage=golden.name, rank=rank)
-        sides, verdict = (t_columns, columns(g_dump, layouts)), RankVerdict(rank)
-        if _reshaped(*sides, layouts):  # a call that computed another intermediate: pair_calls' changed block
-            return compare_rank(target.load(rank, raw=True), g_dump, policy=policy, stage=golden.name, rank=rank)
+        # other calls, or a call that computed another intermediate (pair_calls' changed block): row by row
+        if list(g_dump["data"]) != t_calls or _reshaped(*(sides := (t_columns, columns(g_dump, layouts))), layouts):
+            return compare_rank(
+                target.load(rank, raw=True), g_dump, policy=policy, stage=golden.name, rank=rank, skip=skip
+            )
         del g_dump, t_columns
-        _judge_columns(verdict, sides, layouts, policy, golden.name)
+        verdict = RankVerdict(rank)
+        _judge_columns(verdict, sides, layouts, policy, (golden.name, skip))
         verdict.bound()
         return verdict

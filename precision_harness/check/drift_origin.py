@@ -20,7 +20,9 @@ kind           the earliest differing row is                                    
                the golden's                                                     now
 ``unrecorded`` a backward input (the gradient reaching an API) that no          the change entered through
                recorded API produced; an output of an entry that records no     values msprobe does not record
-               inputs (``rollout_generate``'s log-prob rows)
+               inputs (``rollout_generate``'s log-prob rows); an input whose
+               dtype or shape changed that carries an earlier recorded
+               output's value (a cast, int/bool ones included: never upstream)
 ``code_path``  a changed block of the call stream (calls inserted, removed or   the code path changed there
                replaced: :mod:`precision_harness.check.code_path`) whose
                values differ from the golden's, before any differing row
@@ -212,18 +214,24 @@ _OUTSIDE = (OriginKind.UPSTREAM, OriginKind.WEIGHTS)
 
 
 def _producer(name: str, table: dict[str, dict[str, Any]]) -> str | None:
-    """The earlier recorded output whose value ``name`` (an input whose dtype or shape changed) holds, if any:
-    the same number of elements and the same floating-point statistics. Then the value was computed inside the
-    stage, and what changed its dtype or shape is an op between the two that msprobe does not record (a cast)."""
+    """The recorded output nearest before ``name`` (an input whose dtype or shape changed) whose value ``name``
+    holds, if any: the same number of elements and the same statistics (Max/Min/Mean/Norm as numbers; Max/Min where
+    msprobe records only those: an integer or bool tensor, True and 1 alike, so a mask built as bool where the
+    golden's was int64 is found). Then the value was computed inside the stage, and what changed its dtype or shape
+    is an op between the two that msprobe does not record (a cast): never upstream (issue 52)."""
     row = table[name]
-    stats = {s: row.get(s) for s in ("Max", "Min", "Mean", "Norm")}
-    if row.get("state") != "input" or stats["Mean"] is None or stats["Norm"] is None:
+    stats = row_statistics(row)
+    if stats.get("Mean") is None and stats.get("Norm") is None:
+        stats = {s: stats.get(s) for s in ("Max", "Min")}
+    if row.get("state") != "input" or any(v is None for v in stats.values()):
         return None
-    for other_name, other in table.items():
-        if other_name == name:
-            return None  # only rows before it
-        same = all(other.get(s) == v for s, v in stats.items()) and numel(other.get("shape")) == numel(row.get("shape"))
-        if other.get("state") == "output" and same:
+    names = list(table)
+    for other_name in reversed(names[: names.index(name)]):
+        other = table[other_name]
+        if other.get("state") != "output" or numel(other.get("shape")) != numel(row.get("shape")):
+            continue
+        theirs = row_statistics(other)
+        if all(theirs.get(s) == v for s, v in stats.items()):
             return other_name
     return None
 

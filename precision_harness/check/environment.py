@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_harness.runs.host.machine import ISA_FLAGS
+from precision_harness.runs.verl import fsdp2_buffers
 
 NOT_RECORDED = "not recorded"
 
@@ -78,8 +79,9 @@ SOFTWARE = frozenset(
 MODEL_KEYS = {"cuda": "gpu", "npu": "npu_chip"}
 
 #: keys that are not the environment: a command scenario's argv is part of the scenario (its hash),
-#: and it names this machine's interpreter path
-IGNORED = frozenset({"command"})
+#: and it names this machine's interpreter path; a verl rank's FSDP2 fill follows from the torch named above, and the
+#: compare reads it itself (:mod:`precision_harness.check.unfilled`)
+IGNORED = frozenset({"command", fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL})
 
 
 @dataclass(frozen=True)

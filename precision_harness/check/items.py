@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import msprobe_worker, rank_pool, verdict_text
+from precision_harness.check import msprobe_worker, rank_pool, unfilled, verdict_text
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare import compare_ahead, compare_stage
 from precision_harness.check.coverage import Ledger
@@ -134,8 +134,11 @@ def check_items(
         target: verl-layout directory (``step_<n>/<stage>/step0/rank<r>/dump.json``, ``metrics.jsonl``).
         golden: the golden; each of its files is checked against its sha256 before use.
         keys: the items to check (:func:`items_of` for all of them).
+
+    Where ``target``'s run.json or the golden's manifest records FSDP2's all-gather buffer not zero-filled, its rows
+    are not compared (:func:`~precision_harness.check.unfilled.settled`).
     """
-    keys = list(keys)
+    keys, settings = list(keys), unfilled.settled(settings, target, golden.env)
     try:
         for at, key in enumerate(keys):
             _ahead(target, golden, keys[at : at + rank_pool.cores()], settings)

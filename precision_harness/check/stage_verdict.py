@@ -61,6 +61,8 @@ class RankVerdict(_Verdict):
     structural: set[tuple[str, str]] = field(default_factory=set)
     #: tensor rows neither side recorded a statistic of: compared by nothing
     unchecked: list[str] = field(default_factory=list)
+    #: rows of FSDP2's unfilled all-gather buffer, left out of the compare (:mod:`~precision_harness.check.unfilled`)
+    unfilled: list[str] = field(default_factory=list)
     #: the statistics one side's msprobe records and the other's does not (:mod:`~precision_harness.check.recording`)
     recording: RecordingDiff = field(default_factory=RecordingDiff)
     #: the rank's calls in order, where the run's and the golden's are the same; a failing rank's only (msprobe's
@@ -119,6 +121,10 @@ class StageVerdict(_Verdict):
     unchecked: list[tuple[str, str]] = field(default_factory=list)
     #: globs of the rows the scenario allows to go unchecked (``tolerance.unchecked``)
     allow_unchecked: tuple[str, ...] = ()
+    #: ``(rank, row)`` of the rows of FSDP2's all-gather buffer left out where a side ran without its zero-fill, and
+    #: why (:mod:`~precision_harness.check.unfilled`)
+    unfilled: list[tuple[str, str]] = field(default_factory=list)
+    unfilled_reason: str = ""
     #: the statistics one side's msprobe records and the other's does not: those only the golden records (``lost``)
     #: fail the stage, those only the run records (``added``) are named (:mod:`~precision_harness.check.recording`)
     recording: RecordingDiff = field(default_factory=RecordingDiff)
@@ -222,6 +228,7 @@ class StageVerdict(_Verdict):
         self.code_paths += rank.code_paths
         self.structural |= rank.structural
         self.unchecked += [(rank.rank, name) for name in rank.unchecked]
+        self.unfilled += [(rank.rank, name) for name in rank.unfilled]
         self.coverage.add(rank.coverage)
         self.recording.merge(rank.recording)
         if rank.calls is not None:

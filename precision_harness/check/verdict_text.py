@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from precision_harness.check import unfilled
 from precision_harness.check.code_path import CodePathChange, describe
 from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
 from precision_harness.check.drift_origin import DriftOrigin
@@ -149,7 +150,9 @@ def stage_text(
         text = f"{where}: {v.checked} statistics {how}{allowed}"
         text += f"\n{_label(CODE_PATH_LABEL, line)}" if line else ""
         recorded = added_line(v.recording, reading.environment)
-        return text + (f"\n{_label(RECORDED_LABEL, recorded)}" if recorded else "")
+        text += f"\n{_label(RECORDED_LABEL, recorded)}" if recorded else ""
+        left_out = unfilled.line(v)
+        return text + (f"\n{_label(unfilled.LABEL, left_out)}" if left_out else "")
     if len(v.ranks) > 1 and v.failing_ranks:
         # multi-rank: name the rank that diverged first, then every rank that differs
         first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
@@ -179,6 +182,7 @@ def stage_text(
     changes = reading.environment
     recorded = lost_line(v.recording, changes, rerecord=rerecord), added_line(v.recording, changes)
     lines += [_label(RECORDED_LABEL, line) for line in recorded if line]
+    lines += [_label(unfilled.LABEL, line) for line in (unfilled.line(v),) if line]
     lines += [_label(label, text) for label, text in msprobe_rows(reading)]
     if artifacts is not None:
         lines.append(_label("artifacts", f"{artifacts}/"))
@@ -227,11 +231,15 @@ def _evidence(v: StageVerdict) -> list[str]:
         rank = f"{first.rank}: " if multi else ""
         more = f" (x{len(changes)}, the first shown)" if len(changes) > 1 else ""
         lines.append(_label(CODE_PATH_LABEL, f"{rank}{what}{more}: {first.evidence}"))
-    matching = [c for c in v.code_paths if c not in failing]
+    others = [c for c in v.code_paths if c not in failing]
+    matching, undecided = [c for c in others if not c.undecided], [c for c in others if c.undecided]
     if matching:
         lines.append(
             _label(CODE_PATH_LABEL, f"{len(matching)} other changed block(s) whose values match: {describe(matching)}")
         )
+    if undecided:
+        said = f"{len(undecided)} other changed block(s) undecided, no tensor leaves them: {describe(undecided)}"
+        lines.append(_label(CODE_PATH_LABEL, said))
     return lines
 
 

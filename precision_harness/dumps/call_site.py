@@ -53,6 +53,30 @@ def call_sites(rank_dir: Path, apis: list[str]) -> dict[str, str]:
     return found
 
 
+def calls_made_in(rank_dir: Path, api: str, functions: re.Pattern[str]) -> frozenset[str]:
+    """The calls of ``api`` (``Tensor.narrow``: its keys ``Tensor.narrow.<n>.forward``) that ``rank_dir``'s
+    ``stack.json`` places directly in a function whose name ``functions`` matches in full: the innermost frame that is
+    not msprobe's own is that function's. Unreadable or absent files place nothing (empty)."""
+    stack, found = _read(rank_dir / STACK), set()
+    for entry in stack.values() if isinstance(stack, dict) else ():
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)):
+            continue
+        calls = [c for c in entry[0] if isinstance(c, str) and c.startswith(f"{api}.")]
+        name = _innermost_function(entry[1]) if calls else None
+        if name is not None and functions.fullmatch(name):
+            found.update(calls)
+    return frozenset(found)
+
+
+def _innermost_function(frames: Any) -> str | None:
+    """The function of the innermost frame outside msprobe (msprobe filters its own; an older release may not)."""
+    for frame in frames if isinstance(frames, list) else ():
+        match = _FRAME.match(str(frame))
+        if match is not None and "/msprobe/" not in match["path"]:
+            return match["func"].strip()
+    return None
+
+
 def _model_frame(frames: Any) -> str | None:
     """``"transformers/models/qwen2/modeling_qwen2.py:94 in forward: freqs = ..."``: the innermost model-code frame."""
     for frame in frames if isinstance(frames, list) else ():

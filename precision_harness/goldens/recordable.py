@@ -11,17 +11,16 @@ scenario may declare where it expects them, with a reason, under ``tolerance.non
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from precision_harness.dumps.files import DUMP, load_dump
 from precision_harness.errors import GoldenRefusedError
 from precision_harness.goldens.manifest import LOCALIZE_DIR
-from precision_harness.goldens.verification import non_finite
+from precision_harness.goldens.verification import NonFinite, non_finite
 from precision_harness.paths import display_path
+from precision_harness.scenarios import loading
 from precision_harness.scenarios.scenario import Scenario
 
 #: the scenario key that declares where a golden may hold NaN/Inf
@@ -30,21 +29,31 @@ NONFINITE_FIELD = "tolerance.nonfinite"
 FILTER_FIELDS = "global_profiler.global_tool_config.precision_debugger.list/scope (or its config_path's)"
 
 
-@dataclass(frozen=True)
-class NonFinite:
-    """One ``tolerance.nonfinite`` entry: NaN/Inf allowed in the tensors ``where`` matches."""
-
-    where: str  #: fnmatch glob over tensor paths (``Functional.softmax.*``)
-    reason: str  #: why the run computes NaN/Inf there (kept in the scenario, for its reviewers)
-
-    def allows(self, tensor: str) -> bool:
-        return fnmatch.fnmatchcase(tensor, self.where)
-
-
 def declared_nonfinite(scenario: Scenario) -> tuple[NonFinite, ...]:
     """The scenario's ``tolerance.nonfinite`` entries (the schema requires ``where`` and ``reason``)."""
     entries = (scenario.config.get("tolerance") or {}).get("nonfinite") or ()
     return tuple(NonFinite(e["where"], e["reason"]) for e in entries)
+
+
+def declared_in_files(files: Iterable[Path], names: Collection[str]) -> dict[str, tuple[NonFinite, ...]]:
+    """``{scenario name: its tolerance.nonfinite entries}`` of the scenario files among ``files`` whose name (their
+    ``name`` key, else their stem) is in ``names``: what ``golden verify`` needs of a golden's scenario, read from
+    the file as written and checked against the scenario schema, nothing else loaded (a scenario whose inputs
+    name environment variables reads without them). Two files of one name: both files' entries.
+
+    Raises:
+        ScenarioError: a file is not readable YAML, or one of ``names`` breaks the schema (file and field).
+    """
+    found: dict[str, tuple[NonFinite, ...]] = {}
+    for path in files:
+        raw = loading.read_yaml(Path(path))
+        name = raw.get("name", Path(path).stem)
+        if name not in names:
+            continue
+        loading.validate_schema(raw, source=path)
+        entries = (raw.get("tolerance") or {}).get("nonfinite") or ()
+        found[name] = found.get(name, ()) + tuple(NonFinite(e["where"], e["reason"]) for e in entries)
+    return found
 
 
 def _holds_statistics(node: Any) -> bool:

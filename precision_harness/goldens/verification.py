@@ -1,13 +1,16 @@
 """``precision-harness golden verify``: every problem of a golden on disk, and the NaN/Inf lint of a dump.
 
 A golden must be made of numbers, listed in its manifest and match both its digests; this reports
-each problem as one line instead of raising at the first.
+each problem as one line instead of raising at the first. A NaN/Inf its scenario declares
+(``tolerance.nonfinite``, :class:`NonFinite`) is no problem: it is listed apart, with the declared reason.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,26 @@ _FINITE_MAX = {
     "bfloat16": 3.3895313892515355e38,
     "float16": 65504.0,
 }
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """One ``tolerance.nonfinite`` entry: NaN/Inf allowed in the tensors ``where`` matches."""
+
+    where: str  #: fnmatch glob over tensor paths (``Functional.softmax.*``)
+    reason: str  #: why the run computes NaN/Inf there (kept in the scenario, for its reviewers)
+
+    def allows(self, tensor: str) -> bool:
+        return fnmatch.fnmatchcase(tensor, self.where)
+
+
+@dataclass
+class GoldenVerification:
+    """What ``golden verify`` found in one golden: ``problems`` (none: sound) and the NaN/Inf its scenario
+    declares (``declared``, each line with the declared reason), one line each."""
+
+    problems: list[str] = field(default_factory=list)
+    declared: list[str] = field(default_factory=list)
 
 
 def non_finite(dump: dict[str, Any]) -> Iterator[tuple[str, str, float]]:
@@ -49,33 +72,46 @@ def non_finite(dump: dict[str, Any]) -> Iterator[tuple[str, str, float]]:
                 yield where, stat, v
 
 
-def lint_dump(dump: dict[str, Any], *, shown: str) -> list[str]:
-    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per offending tensor statistic
-    (:func:`non_finite`)."""
-    return [f"{shown}: {where} {stat} is {v}" for where, stat, v in non_finite(dump)]
+def lint_dump(dump: dict[str, Any], *, shown: str, declared: Sequence[NonFinite] = ()) -> GoldenVerification:
+    """NaN/Inf lint of one parsed ``dump.json`` (named ``shown``): one line per non-finite tensor statistic
+    (:func:`non_finite`), a problem unless an entry of ``declared`` allows its tensor (then a declared line, with
+    the entry's reason)."""
+    out = GoldenVerification()
+    for where, stat, v in non_finite(dump):
+        line = f"{shown}: {where} {stat} is {v}"
+        entry = next((n for n in declared if n.allows(where)), None)
+        if entry is None:
+            out.problems.append(line)
+        else:
+            out.declared.append(f"{line}, declared ({entry.where}): {entry.reason}")
+    return out
 
 
-def verify_golden(path: Path) -> list[str]:
+def verify_golden(path: Path, declared: Sequence[NonFinite] = ()) -> GoldenVerification:
     """Every problem of the golden at ``path``: manifest schema, both digests of each file, unlisted
-    files, NaN/Inf lint.
+    files, NaN/Inf lint; a NaN/Inf that an entry of ``declared`` (its scenario's ``tolerance.nonfinite``)
+    allows is listed as declared, not as a problem.
 
-    Returns one line per problem (empty: the golden is sound); never raises for a bad golden.
+    Returns one line per problem (none: the golden is sound) and per declared NaN/Inf; never raises for a bad
+    golden.
     """
     path = Path(path)
     try:
         golden = Golden.from_dir(path)
     except GoldenError as exc:
-        return [str(exc)]
-    problems = []
+        return GoldenVerification([str(exc)])
+    out = GoldenVerification()
     for name, stored in sorted(golden.contents.items()):
         try:
             content = golden.read(name)
             if name.endswith("/dump.json"):
                 shown = display_path(path / stored)
-                problems += lint_dump(parse_dump(content, shown=shown), shown=shown)
+                lint = lint_dump(parse_dump(content, shown=shown), shown=shown, declared=declared)
+                out.problems += lint.problems
+                out.declared += lint.declared
         except GoldenCorruptError as exc:
-            problems.append(str(exc))
+            out.problems.append(str(exc))
     listed = set(golden.manifest["files"]) | {MANIFEST}
     for extra in sorted(p for p in path.rglob("*") if p.is_file() and p.relative_to(path).as_posix() not in listed):
-        problems.append(f"{display_path(extra)}: not listed in {MANIFEST}; remove it or re-record the golden")
-    return problems
+        out.problems.append(f"{display_path(extra)}: not listed in {MANIFEST}; remove it or re-record the golden")
+    return out

@@ -21,6 +21,7 @@ from typing import Any
 from precision_harness.check.environment import grouped
 from precision_harness.check.items import OutcomeKind
 from precision_harness.errors import PrecisionError
+from precision_harness.report.coverage_report import coverage_rows
 from precision_harness.report.report_md import judgement_line, ratio_text
 
 CSS = """
@@ -28,7 +29,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.3em .6em;font-size:.9em;text-align:center}
-th.stage{text-align:left}
+th.stage,td.left{text-align:left}
 td.fail{font-weight:bold}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.85em}
 .legend span{display:inline-block;padding:.1em .5em;margin-right:.3em;border:1px solid #ccc;font-size:.8em}
@@ -184,6 +185,23 @@ def environment_section(doc: dict[str, Any]) -> str:
     return f'<section id="environment"><h2>Environment against the golden\'s</h2><ul>{rows}</ul></section>'
 
 
+def coverage_section(doc: dict[str, Any]) -> str:
+    """``#coverage``: per scenario, what share of its golden was compared and each part not compared with its reason
+    (report.json's ``scenarios[].coverage``); "" where no scenario compared anything."""
+    rows = coverage_rows(doc["scenarios"])
+    if not rows:
+        return ""
+    body = "".join(
+        f'<tr><th class="stage">{html.escape(name)}</th><td>{html.escape(share)}</td>'
+        f'<td class="left">{html.escape(missing)}</td></tr>'
+        for name, share, missing in rows
+    )
+    return (
+        '<section id="coverage"><h2>Golden coverage: what each scenario compared of its golden</h2><table>'
+        f'<tr><th class="stage">scenario</th><th>compared</th><th>not compared</th></tr>{body}</table></section>'
+    )
+
+
 def code_path_section(doc: dict[str, Any]) -> str:
     """``#code-paths``: every stage whose code path changed (calls inserted, removed or replaced), passing or not."""
     changed = [r for r in doc["items"] if r.get("code_path")]
@@ -239,6 +257,7 @@ def html_report(doc: dict[str, Any]) -> str:
             parts.append(heatmap(sc))
     parts.append("</section>")
     parts.append(environment_section(doc))
+    parts.append(coverage_section(doc))
     parts.append(code_path_section(doc))
     failing = [r for r in doc["items"] if not r["passed"] and r["kind"] != OutcomeKind.SKIPPED.value]
     if failing:

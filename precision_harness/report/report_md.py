@@ -1,4 +1,5 @@
-"""report.md: the report as a pull-request comment (summary, failures, heatmaps, churn, unused goldens).
+"""report.md: the report as a pull-request comment (summary, golden coverage, failures, heatmaps, churn, unused
+goldens).
 
 It fits one comment (:data:`MD_BUDGET`): findings that many items share are said once
 (:mod:`~precision_harness.report.item_groups`), and report.html and report.json keep every item.
@@ -12,6 +13,7 @@ from typing import Any
 from precision_harness.check.environment import grouped
 from precision_harness.check.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
+from precision_harness.report.coverage_report import coverage_rows
 from precision_harness.report.item_groups import compact, counted, group_by, item_name
 
 #: report.md's most bytes (UTF-8): GitHub caps a pull-request comment at 65,536 characters
@@ -40,8 +42,8 @@ def ratio_text(r: float | None, passed: bool, kind: OutcomeKind, structural: boo
 
 
 def markdown_report(doc: dict[str, Any], *, budget: int = MD_BUDGET) -> str:
-    """report.md: a pull-request comment (summary, failing items, heatmaps, churn, unused goldens), at most
-    ``budget`` bytes of UTF-8.
+    """report.md: a pull-request comment (summary, each scenario's golden coverage, failing items, heatmaps, churn,
+    unused goldens), at most ``budget`` bytes of UTF-8.
 
     A finding many items share (a changed code path, a first divergence) is said once, with its count and
     the items in :func:`~precision_harness.report.item_groups.compact` form. Where the comment would still
@@ -52,6 +54,7 @@ def markdown_report(doc: dict[str, Any], *, budget: int = MD_BUDGET) -> str:
     sections = [
         _summary(doc),
         _environment(doc),
+        _coverage(doc),
         _code_paths(doc),
         _failures(doc),
         _details(doc),
@@ -161,6 +164,20 @@ def _environment(doc: dict[str, Any]) -> _Section:
     differs = any(env.differs for env, _ in groups)
     head = ["### Environment " + ("differs from the golden's" if differs else "not fully recorded by the golden"), ""]
     blocks = [_Block([f"- {', '.join(names)}: {env.summary}"]) for env, names in groups]
+    return _Section(1, blocks, head, [""])
+
+
+def _coverage(doc: dict[str, Any]) -> _Section:
+    """A row per scenario: what share of its golden was compared, and each part not compared with its reason (the
+    figures of report.json's ``scenarios[].coverage``). Kept with the environment where the comment is cut: a
+    green row must say what it did not compare."""
+    head = [
+        "### Golden coverage: what each scenario compared of its golden",
+        "",
+        "| scenario | compared | not compared (unit: count reason) |",
+        "|---|---|---|",
+    ]
+    blocks = [_Block([f"| {name} | {share} | {missing} |"]) for name, share, missing in coverage_rows(doc["scenarios"])]
     return _Section(1, blocks, head, [""])
 
 

@@ -25,12 +25,13 @@ ENV_DIR = "env"
 ENV_DEVICE = "PRECISION_DEVICE"
 
 
-def write(root: Path, rank: int, device: str) -> Path | None:
-    """Write ``root/env/rank<rank>.json``: this process's interpreter and host stack. Never raises (None)."""
+def write(root: Path, rank: int, device: str, extra: Mapping[str, str] | None = None) -> Path | None:
+    """Write ``root/env/rank<rank>.json``: this process's interpreter and host stack, and ``extra`` (what the caller
+    knows of the process: a verl rank's FSDP2 fill). Never raises (None)."""
     from precision_harness.runs.host.stack import software_stack
 
     try:
-        record = {"python": platform.python_version(), **software_stack(device)}
+        record = {"python": platform.python_version(), **software_stack(device), **(extra or {})}
         path = Path(root) / ENV_DIR / f"rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -39,12 +40,12 @@ def write(root: Path, rank: int, device: str) -> Path | None:
         return None
 
 
-def write_from_environment() -> Path | None:
+def write_from_environment(extra: Mapping[str, str] | None = None) -> Path | None:
     """In a rank process of a gate run (``RANK`` and ``PRECISION_DUMP_DIR`` set): :func:`write`; else nothing."""
     root, rank = os.environ.get("PRECISION_DUMP_DIR"), os.environ.get("RANK")
     if not root or rank is None or not rank.isdigit():
         return None
-    return write(Path(root), int(rank), os.environ.get(ENV_DEVICE, "cpu"))
+    return write(Path(root), int(rank), os.environ.get(ENV_DEVICE, "cpu"), extra)
 
 
 def read(run_dir: Path) -> dict[int, dict[str, Any]]:

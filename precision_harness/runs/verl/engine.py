@@ -469,7 +469,7 @@ def command_spec(
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
     else:
         variables = external_modules(device, stage_window=scenario.localizes)
-    if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl_stages/stage_window.py)
+    if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl/stages/stage_window.py)
         variables[STAGE_OUTPUTS_ENV] = "1"
     owned_env.update(variables)
     env.update(variables)

@@ -29,7 +29,9 @@ the imported ``_fsdp_collectives`` module has (:func:`fill_point`), each layout 
   stack then names this module's frame, ``in _all_gather_copy_in_zeroed``, as the code that ran).
 - any other layout (torch 2.4, read in 2.4.1: ``foreach_all_gather`` itself allocates the buffer, inline, and
   narrows it; and any later release that moves it again): nothing is patched and the run proceeds; :func:`not_filled`
-  says which rows go unchecked and why, in the verl process's log and in the gate's header.
+  says which rows go unchecked and why, in the verl process's log and in the gate's header. Each verl rank records
+  the fill in its ``env`` (:func:`fill_record`, then run.json and the golden's manifest), and the compare leaves
+  those rows out, counted and named with :func:`unfilled_reason` (:mod:`precision_harness.check.unfilled`).
 
 The releases :data:`CHECKED_TORCH` were each run with two identical 2-rank gloo all-gathers giving identical buffers
 (``benchmarks/torch_releases.py``). A verl run is refused only under a torch the gate cannot run at all (older than
@@ -48,6 +50,7 @@ import importlib.metadata
 import inspect
 import re
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from precision_harness.runs.host.package_versions import installed, release
@@ -84,6 +87,10 @@ COPY_IN_PARAMETERS = (
 )
 #: the rows the fill would have made deterministic, named where it cannot apply
 UNFILLED_ROWS = "the Tensor.narrow rows of FSDP2's all-gather buffer (msprobe's stack: all_gather_copy_in)"
+#: the ``env`` keys a verl rank records its fill under (:func:`fill_record`): FSDP2's collectives module, and the
+#: layout zero-filled there or :data:`NOT_FILLED`
+ENV_MODULE, ENV_FILL = "fsdp2_collectives", "fsdp2_fill"
+NOT_FILLED = "none"
 _PATCHED = "__precision_patched__"
 
 
@@ -158,6 +165,26 @@ def not_filled(version: str, module: str) -> str:
         "by it: they hold uninitialised memory, and a difference there is no numeric change "
         "(precision_harness/runs/verl/fsdp2_buffers.py knows torch 2.5 to 2.14.1)"
     )
+
+
+def fill_record() -> dict[str, str]:
+    """The fill as a verl rank records it in its ``env`` (``env/rank<r>.json``, read without importing torch):
+    ``{ENV_MODULE: module, ENV_FILL: layout}``, the layout :data:`NOT_FILLED` where :func:`source_layout` knows none;
+    ``{}`` where torch, or its FSDP2, is not installed (nothing to fill)."""
+    found = installed_layout()
+    if found is None:
+        return {}
+    module, layout = found
+    return {ENV_MODULE: module, ENV_FILL: layout or NOT_FILLED}
+
+
+def unfilled_reason(env: Mapping[str, Any] | None) -> str | None:
+    """:func:`not_filled`'s line for a run whose ``env`` (run.json's, a golden manifest's) records its all-gather
+    buffer not zero-filled (:func:`fill_record`); None where it was filled, or where ``env`` does not say (a golden
+    recorded before the record was kept, under a torch the fill knows)."""
+    if not env or env.get(ENV_FILL) != NOT_FILLED:
+        return None
+    return not_filled(str(env.get("torch", "not recorded")), str(env.get(ENV_MODULE, "FSDP2's _fsdp_collectives")))
 
 
 def fill_line() -> str:
