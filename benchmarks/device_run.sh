@@ -2,7 +2,7 @@
 # The GPU device run of issue 39, in one call on the device machine (docs/levels.md, "The GPU device run"):
 # installs the carried wheels (benchmarks/device_wheels.py) with pip --no-index, then runs
 #   2 goldens      the single-rank built-in scenarios recorded on DEVICE into golden/<scenario>/DEVICE/
-#                  (fp32 with TF32 off, as runs/runner/devices.py sets CUDA up, and the bf16 ones), with the
+#                  (fp32 with TF32 off, as runs/numerics/devices.py sets CUDA up, and the bf16 ones), with the
 #                  accelerator stack each manifest records;
 #   3 determinism  two fresh processes per scenario with the determinism environment, and two without it
 #                  (tests/hooks' `nondeterministic`): which dump rows move, and by how much;

@@ -12,7 +12,7 @@ Printed as ratios (wall-clock, best of ``--repeats``), because absolute seconds 
   default (scenario runs overlap on a thread pool of CPU-count workers); ``--precision-jobs 1`` (one
   scenario at a time) is printed too, as the floor both are compared with.
 - ``Ray overhead = Ray run / local subprocess run`` for one single-rank scenario: the same worker code,
-  once as ``python -m precision_harness.runs.runner`` and once through ``precision_harness.runs.ray_launch``
+  once as ``python -m precision_harness.runs.runner`` and once through ``precision_harness.runs.runner.ray_launch``
   on a fresh local Ray instance (``ray.init`` + one actor + fetching the dumps back); the Ray
   start-up share (``run.json`` ``ray.startup_s``) is printed as a fraction of the Ray run.
 """
@@ -90,7 +90,7 @@ def ray_overhead(scenario: str, *, repeats: int) -> tuple[float, float, float]:
                 [
                     sys.executable,
                     "-m",
-                    "precision_harness.runs.ray_launch",
+                    "precision_harness.runs.runner.ray_launch",
                     str(ROOT / scenario),
                     "--out",
                     str(out / "ray"),

@@ -2,7 +2,7 @@
 
 For each release, under that release's own Python environment (a venv with the registry's torch wheel; it runs on
 the CPU), two identical 2-rank gloo FSDP2 runs are made with the gate's fill loaded as verl loads it
-(``precision_harness.runs.verl_fsdp2_buffers``), and a third without it, as a control. Each rank records what
+(``precision_harness.runs.verl.fsdp2_fill``), and a third without it, as a control. Each rank records what
 msprobe's L1 dump reads at the call it records: the output of every ``Tensor.narrow`` that FSDP2's
 ``all_gather_copy_in`` (``_fsdp_collectives``) takes of the all-gather buffer before anything is copied in, and the
 all-gathered buffer after the collective. The row says whether the two filled runs gave identical buffers (sha256 of
@@ -161,7 +161,7 @@ def _uint8() -> Any:
 
 def _rank(rank: int, world: int, port: int, out: str, fill: bool) -> None:
     if fill:
-        import precision_harness.runs.verl_fsdp2_buffers  # noqa: F401  (as verl imports it)
+        import precision_harness.runs.verl.fsdp2_fill  # noqa: F401  (as verl imports it)
     import torch
     import torch.distributed as dist
 
@@ -198,7 +198,7 @@ def _rank(rank: int, world: int, port: int, out: str, fill: bool) -> None:
     rows = [{**c, "buffer": _digest(c["buffer"])} for c in calls]  # the buffer after the all-gather filled it
     layout = None
     if fill:
-        from precision_harness.runs import fsdp2_buffers
+        from precision_harness.runs.verl import fsdp2_buffers
 
         layout = fsdp2_buffers.fill_point(next(sys.modules[m] for m in fsdp2_buffers.MODULES if m in sys.modules))
     found = {"layout": layout, "calls": rows, "path": path}
@@ -212,7 +212,7 @@ def _copy_in_directly(rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from precision_harness.runs import fsdp2_buffers as fb
+    from precision_harness.runs.verl import fsdp2_buffers as fb
 
     module = next(sys.modules[m] for m in fb.MODULES if m in sys.modules)
     layout, cpu, op = fb.fill_point(module), torch.device("cpu"), torch.ops.fsdp.all_gather_copy_in

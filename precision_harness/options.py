@@ -270,7 +270,7 @@ class PrecisionOptions:
     golden_dir: Path = field(default=_default("golden-dir"))
     history_window: int = field(default=_default("history-window"))  #: versions the creep alarm looks back
     timeout: float | None = field(default=_default("timeout"))
-    worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm)
+    worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm.workers)
     judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
     localize: str = field(default=_default("localize"))  #: rerun | off (precision_harness.check.level_auto)
     #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)

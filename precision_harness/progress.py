@@ -120,7 +120,7 @@ def _finished(future: Future, timeout: float) -> bool:
 def profile_line(profile: dict[str, Any]) -> str:
     """``start-up 41.0 s (driver import 5.9, config and Ray start 6.7, ...), 3 steps 51.4 s (dump 17.2 s), shut-down
     11.1 s (driver exit 11.1, reap 0.0)``:
-    a verl run's start-up profile (``timings.profile`` of its run.json, precision_harness/runs/verl_profile.py)."""
+    a verl run's start-up profile (``timings.profile`` of its run.json, precision_harness/runs/verl/profile.py)."""
     phases = profile.get("start_up", [])
     parts = ", ".join(f"{p['name']} {p['s']:.1f}" for p in phases)
     text = f"start-up {sum(p['s'] for p in phases):.1f} s ({parts})"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, make_project, run_pytest, write_dump
 
-from precision_harness.runs import warm_shared
+from precision_harness.runs.warm import shared as warm_shared
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ PYTESTER_VARIABLES = ("HOME", "USERPROFILE", "PYTEST_DEBUG_TEMPROOT")
 
 def pytest_configure(config: pytest.Config) -> None:
     """The test session's ~80 inner pytest sessions and its xdist workers share warm servers, one per run
-    environment (precision_harness.runs.warm_shared), owned by this controller: each would import torch,
+    environment (precision_harness.runs.warm.shared), owned by this controller: each would import torch,
     transformers and msprobe for its own server, ~10 s a time on 2 cores."""
     if hasattr(config, "workerinput") or os.environ.get(warm_shared.DIR_ENV):
         return  # an xdist worker inherits the controller's folder; an enclosing run's folder is kept

@@ -158,7 +158,7 @@ LAYOUTS = {
 def check(name: str, source: str) -> dict[str, object]:
     import torch
 
-    from precision_harness.runs import fsdp2_buffers
+    from precision_harness.runs.verl import fsdp2_buffers
 
     module = types.ModuleType(name)
     exec(compile(source, f"<{name}>", "exec"), module.__dict__)

@@ -26,8 +26,10 @@ from precision_harness.check.drift_origin import classify
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.rows import rows
 from precision_harness.dumps.stage import DirStage
-from precision_harness.runs import isolated, warm, warm_shared
+from precision_harness.runs import isolated
 from precision_harness.runs.api_replay import launch, msprobe_acc, names
+from precision_harness.runs.warm import shared as warm_shared
+from precision_harness.runs.warm import workers as warm
 
 
 @pytest.mark.parametrize(

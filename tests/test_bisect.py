@@ -20,7 +20,7 @@ from precision_harness.errors import HistoryError
 from precision_harness.history.bisect_step import DRIFT, PASS, SKIP, classify
 from precision_harness.history.git_history import Repository
 from precision_harness.history.pytest_ini import golden_dir_at
-from precision_harness.runs import warm_shared
+from precision_harness.runs.warm import shared as warm_shared
 
 #: each bisection of the loop writes into a new ``<UTC time>/`` folder below this one
 WORK = Path(".precision/artifacts/bisect/loop")

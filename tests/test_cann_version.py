@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.runs import stack
-from precision_harness.runs.runner import devices
+from precision_harness.runs.host import stack
+from precision_harness.runs.numerics import devices
 
 CANN_80_INFO = """\
 package_name=Ascend-cann-toolkit

@@ -285,13 +285,13 @@ def test_loop_with_verls_own_profiler_from_another_project(pytester: pytest.Pyte
 
 
 def test_recorded_command_names_no_machine_path(tmp_path: Path) -> None:
-    from precision_harness.runs import verl_engine
-    from precision_harness.runs.command_runner import shown_command
+    from precision_harness.runs.command.run import shown_command
+    from precision_harness.runs.verl import engine as verl_engine
 
     run = tmp_path / "artifacts" / "run"
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", f"global_profiler.save_path={run}", f"x={run}/rollouts"]
     argv.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={verl_engine.CPU_AGENT_LOOP_FILE}")
     assert shown_command(argv, run) == (
         "python -m verl.trainer.main_ppo global_profiler.save_path=$RUN_DIR x=$RUN_DIR/rollouts "
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path=$PRECISION_HARNESS/runs/verl_cpu/agent_loops.yaml"
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path=$PRECISION_HARNESS/runs/verl/cpu/agent_loops.yaml"
     )

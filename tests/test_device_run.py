@@ -118,7 +118,7 @@ def test_diff_names_the_rows_that_moved(tmp_path):
 
 
 def test_cuda_hooks_set_what_the_run_relies_on(monkeypatch):
-    from precision_harness.runs.runner import devices
+    from precision_harness.runs.numerics import devices
 
     module = types.SimpleNamespace(determinism_env=devices.determinism_env, setup=devices.setup)
     precision_test_hooks._patch_devices(module)
@@ -200,7 +200,7 @@ def test_cpu_run_installs_goes_on_after_a_failure_and_reports_a_timeout(tmp_path
 
 def test_cuda_fingerprint_records_tf32():
     """A CUDA golden's manifest says whether fp32 products ran on TF32 (the worker turns it off)."""
-    from precision_harness.runs.runner import devices
+    from precision_harness.runs.numerics import devices
 
     backends = types.SimpleNamespace(
         cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)),

@@ -1,4 +1,4 @@
-"""The machine a golden records (precision_harness.runs.machine, runner.devices) and the environment diff a
+"""The machine a golden records (precision_harness.runs.host.machine, numerics.devices) and the environment diff a
 verdict names first (precision_harness.check.environment): pure functions, no torch, no scenario run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from precision_harness.check.environment import Change, EnvironmentDiff, diff
-from precision_harness.runs import machine
-from precision_harness.runs.runner.devices import determinism_env, determinism_settings
+from precision_harness.runs.host import machine
+from precision_harness.runs.numerics.devices import determinism_env, determinism_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ CPU variant\t: 0x1
 CPU part\t: 0xd01
 """
 
-#: a run's environment as runner.devices.fingerprint writes it on a CPU box
+#: a run's environment as numerics.devices.fingerprint writes it on a CPU box
 RUN_ENV = {
     "python": "3.11.7",
     "torch": "2.13.0+cpu",
@@ -114,10 +114,10 @@ def test_determinism_settings_are_what_the_environment_has() -> None:
 
 
 def test_fingerprint_helpers_import_no_torch() -> None:
-    """machine, environment and runner.devices load in the pytest process: torch stays out."""
+    """machine, environment and numerics.devices load in the pytest process: torch stays out."""
     code = (
-        "import sys; import precision_harness.runs.machine, precision_harness.check.environment, "
-        "precision_harness.runs.runner.devices; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+        "import sys; import precision_harness.runs.host.machine, precision_harness.check.environment, "
+        "precision_harness.runs.numerics.devices; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

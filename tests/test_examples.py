@@ -86,7 +86,7 @@ def test_verl_example_data_and_reward_are_what_its_overrides_point_at(tmp_path: 
     data = _verl_example_env(tmp_path, monkeypatch)
     import pandas as pd
 
-    from precision_harness.runs import verl_engine
+    from precision_harness.runs.verl import engine as verl_engine
 
     scenario = Scenario.load(VERL_EXAMPLE / "scenarios" / "qwen3_06b_grpo.yaml")
     cfg = verl_engine.compose(scenario.config["verl"]["overrides"])

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from precision_harness.errors import ScenarioError
-from precision_harness.runs import fsdp2_buffers, kind_runners, verl_engine
+from precision_harness.runs import kind_runners
+from precision_harness.runs.verl import engine as verl_engine
+from precision_harness.runs.verl import fsdp2_buffers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))

@@ -2,7 +2,9 @@
 
 Each test lints a copy of the package, so a planted import never touches the checkout: as it is, every
 contract is kept; with one import from the scenario model up into check/, the flow's layers contract
-breaks and names that import.
+breaks and names that import; with one import from one kind of run into another (the API replay into
+command runs), the kinds' independence contract breaks and names it; with one from what the kinds share
+(runs/host/) into a kind, the contract on the shared rooms breaks. The plants share one lint of one copy.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: an upward import: the scenario model (scenarios/) reaching into the compare (check/)
 PLANTED = "from precision_harness.check import compare  # planted upward import\n"
+#: a cross-kind import: the API replay (runs/api_replay/) reaching into command runs (runs/command/)
+PLANTED_KIND = "from precision_harness.runs.command import run  # planted cross-kind import\n"
+#: what every kind shares (runs/host/) reaching into one kind (the built-in runner)
+PLANTED_SHARED = "from precision_harness.runs.runner import trainer  # planted import of a kind\n"
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -43,13 +49,26 @@ def test_every_contract_is_kept(tmp_path: Path) -> None:
     assert " 0 broken." in result.stdout
 
 
-def test_an_upward_import_breaks_the_flow(tmp_path: Path) -> None:
+def _plant(tree: Path, module: str, line: str) -> None:
+    path = tree / "precision_harness" / module
+    path.write_text(path.read_text(encoding="utf-8") + line, encoding="utf-8")
+
+
+def test_upward_and_cross_kind_imports_break_their_contracts(tmp_path: Path) -> None:
     tree = _copy(tmp_path)
-    module = tree / "precision_harness" / "scenarios" / "scenario.py"
-    module.write_text(module.read_text(encoding="utf-8") + PLANTED, encoding="utf-8")
+    _plant(tree, "scenarios/scenario.py", PLANTED)
+    _plant(tree, "runs/api_replay/names.py", PLANTED_KIND)
+    _plant(tree, "runs/host/machine.py", PLANTED_SHARED)
     result = _lint_imports(tree)
     out = " ".join(result.stdout.split())  # lint-imports wraps its lines at 80 columns
     assert result.returncode == 1, out
     assert "The flow: each room imports only the rooms below it BROKEN" in out
     assert "precision_harness.scenarios is not allowed to import precision_harness.check" in out
     assert "precision_harness.scenarios.scenario -> precision_harness.check.compare" in out
+    kinds = "The kinds of run do not know each other: the built-in runner, command runs, verl, the API replay"
+    assert f"{kinds} BROKEN" in out
+    assert "precision_harness.runs.api_replay is not allowed to import precision_harness.runs.command" in out
+    assert "precision_harness.runs.api_replay.names -> precision_harness.runs.command.run" in out
+    assert "What the kinds of run share imports none of them (kind_runners and launch start them) BROKEN" in out
+    assert "precision_harness.runs.host is not allowed to import precision_harness.runs.runner" in out
+    assert "precision_harness.runs.host.machine -> precision_harness.runs.runner.trainer" in out

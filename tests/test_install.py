@@ -86,7 +86,7 @@ def _msprobe_floor() -> str:
 
 def test_the_msprobe_floor_is_the_one_the_gate_names() -> None:
     """pyproject.toml's floor is the one an unimportable msprobe's line tells the user to install."""
-    from precision_harness.runs.msprobe_release import MSPROBE_FLOOR
+    from precision_harness.runs.host.msprobe_release import MSPROBE_FLOOR
 
     assert _msprobe_floor() == MSPROBE_FLOOR
 

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from harness_testing import make_project
 
-from precision_harness.runs import device_availability, verl_engine
+from precision_harness.runs.host import device_availability
+from precision_harness.runs.verl import engine as verl_engine
 
 VERL_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl_cpu"
 #: what the gate reads to know whether verl is installed (verl_engine.installed_version), answered "not installed"
 NO_VERL_CONFTEST = """
-from precision_harness.runs import verl_engine
+from precision_harness.runs.verl import engine as verl_engine
 
 verl_engine.installed_version = lambda: None
 """

@@ -10,7 +10,7 @@ import pytest
 from harness_testing import make_project, replace_payload
 
 from precision_harness.goldens.golden import Golden
-from precision_harness.runs import device_availability
+from precision_harness.runs.host import device_availability
 
 
 def _assert_one_line_usage_error(result: pytest.RunResult, pattern: str) -> None:

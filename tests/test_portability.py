@@ -124,7 +124,7 @@ def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pyt
 KERNEL_SNIPPET = textwrap.dedent(
     """
     import json, sys, torch
-    from precision_harness.runs.runner import cpu_kernels
+    from precision_harness.runs.numerics import cpu_kernels
     torch.manual_seed(0)
     a, b = torch.randn(37, 70), torch.randn(70, 29)
     c, v = torch.randn(37, 29), torch.randn(70)
@@ -163,7 +163,7 @@ KERNEL_SNIPPET = textwrap.dedent(
 
 
 def _kernels(env: dict[str, str]) -> dict:
-    from precision_harness.runs.runner.devices import determinism_env
+    from precision_harness.runs.numerics.devices import determinism_env
 
     proc = subprocess.run(
         [sys.executable, "-c", KERNEL_SNIPPET],

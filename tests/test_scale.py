@@ -21,7 +21,9 @@ from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.goldens.store import GoldenStore
-from precision_harness.runs import device_availability, kind_runners, launch, ray_launch
+from precision_harness.runs import kind_runners, launch
+from precision_harness.runs.host import device_availability
+from precision_harness.runs.runner import ray_launch
 from precision_harness.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent

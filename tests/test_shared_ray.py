@@ -1,4 +1,4 @@
-"""One Ray instance shared by a session's verl runs on the CPU (runs/shared_ray.py, runs/ray_head.py).
+"""One Ray instance shared by a session's verl runs on the CPU (runs/verl/shared_ray.py, runs/verl/ray_head.py).
 
 Real ``ray start`` (5-15 s on 2 loaded cores), with a stand-in for verl's ``main_ppo``
 (``verl.entrypoint``: the gate runs it as it runs verl, on the same shared instance): it waits for the
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.runs import shared_ray
+from precision_harness.runs.verl import shared_ray
 
 FAKE_VERL = """
 import json, os, pathlib, signal, sys, time
-from precision_harness.runs.ray_head import wait_ready
+from precision_harness.runs.verl.ray_head import wait_ready
 
 wait_ready()  # what the CPU extension does in verl's driver before ray.init
 run = pathlib.Path(os.environ["PRECISION_DUMP_DIR"])

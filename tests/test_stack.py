@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.runs import rank_env, stack
+from precision_harness.runs.host import rank_env, stack
 
 NPU_SMI_INFO = """\
 +------------------------------------------------------------------------------------------------+

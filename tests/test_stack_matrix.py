@@ -99,7 +99,7 @@ def test_the_unimportable_line_names_what_the_release_needs() -> None:
     """The refusal's line, without running anything: msprobe 8.3.3's own numpy requirement, read from its metadata."""
     (stack,) = [s for s in MSPROBE_NUMPY1 if s.version == "8.3.3"]
     code = (
-        "from precision_harness.runs.msprobe_release import unimportable;"
+        "from precision_harness.runs.host.msprobe_release import unimportable;"
         "print(unimportable(AttributeError('`np.unicode_` was removed in the NumPy 2.0 release.')))"
     )
     env = {**stack_matrix.environment(stack), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -148,7 +148,7 @@ def test_the_docs_page_is_the_scripts(tmp_path: Path) -> None:
 def test_the_warm_preload_leaves_out_a_module_that_raises(tmp_path: Path, monkeypatch) -> None:
     """A preloaded module raising other than ImportError (msprobe 8.3.3's AttributeError under numpy 2) once ended the
     forkserver, and every run read ``EOFError``; now it is left to the run, and the rest is still imported."""
-    from precision_harness.runs import warm
+    from precision_harness.runs.warm import workers as warm
 
     (tmp_path / "raises_on_import.py").write_text("raise AttributeError('`np.unicode_` was removed')\n")
     (tmp_path / "imports_fine.py").write_text("LOADED = True\n")

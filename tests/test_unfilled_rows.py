@@ -25,7 +25,8 @@ from precision_harness.check.items import Outcome, check_items, items_of
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.call_site import calls_made_in
 from precision_harness.goldens.golden import Golden
-from precision_harness.runs import fsdp2_buffers, rank_env
+from precision_harness.runs.host import rank_env
+from precision_harness.runs.verl import fsdp2_buffers
 
 STAGE = "actor_update"
 MODULE = fsdp2_buffers.MODULES[0]
@@ -169,7 +170,7 @@ def test_each_verl_rank_records_its_fill_and_the_environment_diff_does_not_show_
     monkeypatch.setenv("PRECISION_DUMP_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(fsdp2_buffers, "installed_layout", lambda: (MODULE, None))  # torch 2.4's layout
-    runpy.run_module("precision_harness.runs.verl_rank_stack")  # as verl imports it in each process
+    runpy.run_module("precision_harness.runs.verl.rank_stack")  # as verl imports it in each process
     record = rank_env.read(tmp_path)[1]
     assert {k: record[k] for k in (fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL)} == {
         fsdp2_buffers.ENV_MODULE: MODULE,

@@ -47,7 +47,7 @@ def test_a_weight_sync_of_zero_parameters_fails(tmp_path: Path) -> None:
     assert not verdict.passed
     assert verdict.text == (
         "weight_sync @ step_1: weight_sync.json lists 0 parameters: no weight was compared; the sync ran on a model "
-        "without parameters, or recorded none (runs/runner/weight_sync.py)"
+        "without parameters, or recorded none (runs/numerics/weight_sync.py)"
     )
 
 

@@ -1,5 +1,5 @@
 """verl's real trainer on the CPU (``engine: verl``, issue 19): the [verl] extra runs ``main_ppo``, the CPU
-support (precision_harness/verl_cpu) and its bad input.
+support (precision_harness/runs/verl/cpu) and its bad input.
 
 The end-to-end tests start ``python -m verl.trainer.main_ppo`` for real (Ray, TransferQueue, FSDP2 on
 gloo): they are marked slow and take minutes on a 2-core CPU.
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from harness_testing import left_behind
 
-from precision_harness.runs import command_runner as command
-from precision_harness.runs import kind_runners, verl_engine
+from precision_harness.runs import kind_runners
+from precision_harness.runs.command import run as command
+from precision_harness.runs.verl import engine as verl_engine
 
 #: these tests run examples/verl_cpu where it stands (its .precision/ and the processes a run leaves): one xdist
 #: worker runs them all, one at a time
@@ -102,8 +103,8 @@ def test_cpu_overrides_compose_with_the_example_over_verls_config(tmp_path: Path
     assert cfg.algorithm.rollout_correction.rollout_is == "token"
     assert cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
     assert env["VERL_USE_EXTERNAL_MODULES"] == (
-        "precision_harness.runs.verl_cpu.extension,precision_harness.runs.verl_stages.extension,"
-        "precision_harness.runs.verl_rank_stack,precision_harness.runs.verl_fsdp2_buffers"
+        "precision_harness.runs.verl.cpu.extension,precision_harness.runs.verl.stages.extension,"
+        "precision_harness.runs.verl.rank_stack,precision_harness.runs.verl.fsdp2_fill"
     )
     assert env["VERL_PLATFORM"] == "precision_cpu"
     assert env["PRECISION_CPU_KERNELS"] == "portable"
@@ -233,8 +234,8 @@ import verl.workers.engine_workers as ew, verl.workers.engine.fsdp.transformer_i
 import verl.utils.model as vm, verl.utils.profiler.precision_debugger_profile as pd
 from verl.single_controller.base.decorator import MAGIC_ATTR
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fc
-from precision_harness.runs.runner import cpu_kernels
-from precision_harness.runs.verl_cpu import autocast_policy
+from precision_harness.runs.numerics import cpu_kernels
+from precision_harness.runs.verl.cpu import autocast_policy
 p = get_platform()
 print(p.device_name, get_device_id(), get_nccl_backend())
 print(RolloutReplicaRegistry.get("precision_cpu").__name__, get_rollout_class("precision_cpu", "async").__name__)
@@ -246,7 +247,7 @@ print(tw.infer_batch.__precision_patched__, tw.train_mini_batch.__precision_patc
 print(cpu_kernels.installed(), autocast_policy.installed(), fc.DefaultAllocMixin.allocate.__precision_patched__,
       pd.PrecisionDebuggerProfiler.annotate.__precision_patched__)
 """
-    from precision_harness.runs.runner.devices import determinism_env
+    from precision_harness.runs.numerics.devices import determinism_env
 
     proc = _python(code, {**determinism_env("cpu", 1), **verl_engine.cpu_env()})  # the variables a verl run gets
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -267,7 +268,7 @@ def test_the_cpu_support_refuses_another_verl_in_one_line() -> None:
 import importlib.metadata as m
 real = m.version
 m.version = lambda name: "0.10.0" if name == "verl" else real(name)
-import precision_harness.runs.verl_cpu.extension
+import precision_harness.runs.verl.cpu.extension
 """
     proc = _python(code)
     assert proc.returncode != 0

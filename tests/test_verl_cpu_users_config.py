@@ -1,7 +1,7 @@
 """verl's trainer as users run it, on the CPU (issue 28): ``examples/verl_cpu/scenarios/grpo_dp2_bf16_cpu.yaml``.
 
 Two ranks (FSDP2 over gloo), verl's default bf16 mixed precision, rollouts sampled from the policy by
-the gate's CPU rollout server (``precision_harness.runs.verl_cpu.policy_server``), the actor's weights
+the gate's CPU rollout server (``precision_harness.runs.verl.cpu.policy_server``), the actor's weights
 synced into it every step through verl's ``update_weights``, rollout correction on. What is here:
 
 - the scenario's bad input (ranks the machine cannot run; the CPU-only checks on another device);
@@ -31,7 +31,8 @@ import pytest
 from harness_testing import hooks_env, left_behind
 
 from precision_harness.errors import ScenarioError
-from precision_harness.runs import kind_runners, verl_engine
+from precision_harness.runs import kind_runners
+from precision_harness.runs.verl import engine as verl_engine
 
 #: these tests run examples/verl_cpu where it stands (its .precision/ and the processes a run leaves): one xdist
 #: worker runs them all, one at a time
@@ -120,7 +121,7 @@ def test_a_request_samples_the_same_tokens_from_its_seed_whatever_ran_before() -
     code = """
 import json, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from precision_harness.runs.verl_cpu.policy_server import sample_response, request_seed
+from precision_harness.runs.verl.cpu.policy_server import sample_response, request_seed
 torch.manual_seed(0)
 model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
     num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16).eval()
@@ -141,7 +142,7 @@ print(json.dumps([a == b, a[0] != c[0], len(a[0]) == len(a[1]) == 12, all(lp < 0
 def test_top_k_and_top_p_remove_tokens_as_vllm_does() -> None:
     code = """
 import json, torch
-from precision_harness.runs.verl_cpu.policy_server import processed_logits
+from precision_harness.runs.verl.cpu.policy_server import processed_logits
 x = torch.tensor([4.0, 3.0, 2.0, 1.0])
 k = processed_logits(x, {"temperature": 1.0, "top_k": 2})
 p = processed_logits(x, {"temperature": 1.0, "top_p": 0.8})
@@ -159,7 +160,7 @@ def test_cpu_autocast_takes_the_gpus_float32_ops() -> None:
     bf16, an explicit dtype is honoured, and log_softmax's values are float32 log_softmax of the bf16 input."""
     code = """
 import json, torch
-from precision_harness.runs.verl_cpu import autocast_policy
+from precision_harness.runs.verl.cpu import autocast_policy
 autocast_policy.install()
 x = torch.randn(3, 40).to(torch.bfloat16)
 with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -176,7 +177,7 @@ print(json.dumps([str(t.dtype) for t in out] + [same]))
 def test_batches_come_in_prompt_then_sample_order_whatever_the_arrival() -> None:
     code = """
 import json
-from precision_harness.runs.verl_cpu.sampler import order
+from precision_harness.runs.verl.cpu.sampler import order
 keys = ["u9_1_0", "u2_0_0", "u9_0_0", "u2_1_0"]
 indices = [5, 3, 5, 3]
 print(json.dumps([keys[i] for i in order(keys, indices)]))

@@ -20,8 +20,8 @@ from harness_testing import base_data
 
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.golden import Golden
-from precision_harness.runs import verl_engine
 from precision_harness.runs.kind_runners import load_scenario
+from precision_harness.runs.verl import engine as verl_engine
 
 pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
 pytest.importorskip("hydra", reason="verl's config is composed with hydra")

@@ -1,9 +1,9 @@
 """``level: auto`` for verl scenarios (issues 31, 38): an L0 dump plus each stage's inputs and outputs from verl's
 batch.
 
-On every device the gate's stage window runs in every verl process (runs/verl_stages/, loaded through
+On every device the gate's stage window runs in every verl process (runs/verl/stages/, loaded through
 ``VERL_USE_EXTERNAL_MODULES``); around each stage verl's precision debugger dumps, it copies what the stage
-reads from verl's batch and records what it returns (runs/verl_stages/stage_window.py), written as the
+reads from verl's batch and records what it returns (runs/verl/stages/stage_window.py), written as the
 built-in runner's ``stage_outputs.json``. What is here:
 
 - the run's set-up on cpu, cuda and npu: the variable that turns the capture on and the module that does it
@@ -32,7 +32,9 @@ from pathlib import Path
 import pytest
 
 from precision_harness.errors import ScenarioError
-from precision_harness.runs import command_runner, kind_runners, verl_engine
+from precision_harness.runs import kind_runners
+from precision_harness.runs.command import run as command_runner
+from precision_harness.runs.verl import engine as verl_engine
 
 #: these tests run examples/verl_cpu where it stands (its .precision/ and the processes a run leaves): one xdist
 #: worker runs them all, one at a time
@@ -120,7 +122,7 @@ def test_auto_on_a_device_under_an_unchecked_verl_is_one_line_and_l1_still_runs(
     assert str(err.value) == (
         f"{SCENARIO}: global_profiler.global_tool_config.precision_debugger.level: auto: verl 0.10.0 is not "
         "supported; the stage window that records each stage's inputs and outputs from verl's batch wraps verl's "
-        "PrecisionDebuggerProfiler (precision_harness/runs/verl_stages/debugger.py), checked with verl 0.9.1: "
+        "PrecisionDebuggerProfiler (precision_harness/runs/verl/stages/debugger.py), checked with verl 0.9.1: "
         "install that verl, or set level L0, L1 or mix"
     )
     scenario.config["global_profiler"]["global_tool_config"]["precision_debugger"]["level"] = "L1"
@@ -176,7 +178,7 @@ def test_a_run_joining_a_ray_leaves_its_resources_to_it_and_they_stay_gate_owned
 CAPTURE = """
 import json, pathlib, sys, torch
 from tensordict import TensorDict
-from precision_harness.runs.verl_stages.stage_window import FEEDS, StageIO, flat
+from precision_harness.runs.verl.stages.stage_window import FEEDS, StageIO, flat
 from precision_harness.dumps.files import load_dump
 
 class Metric:  # verl's Metric keeps its values as floats in a list
@@ -286,7 +288,7 @@ for stage in ("actor_compute_log_prob", "actor_update"):
     record = json.loads((out / "step_3" / stage / "step0" / "rank0" / "stage_outputs.json").read_text())
     rows[stage] = {k: v[next(iter(v))][0]["Max"] for k, v in record["data"].items()}
 timeline = [json.loads(x) for x in (out / "verl_timeline.jsonl").read_text().splitlines()]
-cpu = [m for m in sys.modules if m.startswith("precision_harness.runs.verl_cpu.")]
+cpu = [m for m in sys.modules if m.startswith("precision_harness.runs.verl.cpu.")]
 print(json.dumps([rows, sorted((e["stage"], e["step"]) for e in timeline if e["event"] == "stage"), cpu,
                   Worker.actor.loss_fn is ppo_loss]))
 """
@@ -331,7 +333,7 @@ def test_the_stage_window_refuses_another_verl_in_one_line() -> None:
 import importlib.metadata as m
 real = m.version
 m.version = lambda name: "0.10.0" if name == "verl" else real(name)
-import precision_harness.runs.verl_stages.extension
+import precision_harness.runs.verl.stages.extension
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     last = proc.stderr.strip().splitlines()[-1]

@@ -1,4 +1,4 @@
-"""The start-up profile of a verl run (runs/verl_profile.py), and the deferred patching its cut relies on.
+"""The start-up profile of a verl run (runs/verl/profile.py), and the deferred patching its cut relies on.
 
 The profile is read from a verl run's files: ``worker.log`` (verl's and Ray's messages with their
 timestamps, the ``(Role pid=N)`` prefixes), the timeline the CPU extension writes in every verl process,
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from precision_harness.progress import profile_line, timing_line
-from precision_harness.runs import verl_profile
+from precision_harness.runs.verl import profile as verl_profile
 
 T0 = datetime(2026, 11, 25, 16, 0, 0).timestamp()
 
@@ -168,7 +168,7 @@ def test_a_deferred_patch_runs_when_its_module_is_imported_and_another_finder_ke
                 return spec
 
         sys.meta_path.insert(0, Hooks())
-        from precision_harness.runs.verl_stages import on_import
+        from precision_harness.runs.verl.stages import on_import
         on_import.when_imported("late_mod", lambda m: setattr(m, "VALUE", m.VALUE * 2))
         on_import.when_imported("other_mod", lambda m: setattr(m, "VALUE", m.VALUE + 5))
         seen = "late_mod" in sys.modules
@@ -185,8 +185,8 @@ def test_the_cpu_extension_leaves_the_engine_modules_to_whoever_imports_them(tmp
     """``import verl`` with the CPU extension no longer imports verl's engine modules (2.5 s a process); a process
     that imports one gets it patched."""
     pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    from precision_harness.runs import verl_engine
-    from precision_harness.runs.runner.devices import determinism_env
+    from precision_harness.runs.numerics.devices import determinism_env
+    from precision_harness.runs.verl import engine as verl_engine
 
     env = {**determinism_env("cpu", 1), **verl_engine.cpu_env()}
     code = f"""

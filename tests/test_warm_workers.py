@@ -1,4 +1,4 @@
-"""Warm workers (precision_harness.runs.warm): runs forked from a preloaded forkserver write the same bytes as
+"""Warm workers (precision_harness.runs.warm.workers): runs forked from a preloaded forkserver write the same bytes as
 fresh interpreters, fall back to a fresh one when the determinism environment differs, and fail as
 fresh workers do (one line, the log's path) on a worker error or a timeout."""
 
@@ -18,8 +18,10 @@ import pytest
 from harness_testing import TINY
 
 from precision_harness.errors import RunFailedError
-from precision_harness.runs import kind_runners, launch, warm, warm_shared
-from precision_harness.runs.runner.devices import determinism_env
+from precision_harness.runs import kind_runners, launch
+from precision_harness.runs.numerics.devices import determinism_env
+from precision_harness.runs.warm import shared as warm_shared
+from precision_harness.runs.warm import workers as warm
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
 
@@ -169,7 +171,7 @@ def test_a_shared_server_serves_several_clients_passes_exit_codes_and_kills_what
     first.join(60)
     assert first.exitcode == 3
     another = subprocess.run(  # another session, in another process and folder, forks from the same server
-        [sys.executable, "-c", "from precision_harness.runs import warm, warm_shared; import sys;"
+        [sys.executable, "-c", "from precision_harness.runs.warm import workers as warm; import sys;"
          "c = warm.start(warm.context_for({}), ['0', '5'], dict(__import__('os').environ), sys.argv[1], 'sleeper');"
          "c.join(60); print(c.exitcode)", log],
         env=env, cwd=tmp_path, capture_output=True, text=True, check=True,

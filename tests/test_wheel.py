@@ -72,6 +72,18 @@ def test_the_wheel_holds_the_plugin_the_package_and_its_data(installed: Path) ->
     assert "precision = pytest_precision" in entry_points.read_text()
 
 
+def test_the_wheel_holds_every_module_and_data_file_of_the_package(installed: Path) -> None:
+    """pyproject.toml lists the packages by name: a subpackage left off the list is missing from the wheel."""
+    source = ROOT / "precision_harness"
+    kept = {
+        p.relative_to(source).as_posix()
+        for p in source.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".json", ".yaml", ".typed")
+    }
+    wheel = installed / "precision_harness"
+    assert {f for f in kept if not (wheel / f).is_file()} == set()
+
+
 @pytest.mark.slow
 def test_a_project_of_its_own_records_and_checks_with_the_installed_wheel(installed: Path, tmp_path: Path) -> None:
     project = tmp_path / "project"

@@ -4,7 +4,7 @@ Two checks, each an item per training step (docs/consistency.md):
 
 * ``weight_sync: exact`` -- the rollout model holds exactly the actor's weights cast to the rollout
   dtype after each sync: per parameter, by name, the sha256 the worker recorded in
-  ``step_<n>/weight_sync.json`` (:mod:`precision_harness.runs.runner.weight_sync`). A mismatch names the
+  ``step_<n>/weight_sync.json`` (:mod:`precision_harness.runs.numerics.weight_sync`). A mismatch names the
   first parameter that differs. Built-in scenarios only.
 * ``rollout_log_prob_parity`` -- ``exact``: ``rollout_log_probs == old_log_prob`` bit for bit on every
   response token of ``step_<n>/log_probs.json`` (built-in only; a mismatch names the first token).
@@ -98,7 +98,7 @@ def _check_weight_sync(run_dir: Path, step: int, where: str) -> Verdict:
         return Verdict(
             False,
             f"{where}: weight_sync.json lists 0 parameters: no weight was compared; the sync ran on a model without "
-            "parameters, or recorded none (runs/runner/weight_sync.py)",
+            "parameters, or recorded none (runs/numerics/weight_sync.py)",
         )
     bad = [p for p in params if p["actor"] is None or p["rollout"] is None or p["actor"] != p["rollout"]]
     if not bad:

@@ -1,7 +1,7 @@
 """The run's environment against the golden's: what differs, in the words a verdict prints.
 
 Pure and torch-free. Both sides are ``env`` maps: a golden manifest's (copied from the recording
-run's ``run.json``) and the checked run's, as :func:`precision_harness.runs.runner.devices.fingerprint`
+run's ``run.json``) and the checked run's, as :func:`precision_harness.runs.numerics.devices.fingerprint`
 or a command scenario's ``run.json`` wrote them. :meth:`EnvironmentDiff.between` lists what
 changed, package versions first, then the accelerator, the CPU (model and the ISA flags that
 differ), BLAS, threads and determinism settings:
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from precision_harness.runs import fsdp2_buffers
-from precision_harness.runs.machine import ISA_FLAGS
+from precision_harness.runs.host.machine import ISA_FLAGS
+from precision_harness.runs.verl import fsdp2_buffers
 
 NOT_RECORDED = "not recorded"
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from precision_harness.runs.msprobe_release import DISTRIBUTION, WANTED
-from precision_harness.runs.package_versions import installed, release
+from precision_harness.runs.host.msprobe_release import DISTRIBUTION, WANTED
+from precision_harness.runs.host.package_versions import installed, release
 
 #: the oldest release whose compare internals msprobe_tools.py was read against, and the newest: the oldest is
-#: below the install floor (runs/msprobe_release.py): 26.0.0 runs the gate (docs/stacks.md) where a stack holds it
+#: below the install floor (runs/host/msprobe_release.py): 26.0.0 runs the gate (docs/stacks.md) where a stack holds it
 OLDEST, CHECKED = (26, 0, 0), (26, 2, 0)
-#: the range as a line says it, and the install line that gives it (the stage API's own, runs/msprobe_release.py)
+#: the range as a line says it, and the install line that gives it (the stage API's own, runs/host/msprobe_release.py)
 RANGE = "26.0.0 to 26.2.x"
 INSTALL = f"pip install {WANTED}"
 #: the first release whose ParseData takes the dump data folders (``data_dirs``)

@@ -3,9 +3,9 @@ named.
 
 With two or more ranks, FSDP2's ``all_gather_copy_in`` takes ``Tensor.narrow`` of a buffer that was just allocated,
 before anything is copied in, and msprobe's L1 dump records that call: under a torch whose allocation the fill knows
-(:mod:`precision_harness.runs.fsdp2_buffers`, patch 6) the buffer is zeroed and those rows read zeros. Under one it
+(:mod:`precision_harness.runs.verl.fsdp2_buffers`, patch 6) the buffer is zeroed and those rows read zeros. Under one it
 does not know (torch 2.4, a release that moves the allocation again) the run proceeds unfilled, and each verl rank
-records so in its ``env`` (:func:`~precision_harness.runs.fsdp2_buffers.fill_record`; run.json, then the golden's
+records so in its ``env`` (:func:`~precision_harness.runs.verl.fsdp2_buffers.fill_record`; run.json, then the golden's
 manifest). Then those rows hold uninitialised memory on that side: a difference there is no numeric change, and an
 agreement is luck. So the compare does not compare them (:func:`settled` reads both records):
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from precision_harness.check.coverage import UNFILLED, held_by_columns, held_by_row
 from precision_harness.dumps.call_site import calls_made_in
-from precision_harness.runs.fsdp2_buffers import unfilled_reason
+from precision_harness.runs.verl.fsdp2_buffers import unfilled_reason
 
 if TYPE_CHECKING:
     from precision_harness.check.check_settings import CheckSettings
@@ -53,7 +53,7 @@ SHOWN = 3
 
 def reason(golden_env: Mapping[str, Any] | None, run_env: Mapping[str, Any] | None) -> str | None:
     """Why the all-gather buffer rows go uncompared: the run's record, else the golden's (its run's, so said); None
-    where both sides were filled or do not say (:func:`~precision_harness.runs.fsdp2_buffers.unfilled_reason`)."""
+    where both sides were filled or do not say (:func:`~precision_harness.runs.verl.fsdp2_buffers.unfilled_reason`)."""
     run = unfilled_reason(run_env)
     if run is not None:
         return run

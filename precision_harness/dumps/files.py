@@ -9,7 +9,7 @@ A run (and a golden, and verl's ``global_profiler.save_path``) holds
 ``dump.json``. An L0 dump sees module boundaries only; what a PPO stage computes outside every
 module (log-probs and entropy after the LM head, values, per-micro-batch losses, gradient norms,
 the advantages and returns an update consumes) is invisible to it. The built-in runner
-(:mod:`precision_harness.runs.runner.stage_outputs`) writes their statistics in msprobe's ``dump.json`` format:
+(:mod:`precision_harness.runs.numerics.stage_outputs`) writes their statistics in msprobe's ``dump.json`` format:
 
 .. code-block:: json
 

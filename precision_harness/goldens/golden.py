@@ -117,7 +117,7 @@ class Golden:
 
     @property
     def env(self) -> dict[str, Any] | None:
-        """The recording run's environment (runner.devices.fingerprint), None for a directory without run.json."""
+        """The recording run's environment (numerics.devices.fingerprint), None for a directory without run.json."""
         return self.manifest.get("env")
 
     @property

@@ -430,7 +430,7 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
     }
 
 
-#: the rollout engines a golden's stack records (precision_harness.runs.stack.PACKAGES)
+#: the rollout engines a golden's stack records (precision_harness.runs.host.stack.PACKAGES)
 ROLLOUT_ENGINES = ("vllm", "vllm-ascend", "sglang")
 
 

@@ -50,8 +50,8 @@ def start_up_code(environ: Mapping[str, str]) -> str | None:
     """What an interpreter started as this one was (its flags) with ``environ`` may load at start-up that an isolated
     one does not: ``PYTHONPATH``'s folders, or the user's site-packages; None where nothing.
 
-    A warm server (:mod:`precision_harness.runs.warm`) started with ``environ`` has imported that code, and so has
-    every child forked from it.
+    A warm server (:mod:`precision_harness.runs.warm.workers`) started with ``environ`` has imported that code, and
+    so has every child forked from it.
     """
     if environ.get("PYTHONPATH"):
         return f"PYTHONPATH={environ['PYTHONPATH']}"

@@ -2,8 +2,8 @@
 
 A scenario describes a run (:mod:`precision_harness.scenarios`); this module turns its kind into
 one. ``builtin``: our PPO loop in a worker process (:func:`~precision_harness.runs.launch.run_worker`);
-``command``: the scenario's own argv, run by :mod:`~precision_harness.runs.command_runner`; ``verl``:
-verl's trainer with the overrides the gate owns (:func:`~precision_harness.runs.verl_engine.command_spec`),
+``command``: the scenario's own argv, run by :mod:`~precision_harness.runs.command.run`; ``verl``:
+verl's trainer with the overrides the gate owns (:func:`~precision_harness.runs.verl.engine.command_spec`),
 run the same way. A verl scenario is also checked against the installed verl (installed, the
 stages it dumps, the overrides the gate owns, Hydra's composition of the rest) by
 :func:`load_scenario`, the loader the plugin, the session and the CLI use.
@@ -17,9 +17,12 @@ from pathlib import Path
 
 from precision_harness.errors import RunFailedError, VerlMissingError
 from precision_harness.paths import display_path
-from precision_harness.runs import command_runner, launch, processes, shared_ray, verl_engine
-from precision_harness.runs.command_runner import CommandSpec
+from precision_harness.runs import launch, processes
+from precision_harness.runs.command import run as command_runner
+from precision_harness.runs.command.run import CommandSpec
 from precision_harness.runs.launch import RunOptions, RunResult
+from precision_harness.runs.verl import engine as verl_engine
+from precision_harness.runs.verl import shared_ray
 from precision_harness.scenarios.scenario import Scenario
 
 
@@ -107,7 +110,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: Run
     """Run ``scenario`` to completion in a subprocess, into a fresh ``out_dir``, as its kind runs
     (:data:`RUNNERS`): a built-in scenario through :func:`~precision_harness.runs.launch.run_worker`,
     a command or verl scenario through its own command
-    (:func:`~precision_harness.runs.command_runner.run_command_scenario`). ``options`` default: as the gate
+    (:func:`~precision_harness.runs.command.run.run_command_scenario`). ``options`` default: as the gate
     runs it, fresh.
 
     Raises:
@@ -129,7 +132,7 @@ def bind(device: str, options: RunOptions | None = None) -> Run:
 
 def command_spec(scenario: Scenario, run_dir: Path, *, device: str = "cpu", joins_ray: bool = False) -> CommandSpec:
     """How a command or verl scenario's run starts in ``run_dir``: the ``PRECISION_*`` environment
-    (:func:`~precision_harness.runs.command_runner.command_env`) laid under what the scenario's kind adds
+    (:func:`~precision_harness.runs.command.run.command_env`) laid under what the scenario's kind adds
     (``joins_ray``: the command joins a running Ray instance, a cluster's or the shared one).
 
     Raises:

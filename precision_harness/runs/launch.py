@@ -23,8 +23,8 @@ from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
-from precision_harness.runs import warm as warm_mod
-from precision_harness.runs.runner.devices import determinism_env
+from precision_harness.runs.numerics.devices import determinism_env
+from precision_harness.runs.warm import workers as warm_mod
 from precision_harness.scenarios.scenario import BuiltinScenario, Scenario
 
 
@@ -71,13 +71,13 @@ class RunOptions:
     #: a Ray cluster to run on: every built-in scenario's ranks go there; a command gets it as ``RAY_ADDRESS``
     ray_address: str | None = None
     pinned: Any | None = None  #: the golden whose recorded rollouts a verl check run loads
-    #: fork a single-rank built-in run from the warm server (:mod:`precision_harness.runs.warm`) when its
+    #: fork a single-rank built-in run from the warm server (:mod:`precision_harness.runs.warm.workers`) when its
     #: determinism environment matches the server's
     warm: bool = False
     #: variables laid over the determinism environment (the portability check's CPU dispatch
     #: settings, :mod:`precision_harness.portability`); such a run is always fresh
     dispatch_env: dict[str, str] | None = None
-    #: a verl run's lease of this process's shared Ray instance (:mod:`precision_harness.runs.shared_ray`): the
+    #: a verl run's lease of this process's shared Ray instance (:mod:`precision_harness.runs.verl.shared_ray`): the
     #: command joins it, with the run's variables given to its Ray workers (set by the verl runner on the CPU)
     shared_ray: Any | None = None
 
@@ -86,7 +86,7 @@ def run_worker(scenario: BuiltinScenario, *, out_dir: Path, device: str, options
     """Run a built-in scenario in ``python -m precision_harness.runs.runner`` (or forked from the warm server).
 
     Multi-rank scenarios, and every scenario when ``options.ray_address`` is given, run in a Ray
-    driver process (``precision_harness.runs.ray_launch``) whose rank actors' dumps are fetched back into
+    driver process (``precision_harness.runs.runner.ray_launch``) whose rank actors' dumps are fetched back into
     ``out_dir``.
 
     Raises:
@@ -143,7 +143,7 @@ def _command(scenario: Scenario, *, out_dir: Path, device: str, options: RunOpti
     """
     if not on_ray:
         return worker_command(scenario, out_dir=out_dir, device=device, dump=options.dump)
-    from precision_harness.runs import ray_launch
+    from precision_harness.runs.runner import ray_launch
 
     if not ray_launch.ray_available():
         why = (

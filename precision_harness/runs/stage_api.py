@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import PrecisionError
-from precision_harness.runs import rank_env
+from precision_harness.runs.host import rank_env
 
 #: the environment a command scenario's process gets from the gate
 ENV_DUMP_DIR = "PRECISION_DUMP_DIR"

@@ -1,9 +1,9 @@
 """Command and verl scenarios: what their YAML may hold, their defaults and their identity.
 
 A scenario with a top-level ``command`` (an argv list) is a *command* scenario: any process that
-writes verl's dump layout under ``$PRECISION_DUMP_DIR`` (:mod:`precision_harness.runs.command_runner`). A
+writes verl's dump layout under ``$PRECISION_DUMP_DIR`` (:mod:`precision_harness.runs.command.run`). A
 scenario with ``engine: verl`` runs verl's own trainer with ``verl.overrides``
-(:mod:`precision_harness.runs.verl_engine`). Both declare what is profiled in verl's own keys
+(:mod:`precision_harness.runs.verl.engine`). Both declare what is profiled in verl's own keys
 (``global_profiler.steps``, ``...precision_debugger.stages``, ``strict``, the msprobe level) and
 neither has the built-in loop's model, data or algorithm sections.
 

@@ -248,16 +248,16 @@ LR_SCHEDULE_KEYS = frozenset(
 
 
 class VerlScenario(CommandScenario):
-    """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl_engine`)."""
+    """verl's own trainer (``engine: verl``) on ``verl.overrides`` (:mod:`precision_harness.runs.verl.engine`)."""
 
     kind = "verl"
-    #: the gate sets ``trainer.total_training_steps`` to the last profiled step (runs/verl_engine.py)
+    #: the gate sets ``trainer.total_training_steps`` to the last profiled step (runs/verl/engine.py)
     ends_runs = True
     #: the gate's extension writes each stage's inputs and outputs from verl's batch, on every device
-    #: (precision_harness/runs/verl_stages/stage_window.py)
+    #: (precision_harness/runs/verl/stages/stage_window.py)
     allows_auto = True
-    #: on cpu the gate's rollout server records both (precision_harness/runs/verl_cpu/policy_server.py); on
-    #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl_engine.py)
+    #: on cpu the gate's rollout server records both (precision_harness/runs/verl/cpu/policy_server.py); on
+    #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl/engine.py)
     records_weight_sync = True
     dumps_rollout = True
     unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"

@@ -15,7 +15,7 @@ Two variables choose them; unset, every patched function does exactly what it di
   ``rollout_lm_head`` (after each sync the rollout's ``lm_head.weight`` is rounded through bfloat16),
   ``rollout_sampling`` (the rollout samples with its temperature times :data:`ROLLOUT_SAMPLING_SCALE`
   but recomputes with the right one: a sampler change that moves sampled tokens, not log-prob parity).
-  In verl's CPU rollout server (``precision_harness.runs.verl_cpu.policy_server``): ``rollout_logprobs``
+  In verl's CPU rollout server (``precision_harness.runs.verl.cpu.policy_server``): ``rollout_logprobs``
   (the log-probs it returns are rounded through bfloat16, the tokens stay: a rollout kernel that stops
   computing log-probs in float32), ``rollout_stale_weights`` (it ignores the sync before step 2 and
   keeps step 1's weights). In the model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
@@ -27,7 +27,7 @@ Two variables choose them; unset, every patched function does exactly what it di
   where 5.10.4 records ``[1, 1, 1, 18]``, ``[1, 1, 18, 1]`` and ``[1, 1, 18, 18]``, then viewed back by an op msprobe
   does not record: the same mask through other intermediate shapes, as transformers 4.57.3 builds it).
   Several sites join with ``,`` (``rope_mul,linear_bf16``).
-  In the built-in runner's portable matrix products (``precision_harness.runs.runner.cpu_kernels``), where
+  In the built-in runner's portable matrix products (``precision_harness.runs.numerics.cpu_kernels``), where
   msprobe records the API around them unchanged: ``linear_bf16`` (an fp32 product computed from its inputs
   rounded to bfloat16, as a bf16 GEMM mode would), ``sum_order`` (each product's k terms summed in blocks of
   :data:`SUM_ORDER_BLOCK`, then over the blocks: another association of the same fp32 sums). In torch, under
@@ -41,7 +41,7 @@ Two variables choose them; unset, every patched function does exactly what it di
   without ``b`` in a no-grad ``forward_log_prob``: the log-prob stages, not the update or the rollout).
   In the runner's stages, under msprobe: ``gather_index`` (each row's labels rotated by one position before
   the log-prob ``gather``), ``mask_shift`` (``actor_update``'s ``response_mask`` shifted by one token).
-  In the worker's CUDA settings (``precision_harness.runs.runner.devices``; no effect on other devices), for
+  In the worker's CUDA settings (``precision_harness.runs.numerics.devices``; no effect on other devices), for
   ``benchmarks/device_run.sh``: ``tf32`` (fp32 matrix products and convolutions on TF32 tensor cores, what
   ``torch.set_float32_matmul_precision("high")`` does: inputs rounded to 10 mantissa bits, the GPU's
   ``linear_bf16``), ``cublas_workspace`` (``CUBLAS_WORKSPACE_CONFIG=`` :data:`OTHER_CUBLAS_WORKSPACE`, cuBLAS's
@@ -518,19 +518,19 @@ def _patch_devices(devices: ModuleType) -> None:
 
 #: module -> what patches it, right after its first import
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
-    "precision_harness.runs.runner.weight_sync": _patch_weight_sync,
+    "precision_harness.runs.numerics.weight_sync": _patch_weight_sync,
     "precision_harness.runs.runner.rollout": _patch_rollout,
     "precision_harness.runs.runner.stages": _patch_stages,
     "precision_harness.runs.runner.trainer": _patch_trainer,
     "verl.trainer.ppo.core_algos": _patch_core_algos,
     "verl.workers.engine_workers": _patch_engine_workers,
-    "precision_harness.runs.verl_cpu.policy_server": _patch_policy_server,
+    "precision_harness.runs.verl.cpu.policy_server": _patch_policy_server,
     "transformers.models.qwen2.modeling_qwen2": _patch_qwen2,
     "transformers.masking_utils": _patch_masking_utils,
-    "precision_harness.runs.runner.cpu_kernels": _patch_cpu_kernels,
+    "precision_harness.runs.numerics.cpu_kernels": _patch_cpu_kernels,
     "torch.distributed.distributed_c10d": _patch_distributed_c10d,
     "torch.nn.functional": _patch_functional,
-    "precision_harness.runs.runner.devices": _patch_devices,
+    "precision_harness.runs.numerics.devices": _patch_devices,
 }
 
 

@@ -1,14 +1,14 @@
 """Start the replay worker (``python -m precision_harness.runs.api_replay``) and read its answer; torch-free.
 
 The worker runs with the CPU determinism environment of one thread
-(:func:`~precision_harness.runs.runner.devices.determinism_env`) and pins one thread itself, so the
+(:func:`~precision_harness.runs.numerics.devices.determinism_env`) and pins one thread itself, so the
 baseline's reduction order is the same wherever the gate runs; the calling process never imports
 torch.
 
 Its float64 replay is the reference the run's output is judged against, so it loads none of the run's
 start-up code (:mod:`precision_harness.runs.isolated`): it is a fresh ``python -I`` interpreter, without the
 run's ``PYTHONPATH`` (where a ``sitecustomize.py`` may patch torch) or the user's site-packages. Only where the
-session's warm server loaded none of that either (:func:`precision_harness.runs.warm.started`) is the worker
+session's warm server loaded none of that either (:func:`precision_harness.runs.warm.workers.started`) is the worker
 forked from it, with torch and msprobe's acc_check already imported.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
 from precision_harness.runs import isolated
-from precision_harness.runs import warm as warm_mod
-from precision_harness.runs.runner.devices import determinism_env
+from precision_harness.runs.numerics.devices import determinism_env
+from precision_harness.runs.warm import workers as warm_mod
 
 REQUEST, ANSWER, LOG = "replay_request.json", "replay.json", "replay.log"
 #: the worker's entry point

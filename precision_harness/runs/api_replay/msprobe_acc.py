@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from precision_harness.runs.package_versions import release
+from precision_harness.runs.host.package_versions import release
 
 #: the mindstudio-probe releases whose internals this module was read against: ``(first, beyond)`` (release tuples)
 CHECKED = ((26, 0, 0), (26, 3, 0))

@@ -19,7 +19,7 @@ from typing import Any
 import precision_harness.runs.runner.lean_imports  # noqa: F401  (before transformers: see the module)
 
 _T0 = time.perf_counter()
-#: set in a child of the warm server (precision_harness.runs.warm), recorded in run.json
+#: set in a child of the warm server (precision_harness.runs.warm.workers), recorded in run.json
 WARM = False
 
 
@@ -63,10 +63,10 @@ def run(scenario_path: Path | Any, *, out: Path, device: str | None, dump: bool,
             import msprobe.pytorch  # noqa: F401
         except Exception as exc:  # a release built for numpy 1 raises AttributeError, not ImportError
             from precision_harness.errors import ProbeUnavailableError
-            from precision_harness.runs.msprobe_release import unimportable
+            from precision_harness.runs.host.msprobe_release import unimportable
 
             raise ProbeUnavailableError(unimportable(exc)) from None
-    from precision_harness.runs.runner import devices
+    from precision_harness.runs.numerics import devices
     from precision_harness.runs.runner.trainer import Trainer
 
     t_setup = time.perf_counter()

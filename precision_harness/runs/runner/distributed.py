@@ -1,6 +1,6 @@
 """Data parallelism for multi-rank scenarios (``trainer.world_size > 1``), as verl's worker groups do it.
 
-One process per rank (a Ray actor, see ``precision_harness.runs.ray_launch``) joins a torch.distributed
+One process per rank (a Ray actor, see ``precision_harness.runs.runner.ray_launch``) joins a torch.distributed
 process group: gloo on CPU, nccl on CUDA, hccl on NPU. Every rank generates the same rollout from the
 same seeded generator, so the driver-side math (reward, advantages over the whole batch) is identical
 on every rank; the worker stages then follow verl's ``Dispatch.DP_COMPUTE_PROTO``:

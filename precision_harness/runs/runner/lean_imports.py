@@ -10,8 +10,8 @@ to 12 s a runner spends importing on a 2-core AMD EPYC, before it trains anythin
 Importing this module marks ``sklearn`` and ``scipy`` absent in ``sys.modules`` (unless already imported), so
 transformers' ``is_sklearn_available()`` and ``is_scipy_available()`` are false and importing either raises
 ImportError, in this process only. Importing is the switch because the warm server's preload
-(:mod:`precision_harness.runs.warm`) can only import. The runner runs no user code, and neither torch nor msprobe
-imports them on its paths; verl's processes, which run users' reward functions, are left alone.
+(:mod:`precision_harness.runs.warm.workers`) can only import. The runner runs no user code, and neither torch nor
+msprobe imports them on its paths; verl's processes, which run users' reward functions, are left alone.
 """
 
 from __future__ import annotations

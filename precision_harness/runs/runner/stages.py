@@ -172,6 +172,57 @@ def critic_update(
     return _mean_metrics(metrics)
 
 
+#: the batch keys an actor update reads (those a scenario does not produce are left out by _mini_batches)
+_ACTOR_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "old_log_probs",
+    "advantages",
+    "ref_log_prob",
+    "rollout_is_weights",
+)
+#: the metrics of compute_policy_loss_vanilla's four returns, in its order
+_PG_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+
+
+def _policy_loss(
+    mb: Batch,
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor | None,
+    cfg: dict[str, Any],
+    loss_config: Any,
+    metrics: dict[str, list[float]],
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """One micro-batch's policy loss (before the accumulation scale) and compute_policy_loss_vanilla's four
+    returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the policy-gradient loss, minus
+    ``entropy_coeff`` x the entropy bonus when ``entropy`` is given, plus ``kl_loss_coef`` x the KL loss when
+    ``use_kl_loss``; those two terms' metrics are appended to ``metrics`` here, before the backward, as verl does.
+    Source: verl ``DataParallelPPOActor.update_policy``. ``log_prob``, ``entropy``: ``(b, R)``."""
+    mask = mb["response_mask"]
+    pg_terms = core_algos.compute_policy_loss_vanilla(
+        old_log_prob=mb["old_log_probs"],
+        log_prob=log_prob,
+        advantages=mb["advantages"],
+        response_mask=mask,
+        config=loss_config,
+        rollout_is_weights=mb.get("rollout_is_weights"),
+    )
+    policy_loss = pg_terms[0]
+    if entropy is not None:
+        entropy_loss = core_algos.agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
+        policy_loss = policy_loss - cfg["entropy_coeff"] * entropy_loss
+        metrics["actor/entropy_loss"].append(_scalar(entropy_loss))
+    if cfg["use_kl_loss"]:
+        kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"])
+        kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
+        policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
+        metrics["actor/kl_loss"].append(_scalar(kl_loss))
+    return policy_loss, tuple(pg_terms)
+
+
 @dp.dp_update
 def actor_update(
     actor: torch.nn.Module,
@@ -203,58 +254,25 @@ def actor_update(
     actor.train()
     n, temperature = rollout["n"], rollout["temperature"]
     mini_seqs, micro = dp.per_rank(cfg["ppo_mini_batch_size"] * n), cfg["ppo_micro_batch_size_per_gpu"]
-    keys = (
-        "input_ids",
-        "attention_mask",
-        "position_ids",
-        "responses",
-        "response_mask",
-        "old_log_probs",
-        "advantages",
-        "ref_log_prob",
-        "rollout_is_weights",
-    )
-    entropy_coeff, use_kl_loss = cfg["entropy_coeff"], cfg["use_kl_loss"]
     loss_config = core_algos.PolicyLossConfig.from_actor(cfg)
     metrics: dict[str, list[float]] = defaultdict(list)
     params = [p for p in actor.parameters() if p.requires_grad]
     first: list[torch.Tensor] = []
     losses: list[torch.Tensor] = []  #: the loss each micro-batch backpropagates (scaled by micro / mini)
-    for index, mini in enumerate(_mini_batches(batch, keys, mini_seqs, cfg["ppo_epochs"])):
+    for index, mini in enumerate(_mini_batches(batch, _ACTOR_KEYS, mini_seqs, cfg["ppo_epochs"])):
         for mb in split(mini, micro):
-            mask = mb["response_mask"]
             log_prob, entropy = forward_log_prob(
-                actor, mb, temperature=temperature, calculate_entropy=entropy_coeff != 0
+                actor, mb, temperature=temperature, calculate_entropy=cfg["entropy_coeff"] != 0
             )
             if index == 0:
                 first.append(log_prob.detach())
-            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss_vanilla(
-                old_log_prob=mb["old_log_probs"],
-                log_prob=log_prob,
-                advantages=mb["advantages"],
-                response_mask=mask,
-                config=loss_config,
-                rollout_is_weights=mb.get("rollout_is_weights"),
-            )
-            policy_loss = pg_loss
-            if entropy is not None:
-                entropy_loss = core_algos.agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
-                policy_loss = policy_loss - entropy_coeff * entropy_loss
-                metrics["actor/entropy_loss"].append(_scalar(entropy_loss))
-            if use_kl_loss:
-                kld = core_algos.kl_penalty(
-                    logprob=log_prob, ref_logprob=mb["ref_log_prob"], kl_penalty=cfg["kl_loss_type"]
-                )
-                kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=cfg["loss_agg_mode"])
-                policy_loss = policy_loss + kl_loss * cfg["kl_loss_coef"]
-                metrics["actor/kl_loss"].append(_scalar(kl_loss))
+            policy_loss, pg_terms = _policy_loss(mb, log_prob, entropy, cfg, loss_config, metrics)
             scaled = policy_loss * accumulation_scale(mb, mini)
             scaled.backward()
             losses.append(scaled)  # a reference: an op here would enter an L1 dump
-            metrics["actor/pg_loss"].append(_scalar(pg_loss))
-            metrics["actor/pg_clipfrac"].append(_scalar(pg_clipfrac))
-            metrics["actor/ppo_kl"].append(_scalar(ppo_kl))
-            metrics["actor/pg_clipfrac_lower"].append(_scalar(pg_clipfrac_lower))
+            # after backward, as verl reads them: each .detach() is a call an L1 dump records, in this order
+            for name, term in zip(_PG_METRICS, pg_terms, strict=True):
+                metrics[name].append(_scalar(term))
         metrics["actor/grad_norm"].append(_step(params, optimizer, cfg["grad_clip"]))
     if trace is not None:
         trace["first_mini_batch_log_prob"] = torch.cat(first)

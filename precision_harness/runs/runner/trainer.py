@@ -23,16 +23,17 @@ import torch
 
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
 from precision_harness.dumps.sampled_tokens import payload as sampled_tokens_payload
+from precision_harness.runs.numerics import devices, weight_sync
+from precision_harness.runs.numerics.stage_outputs import StageOutputs
 from precision_harness.runs.runner import algorithms as core_algos
 from precision_harness.runs.runner import data as data_mod
-from precision_harness.runs.runner import devices, models, rollout, stages, weight_sync
+from precision_harness.runs.runner import models, rollout, stages
 from precision_harness.runs.runner.distributed import reduce_metrics
 from precision_harness.runs.runner.rollout_is import (
     RolloutISConfig,
     compute_mismatch_metrics,
     compute_rollout_importance_weights,
 )
-from precision_harness.runs.runner.stage_outputs import StageOutputs
 from precision_harness.scenarios.profiling import ROLLOUT_GENERATE
 from precision_harness.scenarios.scenario import Scenario
 
@@ -171,7 +172,7 @@ class Trainer:
     def _generate_sequences(self, step: int) -> _Step:
         """Rollout: weights synced into the inference engine (``rollout.dtype``), then sampling.
 
-        Writes ``step_<n>/weight_sync.json`` (:func:`~precision_harness.runs.runner.weight_sync.sync_record`).
+        Writes ``step_<n>/weight_sync.json`` (:func:`~precision_harness.runs.numerics.weight_sync.sync_record`).
         With ``rollout.log_prob_mode: recompute`` the rollout log-probs are recomputed over the whole
         sampled sequences (:func:`~precision_harness.runs.runner.rollout.recompute_log_probs`).
         """
