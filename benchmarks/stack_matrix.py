@@ -308,8 +308,8 @@ def pins() -> dict[str, str]:
 
 
 def supported(rows: list[Row]) -> dict[str, tuple[list[str], list[str]]]:
-    """Per row kind: the releases proved (the pinned one and every row that passed, oldest first), and notes: what
-    a proved release was proved with (a row's companions) and each row that did not pass."""
+    """Per row kind: the releases proved (the pinned one and every release whose rows all passed, oldest first), and
+    notes: what a proved release was proved with (a row's companions) and each row that did not pass."""
     proved: dict[str, set[str]] = {kind: {version} for kind, version in pins().items()}
     notes: dict[str, list[str]] = {}
     for row in rows:
@@ -323,6 +323,8 @@ def supported(rows: list[Row]) -> dict[str, tuple[list[str], list[str]]]:
         else:
             why = row.reason or (row.verdicts[0][1] if row.verdicts else "")
             notes.setdefault(row.kind, []).append(f"not proved: {what} ({row.status}, {row.failed} failed: {why})")
+    failed = {(row.kind, row.version) for row in rows if row.status != "not run" and not row.ok}
+    proved = {kind: {v for v in versions if (kind, v) not in failed} for kind, versions in proved.items()}
     return {kind: (sorted(versions, key=Version), notes.get(kind, [])) for kind, versions in proved.items()}
 
 
@@ -354,6 +356,8 @@ def notes(stack: Stack) -> str:
 def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
     """docs/stacks.md: the table with its date, CPU and gate, and each package's supported range."""
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    others = ["A row whose label names a gate (verl's scenario) ran that gate instead (torch rows, below)."]
+    others = others if any(row.gate for row in rows) else []
     lines = [
         "# Stacks the gate runs on",
         "",
@@ -365,6 +369,7 @@ def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
         "",
         f"Run on {today}, {cpu_model()} ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.0f} when written),",
         f"gate `pytest {' '.join(settings.gate)}`. gate s: each row's wall time on that machine, other jobs included.",
+        *others,
         "",
         table(rows),
         "## Supported range",

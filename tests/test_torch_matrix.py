@@ -111,3 +111,17 @@ def test_the_docs_page_names_each_torch_rows_stack() -> None:
         assert f"- **torch-{version}**: {torch_matrix.describe(version)}" in text, "run stack_matrix.py --write-docs"
         labels = [line.split(" | ")[0] for line in text.splitlines() if line.startswith(f"| torch {version}")]
         assert len(labels) == 2 and labels[1] == f"{labels[0]}, {torch_matrix.VERL_LABEL}", labels
+
+
+def test_a_release_is_proved_only_where_each_of_its_rows_passed() -> None:
+    """torch 2.8.0's gate row passed and its verl row failed: the supported range leaves 2.8.0 out and names why."""
+    Row = stack_matrix.Row
+    rows = [
+        Row("torch-2.8.0", "torch", "2.8.0", "ran", passed=3),
+        Row("torch-2.8.0-verl", "torch", "2.8.0", "ran", passed=1, failed=1, verdicts=[(1, "bad"), (0, "")]),
+        Row("torch-2.14.1", "torch", "2.14.1", "ran", passed=3),
+    ]
+    rows[1].gate = torch_matrix.VERL_LABEL
+    proved, notes = stack_matrix.supported(rows)["torch"]
+    assert "2.8.0" not in proved and "2.14.1" in proved, proved
+    assert notes == [f"not proved: 2.8.0, {torch_matrix.VERL_LABEL} (ran, 1 failed: bad)"]
