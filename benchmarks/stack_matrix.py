@@ -14,15 +14,17 @@ A row is *refused* when every item failed without comparing anything (an ``error
 gated); its reason is the gate's own one line.
 
 torch rows: a torch release is a whole environment, not a folder on ``PYTHONPATH``, so another module builds
-them: ``benchmarks/torch_matrix.py``, when present, defines ``TORCH_VERSIONS`` (a tuple of release strings) and
-``run_torch_row(version: str, settings: MatrixSettings) -> Row``, which builds that torch's environment, runs
-``settings.gate`` there and returns its row (:func:`row_from_report` turns a report.json into one). Without that
-module the torch rows are listed as not run, with the reason.
+them: ``benchmarks/torch_matrix.py``, when present, defines ``TORCH_VERSIONS`` (a tuple of release strings),
+``run_torch_rows(version: str, settings: MatrixSettings, how: Callable[[str], str | None]) -> list[Row]``, which
+builds that torch's environment and returns its rows (``how(row name)``: :func:`how`), and
+``describe(version: str) -> str``, the row's stack in words for docs/stacks.md. Without that module the torch rows
+are listed as not run, with the reason.
 
 ``--write-docs`` writes the table, the date, the CPU model and each package's supported range (the releases of
 its rows that passed) to docs/stacks.md.
 
 Usage: python benchmarks/stack_matrix.py [--rows NAME ...] [--gate "ARGS"] [--out DIR] [--write-docs] [--install]
+       [--reuse]  (the rows --rows does not name are read from the report.json an earlier run left under --out)
 Exit codes: 0 every row ran and passed, 1 a row refused or failed, 2 bad arguments.
 """
 
@@ -76,6 +78,11 @@ class Stack:
         """The folder its wheels go into, put first on ``PYTHONPATH`` (None: nothing to overlay)."""
         return None if self.requirements is None else TARGETS / self.requirements.stem
 
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The folders put first on ``PYTHONPATH``, in order: its target (a torch row adds what it runs with)."""
+        return () if self.target is None else (self.target,)
+
 
 @dataclass(frozen=True)
 class MatrixSettings:
@@ -89,7 +96,11 @@ class MatrixSettings:
 
 @dataclass
 class Row:
-    """One row of the table. ``status``: ``ran``, ``refused`` (nothing could be gated) or ``not run``."""
+    """One row of the table. ``status``: ``ran``, ``refused`` (nothing could be gated) or ``not run``.
+
+    ``companions``: what else the row moves, beside its package (a torch row's transformers); ``gate``: the gate
+    it ran when not ``--gate``'s (a torch row's verl scenario); both are shown in its label.
+    """
 
     stack: str
     kind: str
@@ -103,6 +114,8 @@ class Row:
     verdicts: list[tuple[int, str]] = field(default_factory=list)
     seconds: float = 0.0
     report: dict = field(default_factory=dict, repr=False)
+    companions: str = ""
+    gate: str = ""
 
     @property
     def ok(self) -> bool:
@@ -155,8 +168,8 @@ def install(stack: Stack, python: str = sys.executable) -> None:
 
 
 def environment(stack: Stack) -> dict[str, str]:
-    """This process's environment with ``stack``'s target first on ``PYTHONPATH``."""
-    paths = [str(stack.target)] if stack.target is not None else []
+    """This process's environment with ``stack``'s folders (:attr:`Stack.paths`) first on ``PYTHONPATH``."""
+    paths = [str(path) for path in stack.paths]
     paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
@@ -165,10 +178,11 @@ def run_gate(stack: Stack, settings: MatrixSettings) -> Row:
     """Run ``settings.gate`` under ``stack`` against the committed goldens; its row, read from report.json.
 
     Raises:
-        FileNotFoundError: the stack's target is not installed (run :func:`install`, or ``make .venv/.test``).
+        FileNotFoundError: a folder of the stack is not installed (run :func:`install`, or ``make .venv/.test``).
     """
-    if stack.target is not None and not stack.target.is_dir():
-        raise FileNotFoundError(f"{stack.target} is absent: `make .venv/.test` installs {stack.requirements}")
+    for path in stack.paths:
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is absent: `make .venv/.test` installs constraints/stacks/{path.name}.txt")
     out = settings.out / stack.name
     argv = [settings.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *settings.gate]
     argv += ["--precision-artifacts", str(out / "artifacts"), "--precision-report", str(out / "report")]
@@ -225,14 +239,33 @@ def reused(stack: Stack, settings: MatrixSettings) -> Row:
     return row_from_report(stack, json.loads(path.read_text()), wall)
 
 
-def torch_rows(settings: MatrixSettings) -> list[Row]:
-    """The torch rows, from ``benchmarks/torch_matrix.py`` (module docstring); one ``not run`` row without it."""
+def how(name: str, chosen: list[str] | None, reuse: bool) -> str | None:
+    """Whether the row ``name`` runs (``run``), is read from an earlier run's report.json (``reuse``) or is left out
+    (None): ``--rows`` names the rows that run (``torch`` every torch row); with ``--reuse`` the rest are read."""
+    if not chosen:
+        return "reuse" if reuse else "run"
+    if name in chosen or ("torch" in chosen and name.startswith("torch-")):
+        return "run"
+    return "reuse" if reuse else None
+
+
+def _torch_matrix():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        torch_matrix = importlib.import_module("torch_matrix")
+        return importlib.import_module("torch_matrix")
     except ModuleNotFoundError:
+        return None
+
+
+def torch_rows(settings: MatrixSettings, chosen: list[str] | None = None, reuse: bool = False) -> list[Row]:
+    """The torch rows, from ``benchmarks/torch_matrix.py`` (module docstring); one ``not run`` row without it."""
+    torch_matrix = _torch_matrix()
+    if torch_matrix is None:
         return [Row("torch", "torch", "", "not run", "benchmarks/torch_matrix.py (the torch rows) is absent")]
-    return [torch_matrix.run_torch_row(version, settings) for version in torch_matrix.TORCH_VERSIONS]
+    rows = []
+    for version in torch_matrix.TORCH_VERSIONS:
+        rows += torch_matrix.run_torch_rows(version, settings, lambda name: how(name, chosen, reuse))
+    return rows
 
 
 def _cell(text: str, width: int = 160) -> str:
@@ -259,7 +292,9 @@ def table(rows: list[Row]) -> str:
 def _label(row: Row) -> str:
     if row.kind == "pinned":
         return "pinned (constraints/cpu.txt)"
-    return f"{row.kind} {row.version}".strip()
+    label = f"{row.kind} {row.version}".strip()
+    label += f" with {row.companions}" if row.companions else ""
+    return label + (f", {row.gate}" if row.gate else "")
 
 
 def pins() -> dict[str, str]:
@@ -273,18 +308,24 @@ def pins() -> dict[str, str]:
 
 
 def supported(rows: list[Row]) -> dict[str, tuple[list[str], list[str]]]:
-    """Per row kind: the releases proved (the pinned one and every row that passed, oldest first) and the rest."""
+    """Per row kind: the releases proved (the pinned one and every release whose rows all passed, oldest first), and
+    notes: what a proved release was proved with (a row's companions) and each row that did not pass."""
     proved: dict[str, set[str]] = {kind: {version} for kind, version in pins().items()}
-    others: dict[str, list[str]] = {}
+    notes: dict[str, list[str]] = {}
     for row in rows:
         if row.kind == "pinned" or row.status == "not run":
             continue
+        what = f"{row.version}{f', {row.gate}' if row.gate else ''}"
         if row.ok:
             proved.setdefault(row.kind, set()).add(row.version)
+            if row.companions:
+                notes.setdefault(row.kind, []).append(f"proved with {row.companions}: {what}")
         else:
             why = row.reason or (row.verdicts[0][1] if row.verdicts else "")
-            others.setdefault(row.kind, []).append(f"{row.version} ({row.status}, {row.failed} failed: {why})")
-    return {kind: (sorted(versions, key=Version), others.get(kind, [])) for kind, versions in proved.items()}
+            notes.setdefault(row.kind, []).append(f"not proved: {what} ({row.status}, {row.failed} failed: {why})")
+    failed = {(row.kind, row.version) for row in rows if row.status != "not run" and not row.ok}
+    proved = {kind: {v for v in versions if (kind, v) not in failed} for kind, versions in proved.items()}
+    return {kind: (sorted(versions, key=Version), notes.get(kind, [])) for kind, versions in proved.items()}
 
 
 def cpu_model() -> str:
@@ -315,6 +356,8 @@ def notes(stack: Stack) -> str:
 def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
     """docs/stacks.md: the table with its date, CPU and gate, and each package's supported range."""
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    others = ["A row whose label names a gate (verl's scenario) ran that gate instead (torch rows, below)."]
+    others = others if any(row.gate for row in rows) else []
     lines = [
         "# Stacks the gate runs on",
         "",
@@ -326,6 +369,7 @@ def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
         "",
         f"Run on {today}, {cpu_model()} ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.0f} when written),",
         f"gate `pytest {' '.join(settings.gate)}`. gate s: each row's wall time on that machine, other jobs included.",
+        *others,
         "",
         table(rows),
         "## Supported range",
@@ -338,49 +382,56 @@ def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
     for kind, (proved, rest) in supported(rows).items():
         span = f"{proved[0]} to {proved[-1]}" if len(proved) > 1 else proved[0]
         lines.append(f"- **{PACKAGES.get(kind, kind)}**: {span} (proved: {', '.join(proved)})")
-        lines += [f"  - not proved: {_cell(text, 300)}" for text in rest]
+        lines += [f"  - {_cell(text, 300)}" for text in rest]
     lines += ["", "## The rows", ""]
     lines += [f"- **{s.name}** (`{s.requirements.relative_to(REPO)}`): {notes(s)}" for s in stacks() if s.requirements]
     lines += ["", "## torch rows", "", *TORCH_HOOK]
+    torch_matrix = _torch_matrix()
+    if torch_matrix is not None:
+        lines += ["", *(f"- **torch-{v}**: {torch_matrix.describe(v)}" for v in torch_matrix.TORCH_VERSIONS)]
     return "\n".join(lines) + "\n"
 
 
 #: how the torch rows plug in (docs/stacks.md says it too)
 TORCH_HOOK = [
     "A torch release is a whole environment, not a folder on `PYTHONPATH`, so its rows come from another module:",
-    "`benchmarks/torch_matrix.py`, when present, defines `TORCH_VERSIONS` (release strings) and",
-    "`run_torch_row(version: str, settings: MatrixSettings) -> Row`, which builds that torch's environment, runs",
-    "`settings.gate` there against the committed goldens and returns the row (`row_from_report` turns the run's",
-    "report.json into one). Without it, the table lists the torch rows as not run. They run from the benchmark,",
-    "not in `make test`.",
+    "`benchmarks/torch_matrix.py`, when present, defines `TORCH_VERSIONS` (release strings),",
+    "`run_torch_rows(version, settings, how) -> list[Row]`, which builds that torch's environment and returns its",
+    "rows: `settings.gate` against the committed goldens (`torch-X`) and, where verl's own requirements allow the",
+    "row's stack, verl's 2-rank bf16 scenario against its committed goldens (`torch-X-verl`); and",
+    "`describe(version)`, what the row runs with. Without it, the table lists the torch rows as not run. They run",
+    "from the benchmark, not in `make test`.",
 ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="+", help="row names (constraints/stacks/ file stems, pinned, torch)")
+    parser.add_argument(
+        "--rows", nargs="+", help="rows to run: constraints/stacks/ file stems, pinned, torch-X[-verl], torch (all)"
+    )
     parser.add_argument("--gate", default=" ".join(GATE), help="the gate's pytest arguments, as one string")
     parser.add_argument("--out", type=Path, default=MatrixSettings().out, help="reports and artifacts")
     parser.add_argument("--write-docs", action="store_true", help="write the table to docs/stacks.md")
     parser.add_argument("--install", action="store_true", help="only install the rows' wheels (make .venv/.test)")
-    parser.add_argument("--reuse", action="store_true", help="read each row from its report.json under --out")
+    parser.add_argument(
+        "--reuse", action="store_true", help="read each row that --rows does not name from its report.json under --out"
+    )
     args = parser.parse_args(argv)
     settings = MatrixSettings(gate=tuple(shlex.split(args.gate)), out=args.out)
-    chosen = [s for s in stacks() if not args.rows or s.name in args.rows]
     if args.install:
-        for stack in chosen:
+        for stack in (s for s in stacks() if not args.rows or s.name in args.rows):
             install(stack, settings.python)
         return 0
     rows = []
-    for stack in chosen:
-        if args.reuse:
+    for stack in stacks():
+        mode = how(stack.name, args.rows, args.reuse)
+        if mode == "reuse":
             rows.append(reused(stack, settings))
-            continue
-        install(stack, settings.python)
-        rows.append(run_gate(stack, settings))
-        print(f"{stack.name}: {rows[-1].status}, {rows[-1].failed} failed, {rows[-1].seconds:.0f} s", flush=True)
-    if not args.rows or "torch" in args.rows:
-        rows += torch_rows(settings)
+        elif mode == "run":
+            install(stack, settings.python)
+            rows.append(run_gate(stack, settings))
+            print(f"{stack.name}: {rows[-1].status}, {rows[-1].failed} failed, {rows[-1].seconds:.0f} s", flush=True)
+    rows += torch_rows(settings, args.rows, args.reuse)
     print(table(rows))
     if args.write_docs:
         DOC.write_text(docs_page(rows, settings))
