@@ -89,19 +89,23 @@ def skip_columns(v: RankVerdict, t: Columns, golden: Columns, paired: np.ndarray
     its ledger as :data:`~precision_harness.check.coverage.UNFILLED`."""
     mask = np.fromiter((api in skip for api in t.apis), dtype=bool, count=len(t.apis)) & paired
     if mask.any():
-        rows, statistics = held_by_columns(golden.present, golden.scalar, mask)
-        v.coverage["rows"].miss(UNFILLED, rows)
-        v.coverage["statistics"].miss(UNFILLED, statistics)
-        v.unfilled += [t.names[i] for i in np.flatnonzero(mask).tolist()]
+        names = [t.names[i] for i in np.flatnonzero(mask).tolist()]
+        _leave_out(v, names, held_by_columns(golden.present, golden.scalar, mask))
     return mask
 
 
 def skip_row(v: RankVerdict, name: str, golden_row: dict[str, Any]) -> None:
     """Row ``name`` of a call in the skipped set, paired with ``golden_row``: left out, as :func:`skip_columns`."""
-    rows, statistics = held_by_row(golden_row)
+    _leave_out(v, [name], held_by_row(golden_row))
+
+
+def _leave_out(v: RankVerdict, names: list[str], held: tuple[int, int]) -> None:
+    """Rows ``names`` named in ``v.unfilled``, and what the golden holds there (``(rows, statistics)``) moved in its
+    ledger to :data:`~precision_harness.check.coverage.UNFILLED`."""
+    rows, statistics = held
     v.coverage["rows"].miss(UNFILLED, rows)
     v.coverage["statistics"].miss(UNFILLED, statistics)
-    v.unfilled.append(name)
+    v.unfilled += names
 
 
 def line(v: StageVerdict) -> str | None:
