@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
@@ -297,14 +298,20 @@ def _label(row: Row) -> str:
     return label + (f", {row.gate}" if row.gate else "")
 
 
+def file_pins(path: Path) -> dict[str, str]:
+    """A constraints file's ``name==version`` pins: canonical name -> version (comments and blank lines skipped)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        text = line.split("#")[0].strip()
+        if text:
+            req = Requirement(text)
+            found.update({canonicalize_name(req.name): s.version for s in req.specifier if s.operator == "=="})
+    return found
+
+
 def pins() -> dict[str, str]:
     """constraints/cpu.txt's pins of the packages the matrix moves."""
-    found = {}
-    for line in (REPO / "constraints" / "cpu.txt").read_text().splitlines():
-        name, sep, version = line.partition("==")
-        if sep and name.strip() in KINDS:
-            found[KINDS[name.strip()]] = version.strip()
-    return found
+    return {KINDS[name]: v for name, v in file_pins(REPO / "constraints" / "cpu.txt").items() if name in KINDS}
 
 
 def supported(rows: list[Row]) -> dict[str, tuple[list[str], list[str]]]:

@@ -79,11 +79,7 @@ def companion_pins(version: str) -> dict[str, str]:
     """
     found = {}
     for stem in COMPANIONS.get(version, ((), ""))[0]:
-        for line in (stack_matrix.STACKS / f"{stem}.txt").read_text().splitlines():
-            text = line.split("#")[0].strip()
-            if text:
-                req = Requirement(text)
-                found.update({canonicalize_name(req.name): s.version for s in req.specifier if s.operator == "=="})
+        found.update(stack_matrix.file_pins(stack_matrix.STACKS / f"{stem}.txt"))
     return found
 
 
