@@ -31,7 +31,12 @@ FILTER_FIELDS = "global_profiler.global_tool_config.precision_debugger.list/scop
 
 def declared_nonfinite(scenario: Scenario) -> tuple[NonFinite, ...]:
     """The scenario's ``tolerance.nonfinite`` entries (the schema requires ``where`` and ``reason``)."""
-    entries = (scenario.config.get("tolerance") or {}).get("nonfinite") or ()
+    return _nonfinite_entries(scenario.config)
+
+
+def _nonfinite_entries(config: dict[str, Any]) -> tuple[NonFinite, ...]:
+    """A scenario mapping's ``tolerance.nonfinite`` entries (the schema requires ``where`` and ``reason``)."""
+    entries = (config.get("tolerance") or {}).get("nonfinite") or ()
     return tuple(NonFinite(e["where"], e["reason"]) for e in entries)
 
 
@@ -51,8 +56,7 @@ def declared_in_files(files: Iterable[Path], names: Collection[str]) -> dict[str
         if name not in names:
             continue
         loading.validate_schema(raw, source=path)
-        entries = (raw.get("tolerance") or {}).get("nonfinite") or ()
-        found[name] = found.get(name, ()) + tuple(NonFinite(e["where"], e["reason"]) for e in entries)
+        found[name] = found.get(name, ()) + _nonfinite_entries(raw)
     return found
 
 
