@@ -33,12 +33,15 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from precision_harness import golden_commands
 from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError, UsageError
 from precision_harness.options import PrecisionOptions
+
+if TYPE_CHECKING:
+    from precision_harness.scenarios.scenario import Scenario
 
 #: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_INTERRUPTED = 130
@@ -310,18 +313,31 @@ def cmd_portability(args: argparse.Namespace) -> int:
         settings = tuple(by_name[name] for name in args.settings)
     dependent = 0
     for scenario in scenarios:
+        device = opts.device_for(scenario)
         how = PortabilityRun(
-            device=opts.device_for(scenario),
+            device=device,
             work_dir=Path(args.work_dir),
             timeout=opts.timeout,
             settings=settings,
             on_run=lambda label, run, name=scenario.name: _print(f"[precision] {name}: {label} {run.wall_s:.1f} s"),
+            baseline=_exported_golden(scenario, device, opts, Path(args.work_dir)) if args.against_golden else None,
         )
         result = check_scenario(scenario, how)
         dependent += not result.independent
         for line in result.lines():
             _print(line)
     return EXIT_DRIFT if dependent else EXIT_PASS
+
+
+def _exported_golden(scenario: Scenario, device: str, opts: PrecisionOptions, work_dir: Path) -> Path:
+    """The scenario's golden written out as a run directory, under ``work_dir/<scenario>/golden`` (replaced)."""
+    from precision_harness.goldens.store import GoldenStore
+    from precision_harness.paths import join_inside
+
+    golden = GoldenStore(opts.golden_dir).load(scenario, device)  # GoldenMissingError names the command recording it
+    out = join_inside(work_dir, scenario.name, "golden", what="scenario name")
+    shutil.rmtree(out, ignore_errors=True)
+    return golden.export(out)
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -372,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--work-dir", default=".precision/portability", help="where runs go (default .precision/portability)"
+    )
+    p.add_argument(
+        "--against-golden",
+        action="store_true",
+        help="compare each setting's run with the scenario's golden instead of a baseline run (one run fewer; "
+        "needs a golden the gate holds bitwise on this machine, as the CPU goldens on x86)",
     )
     option_table.add_cli_options(p, "portability")
     p.set_defaults(func=cmd_portability)

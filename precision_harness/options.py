@@ -161,7 +161,7 @@ OPTIONS: tuple[Option, ...] = (
         "directory holding goldens, relative to rootdir (or the working directory)",
         default="golden",
         pytest="ini",
-        cli=("golden", "calibrate"),
+        cli=("golden", "calibrate", "portability"),
         convert=Path,
     ),
     Option(

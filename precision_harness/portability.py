@@ -85,6 +85,7 @@ class ScenarioPortability:
     settings: list[str] = field(default_factory=list)
     files: int = 0
     changes: list[Change] = field(default_factory=list)
+    against: str = "baseline run"  #: what every setting's run was compared with: "baseline run" or "golden"
 
     @property
     def independent(self) -> bool:
@@ -92,11 +93,12 @@ class ScenarioPortability:
 
     def lines(self) -> list[str]:
         """The report: one headline, then each changed (step, stage) with the settings that moved it."""
-        runs = len(self.settings) + 1
         if self.independent:
+            runs = len(self.settings) + (self.against == "baseline run")
+            against = "" if self.against == "baseline run" else f" to the {self.against}"
             return [
-                f"{self.scenario}: dispatch-independent: {self.files} stage dumps and metrics.jsonl byte-identical "
-                f"under {len(self.settings)} settings ({runs} runs)"
+                f"{self.scenario}: dispatch-independent: {self.files} stage dumps and metrics.jsonl byte-identical"
+                f"{against} under {len(self.settings)} settings ({runs} runs)"
             ]
         moved = sorted({c.where for c in self.changes}, key=_where_order)
         stages = sum(where != METRICS for where in moved)
@@ -182,10 +184,15 @@ class PortabilityRun:
     timeout: float | None = None
     settings: tuple[DispatchSetting, ...] = SETTINGS
     on_run: Callable[[str, RunResult], Any] | None = None
+    #: a run directory recorded in the gate's own environment (an exported golden: ``Golden.export``) that each
+    #: setting's run is compared with, in place of a baseline run of its own; one run fewer a scenario, and valid
+    #: only where the gate holds that golden bitwise (the CPU goldens on x86: docs/tolerance.md)
+    baseline: Path | None = None
 
 
 def check_scenario(scenario: Scenario, how: PortabilityRun) -> ScenarioPortability:
-    """Run ``scenario`` as the gate does, then under each setting; compare every dump with the first run.
+    """Run ``scenario`` as the gate does, then under each setting; compare every dump with the first run
+    (or with ``how.baseline``, where given, without running the baseline).
 
     Runs go to ``how.work_dir/<scenario>/baseline`` and ``.../setting_<i>`` (replaced).
 
@@ -194,12 +201,16 @@ def check_scenario(scenario: Scenario, how: PortabilityRun) -> ScenarioPortabili
     """
     root = Path(how.work_dir) / scenario.name
     shutil.rmtree(root, ignore_errors=True)
-    baseline = _run(scenario, how, root / "baseline", "baseline", None)
-    result = ScenarioPortability(scenario=scenario.name, files=len(stage_dirs(baseline.run_dir)))
+    if how.baseline is None:
+        baseline = _run(scenario, how, root / "baseline", "baseline", None).run_dir
+        against = "baseline run"
+    else:
+        baseline, against = Path(how.baseline), "golden"
+    result = ScenarioPortability(scenario=scenario.name, files=len(stage_dirs(baseline)), against=against)
     for i, setting in enumerate(how.settings):
         run = _run(scenario, how, root / f"setting_{i}", setting.name, dict(setting.env))
         result.settings.append(setting.name)
-        result.changes.extend(diff_runs(baseline.run_dir, run.run_dir, setting.name))
+        result.changes.extend(diff_runs(baseline, run.run_dir, setting.name))
     return result
 
 

@@ -19,6 +19,7 @@ from harness_testing import base_data, write_dump
 
 from precision_harness import cli
 from precision_harness.errors import RunFailedError
+from precision_harness.goldens.store import GoldenStore
 from precision_harness.portability import (
     METRICS,
     SETTINGS,
@@ -120,6 +121,16 @@ def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pyt
     assert not (tmp_path / "w").exists()
 
 
+def test_cli_against_a_missing_golden_is_one_line_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["portability", str(BF16), "--against-golden", "--golden-dir", str(tmp_path / "none")]
+    code = cli.main([*argv, "--work-dir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "grpo_bf16_actor" in err
+    assert not (tmp_path / "w" / "grpo_bf16_actor" / "setting_0").exists()
+
+
 # ------------------------------------------------------------------------------ the kernels
 KERNEL_SNIPPET = textwrap.dedent(
     """
@@ -194,6 +205,10 @@ def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> No
 
 
 # ------------------------------------------------------------------------------ the scenarios
+def _golden_run_dir(scenario: Scenario, out: Path) -> Path:
+    return GoldenStore(REPO / "golden").load(scenario, "cpu").export(out)
+
+
 def _vendor(tmp_path: Path) -> Scenario:
     return Scenario.load(BF16).with_overrides(
         {"trainer.cpu_kernels": "vendor"}, directory=tmp_path / "variant", name="grpo_bf16_actor", tag="vendor"
@@ -201,7 +216,9 @@ def _vendor(tmp_path: Path) -> Scenario:
 
 
 def test_bf16_scenario_is_dispatch_independent(tmp_path: Path) -> None:
-    result = check_scenario(Scenario.load(BF16), PortabilityRun(device="cpu", work_dir=tmp_path, settings=FAST))
+    scenario = Scenario.load(BF16)
+    golden = _golden_run_dir(scenario, tmp_path / "golden")
+    result = check_scenario(scenario, PortabilityRun(device="cpu", work_dir=tmp_path, settings=FAST, baseline=golden))
     assert result.independent, "\n".join(result.lines())
     assert result.files == 6 and result.settings == [s.name for s in FAST]
 
@@ -233,17 +250,38 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
 
 
 #: every committed scenario but grpo_bf16_actor (above, under :data:`FAST`), each under one dispatch setting in turn,
-#: so that every setting runs at least once: two runs a scenario (its baseline and the setting) rather than nine
-#: (``precision-harness portability`` runs all)
+#: so that every setting runs at least once: one run a scenario, compared with its committed golden (which the gate
+#: holds bitwise on x86), rather than nine (``precision-harness portability`` runs all)
 COMMITTED = sorted(p for p in (REPO / "scenarios").glob("*.yaml") if p != BF16)
 ROTATION = [(path, SETTINGS[i % len(SETTINGS)]) for i, path in enumerate(COMMITTED)]
 
 
 @pytest.mark.parametrize(("path", "setting"), ROTATION, ids=[f"{p.stem}-{s.name}" for p, s in ROTATION])
 def test_every_committed_scenario_is_dispatch_independent(path: Path, setting: DispatchSetting, tmp_path: Path) -> None:
-    result = check_scenario(Scenario.load(path), PortabilityRun(device="cpu", work_dir=tmp_path, settings=(setting,)))
+    scenario = Scenario.load(path)
+    how = PortabilityRun(
+        device="cpu", work_dir=tmp_path, settings=(setting,), baseline=_golden_run_dir(scenario, tmp_path / "golden")
+    )
+    result = check_scenario(scenario, how)
     assert result.independent, "\n".join(result.lines())
-    assert result.files > 0 and result.settings == [setting.name]
+    assert result.files > 0 and result.settings == [setting.name] and result.against == "golden"
+    assert "byte-identical to the golden under 1 settings (1 runs)" in result.lines()[0]
+
+
+def test_a_setting_run_against_a_golden_names_the_stage_that_differs_from_it(tmp_path: Path) -> None:
+    """The golden baseline is read, not assumed: a golden whose actor_update differs from the run is a change."""
+    scenario = Scenario.load(REPO / "scenarios" / "grpo_tiny.yaml")
+    golden = _golden_run_dir(scenario, tmp_path / "golden")
+    dump = next((golden / "step_1" / "actor_update").rglob("dump.json"))
+    data = json.loads(dump.read_text())
+    row = next(k for k, v in data["data"].items() if v.get("output"))
+    data["data"][row]["output"][0]["Max"] += 1.0
+    dump.write_text(json.dumps(data))
+    how = PortabilityRun(device="cpu", work_dir=tmp_path, settings=SETTINGS[:1], baseline=golden)
+    result = check_scenario(scenario, how)
+    assert [c.where for c in result.changes] == ["actor_update @ step_1"]
+    assert result.changes[0].first.startswith(f"{row}.output.0 Max ")
+    assert not (tmp_path / scenario.name / "baseline").exists()
 
 
 def test_the_rotation_runs_every_setting() -> None:
