@@ -154,10 +154,10 @@ def test_localized_verdict_names_the_api_the_l1_gate_names(planted: dict) -> Non
     assert later and all(i["localized"] is None and "localization: not rerun" in i["text"] for i in later)
 
 
+@pytest.mark.parametrize("planted", ["log_prob"], indirect=True)  # the site computed after every module
 def test_log_prob_change_is_invisible_to_l0_alone(planted: dict, project: Path) -> None:
     """The blind spot auto closes: the failing stage's L0 dump is byte-identical to the golden's."""
-    if planted["site"] != "log_prob":
-        pytest.skip("the log-prob site is the one computed after every module")
+    assert planted["site"] == "log_prob"
     auto = _failures(planted["report"], "plant_auto")[0]
     assert auto["first_divergence"]["tensor"].startswith("Stage.old_log_probs.")
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")
