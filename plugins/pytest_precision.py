@@ -21,7 +21,7 @@ from precision_harness.check.items import OutcomeKind
 from precision_harness.errors import PrecisionError
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path
-from precision_harness.report.precision_report import ItemRecord
+from precision_harness.report.item_record import ItemRecord
 from precision_harness.runs.host import device_availability
 from precision_harness.runs.kind_runners import collect_scenario
 from precision_harness.runs.launch import RunResult

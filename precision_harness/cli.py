@@ -145,7 +145,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from precision_harness.check.environment import EnvironmentDiff
     from precision_harness.check.items import check_items
     from precision_harness.check.tolerance import TolerancePolicy
-    from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+    from precision_harness.report.item_record import ItemRecord
+    from precision_harness.report.precision_report import PrecisionReport
     from precision_harness.runs.kind_runners import load_scenario
 
     opts = PrecisionOptions.from_cli(args)

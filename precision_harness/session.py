@@ -57,7 +57,8 @@ from precision_harness.goldens.store import GoldenStore
 from precision_harness.goldens.unused_goldens import GoldenUsage, discover_scenarios, settle
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport, run_info
+from precision_harness.report.item_record import ItemRecord, run_info
+from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.runs.host import device_availability
 from precision_harness.runs.kind_runners import Run, engine_missing, load_scenario, preflight, run_scenario
 from precision_harness.runs.kind_runners import stop as stop_runs

@@ -20,7 +20,8 @@ from precision_harness.check.items import check_stage
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.check.verdict_text import code_path_line
 from precision_harness.dumps.stage import DirStage
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 
 UPGRADE = EnvironmentDiff.between(
     {"transformers": "5.10.4", "torch": "2.13.0+cpu"}, {"transformers": "5.23.0", "torch": "2.13.0+cpu"}

@@ -34,7 +34,8 @@ from precision_harness.check.stage_verdict import StageVerdict
 from precision_harness.check.tolerance import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.goldens.golden import Golden
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.report.report_html import html_report
 from precision_harness.report.report_md import markdown_report
 from precision_harness.schemas import load_schema

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.items import OutcomeKind
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 
 GOLDEN_ENV = {"torch": "2.5.1", "torch_npu": "2.5.1", "vllm-ascend": "0.9.0", "device": "npu"}
 RUN_ENV = {**GOLDEN_ENV, "vllm-ascend": "0.9.1"}

@@ -12,7 +12,8 @@ from precision_harness.check import compare, drift_set, verdict_text
 from precision_harness.check.drift_set import KEPT, Drift, api_kind, kept
 from precision_harness.check.items import Outcome, OutcomeKind
 from precision_harness.check.tolerance import Tol, TolerancePolicy
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.schemas import validate
 
 CALLS = 3 * KEPT  # more drifting rows than a rank keeps from either end

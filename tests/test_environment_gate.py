@@ -30,7 +30,8 @@ from precision_harness.cli import main
 from precision_harness.goldens.golden import Golden
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema

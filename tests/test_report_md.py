@@ -15,7 +15,8 @@ from precision_harness.check.drift_origin import DriftOrigin, OriginKind
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.items import OutcomeKind
 from precision_harness.report.item_groups import compact, step_ranges
-from precision_harness.report.precision_report import ItemRecord, PrecisionReport
+from precision_harness.report.item_record import ItemRecord
+from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.report.report_md import MD_BUDGET, markdown_report
 
 UPGRADE = EnvironmentDiff.between({"transformers": "5.10.4"}, {"transformers": "4.57.1"})

@@ -11,7 +11,7 @@ from precision_harness.check.coverage import Ledger
 
 
 class _Record(Protocol):
-    """What of an :class:`~precision_harness.report.precision_report.ItemRecord` the ledger reads."""
+    """What of an :class:`~precision_harness.report.item_record.ItemRecord` the ledger reads."""
 
     scenario: str
     step: int | None

@@ -5,7 +5,7 @@ one changed code path seen in every stage. report.md (a pull-request comment, ca
 characters) names such a finding once, with the items it concerns in the compact form of
 :func:`compact`; report.json and report.html keep every item's own record.
 
-Records here are report.json's ``items`` (:meth:`~precision_harness.report.precision_report.ItemRecord.to_json`).
+Records here are report.json's ``items`` (:meth:`~precision_harness.report.item_record.ItemRecord.to_json`).
 """
 
 from __future__ import annotations
