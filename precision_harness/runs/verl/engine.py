@@ -41,6 +41,15 @@ from precision_harness.runs.command.run import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 from precision_harness.runs.verl import fsdp2_buffers
 from precision_harness.runs.verl import profile as verl_profile
+from precision_harness.runs.verl.release import (
+    CHECKED_VERSION,
+    SUPPORTED_VERSIONS,
+    VERL_FIX,
+    installed_version,
+    stage_window_version_message,
+    unsupported_version_message,
+    version_line,
+)
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
@@ -52,15 +61,6 @@ CRITIC_STAGES = ("compute_values", "critic_update")
 ROLLOUT_STAGE = "rollout_generate"
 #: the stages only the gate's CPU support dumps
 CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
-CHECKED_VERSION = "0.9.1"
-#: the verl versions the CPU support (precision_harness.runs.verl.cpu, its patches) was checked against
-SUPPORTED_VERSIONS = ("0.9.1",)
-#: what a missing verl asks for: verl itself, installed as verl's guide says for the device (on an NPU with
-#: vllm-ascend and torch_npu); never the [verl] extra, which pins the CPU path's verl over a device stack
-VERL_FIX = (
-    f"install verl itself as verl's installation guide says for your device (the gate was checked with verl "
-    f'{CHECKED_VERSION}), or on the CPU use the CPU path\'s environment (docs/scenarios.md, "verl on CPU")'
-)
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/host/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl.rank_stack"
@@ -86,14 +86,6 @@ ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 STAGE_OUTPUTS_ENV = "PRECISION_STAGE_OUTPUTS"
 _PD = "global_profiler.global_tool_config.precision_debugger"
 _SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
-
-
-def installed_version() -> str | None:
-    """The installed verl's version, read without importing it (None: not installed)."""
-    try:
-        return importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def missing_reason(scenario_path: Path) -> str | None:
@@ -147,45 +139,12 @@ def check_device_invariants(scenario: Any, device: str) -> None:
         )
 
 
-def stage_window_version_message(version: str | None) -> str:
-    """The one line for ``level: auto`` under a verl the stage window (its patch of verl's debugger) was not
-    checked against."""
-    return (
-        f"{_PD}.level: auto: verl {version} is not supported; the stage window that records each stage's inputs "
-        "and outputs from verl's batch wraps verl's PrecisionDebuggerProfiler (precision_harness/runs/verl/stages/"
-        f"debugger.py), checked with verl {', '.join(SUPPORTED_VERSIONS)}: install that verl, or set level L0, L1 "
-        "or mix"
-    )
-
-
 def check_stage_window_version(scenario: Any, device: str) -> None:
     """Raise ScenarioError for ``level: auto`` on ``cuda``/``npu`` under a verl the stage window was not checked
     against (on cpu, :func:`check_cpu_version` refuses it for the whole CPU support)."""
     version = installed_version()
     if scenario.localizes and device != "cpu" and version not in SUPPORTED_VERSIONS:
         raise ScenarioError(f"{scenario.path}: {stage_window_version_message(version)}")
-
-
-def unsupported_version_message(version: str | None) -> str:
-    """The one line for a verl the CPU support was not checked against, naming what needs which version."""
-    return (
-        f"engine: verl on cpu: verl {version} is not supported; the CPU platform, rollout replica and the patches "
-        "of verl internals in precision_harness/runs/verl/cpu/patches.py (process-group backend, reference "
-        "offload, rollout registry, critic stages, value-head loader) were tested with verl "
-        f"{', '.join(SUPPORTED_VERSIONS)}: pip install 'pytest-precision[verl]'"
-    )
-
-
-def version_line(device: str) -> str:
-    """The run log's line naming the installed verl against the versions the gate's overrides were checked with."""
-    version = installed_version()
-    checked = ", ".join(SUPPORTED_VERSIONS)
-    if version in SUPPORTED_VERSIONS:
-        return f"precision gate: verl {version} on {device} (the gate's overrides were checked with verl {checked})"
-    return (
-        f"precision gate: verl {version} on {device}: the gate's overrides (profiler, pinning, logger keys) were "
-        f"checked with verl {checked}; Hydra names any key this verl lacks before the trainer starts"
-    )
 
 
 def check_cpu_version(scenario_path: Path) -> None:

@@ -5,7 +5,7 @@ its extension hook: the gate sets ``VERL_USE_EXTERNAL_MODULES=precision_harness.
 and ``VERL_PLATFORM=precision_cpu`` (:func:`precision_harness.runs.verl.engine.cpu_env`), and ``import verl``
 imports :mod:`.extension`, which:
 
-1. refuses a verl other than the versions tested (:data:`precision_harness.runs.verl.engine.SUPPORTED_VERSIONS`),
+1. refuses a verl other than the versions tested (:data:`precision_harness.runs.verl.release.SUPPORTED_VERSIONS`),
    in one line;
 2. sets the process's numerics (:mod:`.kernels`: threads, the portable matrix kernels, CPU autocast with
    the GPU's float32 op lists, :mod:`.autocast_policy`);

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
-from precision_harness.runs.verl.engine import SUPPORTED_VERSIONS, unsupported_version_message
+from precision_harness.runs.verl.release import SUPPORTED_VERSIONS, unsupported_version_message
 
 # a Ray worker of a run on the gate's shared Ray starts in that instance's folder: relative paths in verl's
 # config resolve from the driver's, as with a Ray of the run's own (precision_harness/runs/verl/shared_ray.py)

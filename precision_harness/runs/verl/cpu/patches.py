@@ -2,7 +2,7 @@
 
 Each entry names the verl function or table it replaces and why. :func:`apply` refuses any other
 verl version (the package's ``__init__`` already did, in one line); a new verl version must be read
-again, each patch re-checked, and added to :data:`precision_harness.runs.verl.engine.SUPPORTED_VERSIONS`.
+again, each patch re-checked, and added to :data:`precision_harness.runs.verl.release.SUPPORTED_VERSIONS`.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` (bound by name in
    ``verl.workers.engine_workers`` and ``verl.checkpoint_engine.base``): its default backend is the
@@ -49,7 +49,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from precision_harness.runs.verl.engine import SUPPORTED_VERSIONS, unsupported_version_message
+from precision_harness.runs.verl.release import SUPPORTED_VERSIONS, unsupported_version_message
 from precision_harness.runs.verl.stages import on_import, stage_window
 
 CPU_BACKEND = "cpu:gloo"

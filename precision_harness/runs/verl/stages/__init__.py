@@ -3,7 +3,7 @@ CPU platform of :mod:`precision_harness.runs.verl.cpu`.
 
 - :mod:`.extension`: the module verl imports in each of its processes (``VERL_USE_EXTERNAL_MODULES``, set by
   :func:`precision_harness.runs.verl.engine.external_modules` on the CPU and, at ``level: auto``, on a device);
-  it refuses a verl other than :data:`precision_harness.runs.verl.engine.SUPPORTED_VERSIONS` in one line and
+  it refuses a verl other than :data:`precision_harness.runs.verl.release.SUPPORTED_VERSIONS` in one line and
   applies :mod:`.debugger`;
 - :mod:`.debugger`: the one module that patches verl's precision debugger (its stage wrapper, and msprobe's
   own time), behind that version guard;

@@ -5,7 +5,7 @@ Reaching into verl: its ``PrecisionDebuggerProfiler`` (``verl.utils.profiler.pre
 no hook before the debugger starts or after it stops, and the stage's batch and return value exist only
 inside the wrapper its ``annotate`` returns. The wrapper calls the private ``_resolve_global_step``,
 ``_should_collect``, ``_normalize_stage`` and reads ``_dump_root`` (:func:`.stage_window.observe`), so
-:func:`apply` refuses any verl but :data:`precision_harness.runs.verl.engine.SUPPORTED_VERSIONS`, and the
+:func:`apply` refuses any verl but :data:`precision_harness.runs.verl.release.SUPPORTED_VERSIONS`, and the
 gate refuses ``level: auto`` under another verl before the run starts
 (:func:`precision_harness.runs.verl.engine.check_stage_window_version`). verl 0.9.1 calls ``impl.annotate``
 when the stage runs (``DistProfiler.annotate`` in ``verl/utils/profiler/profile.py``), on every device and
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from precision_harness.runs.verl.engine import SUPPORTED_VERSIONS, stage_window_version_message
+from precision_harness.runs.verl.release import SUPPORTED_VERSIONS, stage_window_version_message
 from precision_harness.runs.verl.stages import on_import, stage_window, timeline
 
 
