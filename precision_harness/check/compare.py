@@ -42,9 +42,9 @@ from precision_harness.check.drift_set import Drift, table_drifts
 from precision_harness.check.stage_verdict import Problem, RankVerdict, StageVerdict
 from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
-from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, aligned_golden_columns, blank_rows, columns
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
-from precision_harness.dumps.pairing import Pairing, aligned_rows, pair_calls
+from precision_harness.dumps.pairing import Pairing, aligned_golden_columns, aligned_rows, blank_rows, pair_calls
 from precision_harness.dumps.rows import is_tensor, rms, row_statistics, rows
 from precision_harness.dumps.skeleton import same_skeleton_columns
 from precision_harness.dumps.stage import StageSource

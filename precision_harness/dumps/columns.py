@@ -162,41 +162,6 @@ def _entry(leaf: dict[str, Any], four: list[Any], code: int, shared: dict[Any, A
     )
 
 
-@dataclass(frozen=True)
-class Aligned:
-    """The golden's columns read at the run's rows (absent rows: no statistic, layout :data:`NO_LAYOUT`)."""
-
-    stats: np.ndarray
-    present: np.ndarray
-    layout: np.ndarray
-    scalar: np.ndarray
-
-
-def aligned_golden_columns(t: Columns, g: Columns) -> tuple[np.ndarray, Aligned]:
-    """``(rows,)`` the golden's row of each run row (-1: none), and the golden's columns in the run's rows."""
-    n = len(t.names)
-    if t.names == g.names:
-        return np.arange(n), Aligned(g.stats, g.present, g.layout, g.scalar)
-    at = dict(zip(g.names, range(len(g.names)), strict=True))
-    g_at = np.array([at.get(name, -1) for name in t.names], dtype=np.int64)
-    paired, rows_ = g_at >= 0, g_at[g_at >= 0]
-    aligned = Aligned(np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool), np.full(n, NO_LAYOUT), np.zeros(n, bool))
-    aligned.stats[paired], aligned.present[paired] = g.stats[rows_], g.present[rows_]
-    aligned.layout[paired], aligned.scalar[paired] = g.layout[rows_], g.scalar[rows_]
-    return g_at, aligned
-
-
-def blank_rows(t: Columns, golden: Aligned, paired: np.ndarray, layouts: Layouts) -> np.ndarray:
-    """``(rows,)`` bool: the run's rows paired with a golden row (``paired``, ``golden`` aligned to the run's rows by
-    :func:`aligned_golden_columns`) that neither side gives anything to compare: one layout on both sides whose dtype
-    (``dtype``, else ``type``) is null, so not a tensor's, and no statistic nor scalar value on either side. These
-    are the arguments msprobe wrote as null (a ``linear`` without bias), about one row in twenty of a transformer's
-    dump; the compare's row-by-row check finds nothing in them."""
-    null = np.array([not key[0] for key in layouts.keys] + [False], dtype=bool)[t.layout]  # NO_LAYOUT: the False
-    blank = paired & null & (t.layout == golden.layout) & ~t.scalar & ~golden.scalar
-    return blank & ~t.present.any(axis=1) & ~golden.present.any(axis=1)
-
-
 def columns(dump: dict[str, Any], layouts: Layouts) -> Columns:
     """The :class:`Columns` of a parsed dump.json (module docstring); ``layouts`` is shared with the other side.
 

@@ -20,8 +20,9 @@ changed blocks (:class:`ChangedBlock`): the golden's calls there were replaced b
 pairing moved.
 
 Everything that reads both sides of a stage by name reads the golden through this pairing, renamed to
-the run's names (:func:`aligned_golden` for a dump, :func:`aligned_rows` for its parsed rows): the
-compare, where the change entered, the judgement and msprobe's own table.
+the run's names (:func:`aligned_golden` for a dump, :func:`aligned_rows` for its parsed rows,
+:func:`aligned_golden_columns` for its columns): the compare, where the change entered, the judgement and
+msprobe's own table.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
 from rapidfuzz.distance import Indel, Levenshtein
+
+from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts
 
 #: the API directions msprobe names calls with
 DIRECTIONS = ("forward", "backward")
@@ -273,3 +277,38 @@ def aligned_rows(golden_rows: dict[str, dict[str, Any]], pairing: Pairing) -> di
         if t_api is not None:
             aligned[t_api + name[len(str(row["api"])) :]] = row
     return aligned
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """The golden's columns read at the run's rows (absent rows: no statistic, layout :data:`NO_LAYOUT`)."""
+
+    stats: np.ndarray
+    present: np.ndarray
+    layout: np.ndarray
+    scalar: np.ndarray
+
+
+def aligned_golden_columns(t: Columns, g: Columns) -> tuple[np.ndarray, Aligned]:
+    """``(rows,)`` the golden's row of each run row (-1: none), and the golden's columns in the run's rows."""
+    n = len(t.names)
+    if t.names == g.names:
+        return np.arange(n), Aligned(g.stats, g.present, g.layout, g.scalar)
+    at = dict(zip(g.names, range(len(g.names)), strict=True))
+    g_at = np.array([at.get(name, -1) for name in t.names], dtype=np.int64)
+    paired, rows_ = g_at >= 0, g_at[g_at >= 0]
+    aligned = Aligned(np.full((n, 4), np.nan), np.zeros((n, 4), dtype=bool), np.full(n, NO_LAYOUT), np.zeros(n, bool))
+    aligned.stats[paired], aligned.present[paired] = g.stats[rows_], g.present[rows_]
+    aligned.layout[paired], aligned.scalar[paired] = g.layout[rows_], g.scalar[rows_]
+    return g_at, aligned
+
+
+def blank_rows(t: Columns, golden: Aligned, paired: np.ndarray, layouts: Layouts) -> np.ndarray:
+    """``(rows,)`` bool: the run's rows paired with a golden row (``paired``, ``golden`` aligned to the run's rows by
+    :func:`aligned_golden_columns`) that neither side gives anything to compare: one layout on both sides whose dtype
+    (``dtype``, else ``type``) is null, so not a tensor's, and no statistic nor scalar value on either side. These
+    are the arguments msprobe wrote as null (a ``linear`` without bias), about one row in twenty of a transformer's
+    dump; the compare's row-by-row check finds nothing in them."""
+    null = np.array([not key[0] for key in layouts.keys] + [False], dtype=bool)[t.layout]  # NO_LAYOUT: the False
+    blank = paired & null & (t.layout == golden.layout) & ~t.scalar & ~golden.scalar
+    return blank & ~t.present.any(axis=1) & ~golden.present.any(axis=1)
