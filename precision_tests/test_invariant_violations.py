@@ -64,6 +64,7 @@ def test_micro_batch_invariance_fails_on_bf16_numerics(run_dir) -> None:
 def test_mismatch_health_fails_when_the_veto_fires(run_dir) -> None:
     rows = inv.metrics_of(run_dir(BASE, DROPOUT_AND_VETO))
     with pytest.raises(
-        inv.InvariantViolation, match=r"step 1: mismatch/rollout_is_veto_fraction = [0-9.]+ outside \[-inf, 0.05\]"
+        # the first step the veto fires at depends on the sampled tokens: step 1 under torch 2.13, step 2 under 2.6
+        inv.InvariantViolation, match=r"step \d+: mismatch/rollout_is_veto_fraction = [0-9.]+ outside \[-inf, 0.05\]"
     ):
         inv.check_mismatch_health(rows, where=f"{BASE}+veto")
