@@ -383,7 +383,8 @@ def docs_page(rows: list[Row], settings: MatrixSettings) -> str:
         "",
         "The releases of each package that a row proves: the gate ran, nothing failed. The floor of",
         "mindstudio-probe in pyproject.toml is the oldest of them whose own requirements the pinned stack meets",
-        "(a row installs its release without them: 26.0.0 declares protobuf<=3.20.2, which ray[default] forbids).",
+        "(a row installs its release without them: 26.0.0 declares protobuf<=3.20.2, which ray[default] forbids, and",
+        "8.3.3 numpy<2.0, which verl 0.9.1 forbids; its row holds numpy 1.26.4 and runs no verl scenario).",
         "",
     ]
     for kind, (proved, rest) in supported(rows).items():

@@ -161,8 +161,9 @@ def test_an_msprobe_that_cannot_dump_under_numpy_2_is_one_line(project: pytest.P
     assert proc.returncode == 1, proc.stdout
     line = (
         f"mindstudio-probe 8.3.3 cannot run under numpy {numpy.__version__}: it uses np.unicode_, which numpy 2 "
-        "removed (the 8.x line needs numpy < 2, which verl 0.9.1 does not allow); the gate is checked with "
-        "mindstudio-probe 26.0.0 to 26.2.x: pip install 'mindstudio-probe>=26.1.0'"
+        "removed (the 8.x line runs the gate under numpy < 2, without verl, whose 0.9.1 needs numpy 2: "
+        "docs/stacks.md); the gate is checked with mindstudio-probe 26.0.0 to 26.2.x: "
+        "pip install 'mindstudio-probe>=26.1.0'"
     )
     assert line in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout and "EOFError" not in proc.stdout

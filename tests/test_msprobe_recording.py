@@ -30,6 +30,7 @@ GOLDEN = ROOT / "golden" / "grpo_tiny" / "cpu"
 STEP, STAGE = 1, "actor_update"
 PINNED = {"mindstudio-probe": "26.2.0", "torch": "2.13.0+cpu"}
 OLDER = {**PINNED, "mindstudio-probe": "26.0.0"}
+EIGHT = {**PINNED, "mindstudio-probe": "8.3.3"}
 REREC = "pytest scenarios/grpo_tiny.yaml --precision-golden update"
 
 
@@ -145,3 +146,68 @@ def test_a_changed_blocks_inputs_match_by_the_statistics_both_sides_record() -> 
     assert _same_tensor({**ids, "Mean": 4.5, "Norm": 12.0}, ids) and _same_tensor(ids, {**ids, "Mean": 4.5})
     assert not _same_tensor({**ids, "Max": 8, "Mean": 4.5}, ids)  # what both record differs
     assert not _same_tensor({**ids, "Max": None, "Min": None}, {**ids, "Mean": 4.5, "Norm": 12.0})  # nothing in common
+
+
+def as_8x_msprobe(dump: dict) -> tuple[dict, int]:
+    """``dump`` as the 8.x line records it (issue 52's 8.3.3 row): besides, the calls of low-risk APIs that 26.x's
+    risk_level FOCUS leaves out (a ``.to`` and a ``.transpose`` of the first output, each where it would run), and
+    the backward of a dropout at p=0 that repeats the backward before it (the same autograd node, hooked twice).
+    Returns the dump and how many calls were added."""
+    data = dump["data"]
+    first, out = next(iter(data)), data[next(iter(data))]["output"][0]
+    no_op = {"input_args": [copy.deepcopy(out)], "input_kwargs": {}, "output": [copy.deepcopy(out)]}
+    swapped = {**copy.deepcopy(no_op), "output": [{**copy.deepcopy(out), "shape": list(reversed(out["shape"]))}]}
+    backward = next(name for name in data if name.endswith(".backward"))
+    added = {first: ["Tensor.to.0.forward", "Tensor.transpose.0.forward"], backward: ["Functional.dropout.0.backward"]}
+    entries = {"Tensor.to.0.forward": no_op, "Tensor.transpose.0.forward": swapped}
+    planted = {}
+    for name, entry in data.items():
+        planted[name] = entry
+        for new in added.get(name, []):
+            planted[new] = copy.deepcopy(entries.get(new, entry))
+    return {**dump, "data": planted}, 3
+
+
+def test_an_msprobe_that_records_more_calls_passes_naming_them(committed, tmp_path: Path) -> None:
+    """The 8.x line's calls that 26.x does not record are not a changed code path: named with the msprobe change and
+    counted, the rest compared as the golden's."""
+    golden, dump, _, _ = committed
+    run, calls = as_8x_msprobe(dump)
+    out = check_stage(_stage(tmp_path, run), golden.stage(STEP, STAGE), _settings(PINNED, EIGHT))
+    assert out.passed and "code path" not in out.text, out.text
+    (recorded,) = [line for line in out.text.splitlines() if line.startswith("  recorded ")]
+    assert recorded == (
+        "  recorded          mindstudio-probe 26.2.0 -> 8.3.3 records the calls of 2 low-risk API(s) (msprobe 26.x's "
+        "risk_level FOCUS leaves them out: Tensor.to x1, Tensor.transpose x1) and the backward calls of 1 API(s) that "
+        "repeat the backward before them (Functional.dropout x1: 8.x records an autograd node again for a call whose "
+        f"output is its input), which the golden's left out: {calls} call(s) not compared (not a numeric change; "
+        "re-record the golden to compare them)"
+    )
+    assert sum(out.verdict.recording.calls_added.values()) == calls and not out.verdict.recording.loses
+
+
+def test_an_msprobe_that_records_fewer_calls_fails_naming_the_coverage_lost(committed, tmp_path: Path) -> None:
+    _, dump, _, _ = committed
+    golden, calls = as_8x_msprobe(dump)
+    out = check_stage(_stage(tmp_path / "run", dump), _stage(tmp_path / "golden", golden), _settings(EIGHT, PINNED))
+    assert not out.passed
+    lines = out.text.splitlines()
+    assert f"coverage lost: {calls} call(s) and 0 statistic(s) of the golden not recorded" in lines[0], lines[0]
+    recorded = next(line for line in lines if line.startswith("  recorded "))
+    assert recorded.startswith("  recorded          mindstudio-probe 8.3.3 -> 26.2.0 no longer records the calls of 2 ")
+    assert f"which the golden records: {calls} call(s) of the golden unchecked (first: rank0: Tensor.to.0.forward)" in (
+        recorded
+    )
+    assert out.msprobe is None and out.origin is None
+
+
+def test_a_low_risk_call_both_sides_record_is_paired_as_any_other(committed, tmp_path: Path) -> None:
+    """Both sides hold low-risk calls (both recorded by the 8.x line, or at risk_level ALL): they are compared as any
+    other call, and one whose value moved fails; nothing is taken for a recording difference."""
+    _, dump, _, _ = committed
+    golden, _ = as_8x_msprobe(dump)
+    run = copy.deepcopy(golden)
+    data = run["data"]
+    data["Tensor.transpose.0.forward"]["output"][0]["Max"] = 3.0
+    out = check_stage(_stage(tmp_path / "run", run), _stage(tmp_path / "golden", golden), _settings(EIGHT, EIGHT))
+    assert not out.passed and not out.verdict.recording, out.text

@@ -145,3 +145,59 @@ def test_an_edit_to_the_loops_code_is_drift_not_a_stale_golden(pytester: pytest.
             "FAILED scenarios/stage_loop.yaml::actor_update[[]step_2[]]*",
         ]
     )
+
+
+class _Service:
+    @staticmethod
+    def _get_current_rank() -> int | None:
+        return None  # msprobe's: torch.distributed's rank; no process group here
+
+
+class _Debugger:
+    """A PrecisionDebugger's start as one release declares it; ``started`` records what it was given."""
+
+    def __init__(self) -> None:
+        self.service, self.started = _Service(), None
+
+    def start(self, model=None, token_range=None, rank_id=None):  # 26.x
+        self.started = (model, rank_id, self.service._get_current_rank())
+
+
+class _Debugger8x(_Debugger):
+    def start(self, model=None, token_range=None):  # 8.x: no rank_id
+        self.started = (model, None, self.service._get_current_rank())
+
+
+def _msprobe(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: version if name == "mindstudio-probe" else real(name))
+
+
+@pytest.mark.parametrize(
+    ("debugger", "version", "started"),
+    [(_Debugger, "26.2.0", ("model", 3, None)), (_Debugger8x, "8.3.3", ("model", None, 3))],
+    ids=["26.x-rank_id", "8.x-current-rank"],
+)
+def test_the_debugger_starts_on_the_probes_rank_as_each_release_takes_it(
+    monkeypatch: pytest.MonkeyPatch, debugger, version: str, started: tuple
+) -> None:
+    """26.x takes ``rank_id``; 8.x's start takes none (a TypeError in every run) and reads its service's
+    ``_get_current_rank()`` instead, which the guard makes give the probe's rank: ``rank3`` either way."""
+    from precision_harness.runs import msprobe_debugger
+
+    _msprobe(monkeypatch, version)
+    probe = debugger()
+    msprobe_debugger.start(probe, "model", 3)
+    assert probe.started == started
+
+
+def test_a_debugger_without_rank_id_outside_the_8x_line_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_harness.errors import ProbeUnavailableError
+    from precision_harness.runs import msprobe_debugger
+
+    _msprobe(monkeypatch, "27.0.0")
+    refused = r"^mindstudio-probe 27.0.0: its PrecisionDebugger.start\(\) takes no rank_id .*: pip install '"
+    with pytest.raises(ProbeUnavailableError, match=refused):
+        msprobe_debugger.start(_Debugger8x(), "model", 3)

@@ -39,6 +39,7 @@ from precision_harness.check.coverage import (
     held_by_row,
 )
 from precision_harness.check.drift_set import Drift, table_drifts
+from precision_harness.check.recording import RecordingDiff, drop_one_sided_calls
 from precision_harness.check.stage_verdict import Problem, RankVerdict, StageVerdict
 from precision_harness.check.stat_table import Cells, StatTable
 from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
@@ -75,9 +76,15 @@ def compare_rank(
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
     """
+    one_sided = RecordingDiff()
+    taken = drop_one_sided_calls(one_sided, (t_dump, g_dump), rank)
     dumps = [t_dump, g_dump]
     del t_dump, g_dump  # _compared holds the only references, so it frees each dump once its rows are named
     verdict = _compared(dumps, policy=policy, stage=stage, rank=rank, skip=skip)
+    verdict.recording.merge(one_sided)
+    if taken is not None:  # the golden's calls this run's msprobe leaves out: held, not compared
+        _held(verdict, (taken_rows := rows(restore_non_finite(taken))).values())
+        _missed(verdict, OTHER_MSPROBE, taken_rows.values())
     verdict.bound()
     return verdict
 

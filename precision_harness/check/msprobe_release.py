@@ -11,9 +11,11 @@ Why a guard: :mod:`~precision_harness.check.msprobe_tools` calls msprobe's compa
   ParseData.__init__() takes 3 positional arguments but 4 were given`` on every failing item): :func:`parse_data`
   passes them where its signature takes them; the rest as 26.2.0.
 - the 8.x line (8.1.0 to 8.3.3, the release CANN images ship): ``Comparator(file_reader, mode_config,
-  mapping_config)`` and no ``indicator_analysis`` (msprobe's Result columns): not supported. Its dump
-  (``msprobe.pytorch``) uses ``np.unicode_``, which numpy 2 removed, so under numpy 2 it cannot dump at all: a run is
-  refused before it starts (:func:`run_problem`), in one line, instead of a worker dying behind a traceback.
+  mapping_config)`` and no ``indicator_analysis`` (msprobe's Result columns): not supported, said in one line
+  (:func:`analyses_problem`). Its dump (``msprobe.pytorch``) uses ``np.unicode_``, which numpy 2 removed, so under
+  numpy 2 it cannot dump at all: a run is refused before it starts (:func:`run_problem`), in one line, instead of a
+  worker dying behind a traceback. Under numpy 1 it dumps (its debugger's start: ``runs/msprobe_debugger.py``) and
+  the gate compares what both releases record (``check/recording.py``): docs/stacks.md's msprobe-8.3.3 row.
 
 A release newer than :data:`CHECKED` is tried as 26.2.0 is called; where msprobe then fails, its line names the
 release and the range read (:func:`unread`). Each reason is one line: no traceback.
@@ -52,8 +54,8 @@ def run_problem(version: str | None = None) -> str | None:
         return None
     return (
         f"mindstudio-probe {version} cannot run under numpy {numpy}: it uses np.unicode_, which numpy 2 removed "
-        f"(the 8.x line needs numpy < 2, which verl 0.9.1 does not allow); the gate is checked with mindstudio-probe "
-        f"{RANGE}: {INSTALL}"
+        f"(the 8.x line runs the gate under numpy < 2, without verl, whose 0.9.1 needs numpy 2: docs/stacks.md); "
+        f"the gate is checked with mindstudio-probe {RANGE}: {INSTALL}"
     )
 
 

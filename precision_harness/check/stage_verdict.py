@@ -145,7 +145,7 @@ class StageVerdict(_Verdict):
     def passed(self) -> bool:
         """Nothing drifted, nothing always fails, every changed block passes (its values match, not strict), every
         tensor row compared by nothing is one the scenario allows, and the run records all the golden records."""
-        unchecked = self.failing_code_paths or self.failing_unchecked or self.recording.lost
+        unchecked = self.failing_code_paths or self.failing_unchecked or self.recording.loses
         return super().passed and not unchecked
 
     @property
@@ -153,7 +153,7 @@ class StageVerdict(_Verdict):
         """It fails only because the run records less than the golden (:mod:`~precision_harness.check.recording`):
         nothing moved for msprobe's analyses or for where a change entered to read."""
         others = self.drifts or self.problems or self.failing_code_paths or self.failing_unchecked
-        return bool(self.recording.lost) and not others
+        return self.recording.loses and not others
 
     @property
     def beyond(self) -> int:
@@ -176,7 +176,7 @@ class StageVerdict(_Verdict):
         """Largest tolerance ratio of any statistic (``inf`` for a structural failure; 0 if identical)."""
         worst = max([d.ratio for d in self.drifts] + [self.profile.max_ratio()])
         worst = max([worst] + [c.ratio for c in self.code_paths])
-        failing = self.problems or self.failing_code_paths or self.failing_unchecked or self.recording.lost
+        failing = self.problems or self.failing_code_paths or self.failing_unchecked or self.recording.loses
         return math.inf if failing else worst
 
     @property

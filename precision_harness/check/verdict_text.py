@@ -167,9 +167,10 @@ def stage_text(
         lines = [
             f"{where}: {len(v.failing_unchecked)} tensor row(s) compared by nothing, {v.checked} statistics compared"
         ]
-    elif v.recording.lost and not v.failing_code_paths:
-        lost = sum(v.recording.lost.values())
-        lines = [f"{where}: coverage lost: {lost} statistic(s) of the golden not recorded, {v.checked} compared"]
+    elif v.recording.loses and not v.failing_code_paths:
+        lost, calls = sum(v.recording.lost.values()), sum(v.recording.calls_lost.values())
+        what = f"{lost} statistic(s)" if not calls else f"{calls} call(s) and {lost} statistic(s)"
+        lines = [f"{where}: coverage lost: {what} of the golden not recorded, {v.checked} compared"]
     else:
         lines = [
             f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"

@@ -22,9 +22,10 @@ msprobe's debugger is a process-wide singleton with one level per process
 ``service.config.dump_path`` for every stage, as verl's profiler does:
 ``start(model, rank_id) -> stage -> stop -> reset_status``. The rank is passed explicitly
 (``torch.distributed``'s rank when a process group is up, else ``$RANK``, else 0), so the folder
-is always ``rank<r>``, never msprobe's ``proc<pid>``. The built-in PPO loop (``runner/``) dumps
-through the same :class:`StageProbe`. This module imports neither torch nor msprobe until a stage
-is dumped.
+is always ``rank<r>``, never msprobe's ``proc<pid>``; msprobe's 8.x line takes no ``rank_id``, and
+:mod:`~precision_harness.runs.msprobe_debugger` gives it the rank as that release reads it. The
+built-in PPO loop (``runner/``) dumps through the same :class:`StageProbe`. This module imports
+neither torch nor msprobe until a stage is dumped.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.errors import PrecisionError
+from precision_harness.runs import msprobe_debugger
 from precision_harness.runs.host import rank_env
 
 #: the environment a command scenario's process gets from the gate
@@ -81,7 +83,7 @@ class StageProbe:
         root: run directory; stage dumps go to ``root/step_<n>/<stage>/step0/rank<r>/``.
         msprobe_config: the msprobe ``config.json`` contents (written to ``root/msprobe_config.json``),
             or ``config_path``: an existing one. ``dump_path`` is managed here.
-        rank: the rank passed to ``start(rank_id=...)``.
+        rank: the rank its dumps are on (``start(rank_id=...)``, :mod:`.msprobe_debugger`).
 
     Raises:
         ValueError: msprobe would reject ``root``.
@@ -104,7 +106,6 @@ class StageProbe:
         if config_path is None:
             config_path = self.root / "msprobe_config.json"
             config_path.write_text(json.dumps(msprobe_config or {}, indent=2, sort_keys=True))
-        self._cls = PrecisionDebugger
         self.debugger = PrecisionDebugger(config_path=str(config_path), dump_path=str(self.root / "_unused"))
 
     @contextmanager
@@ -114,11 +115,11 @@ class StageProbe:
         service = self.debugger.service
         service.config.dump_path = str(dump_dir)
         try:
-            self._cls.start(model, rank_id=self.rank)
+            msprobe_debugger.start(self.debugger, model, self.rank)
             yield dump_dir
         finally:
             # a failed start() leaves msprobe marked running: stop() regardless (docs/msprobe.md#debugger-lifecycle)
-            self._cls.stop()
+            self.debugger.stop()
             service.reset_status()
 
 
