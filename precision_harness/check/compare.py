@@ -20,12 +20,13 @@ unchanged case fast. Both sides are read through :class:`~precision_harness.dump
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from precision_harness.check import msprobe_worker, rank_pool, unfilled
+from precision_harness.check import rank_pool, unfilled
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
 from precision_harness.check.coverage import (
@@ -325,13 +326,21 @@ def _one_sided(v: RankVerdict, row: _Row, stats: tuple[dict, dict], dtype: str) 
             v.recording.note(stat, dtype, lost=t_stats[stat] is None, where=(v.rank, row.name))
 
 
-def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:
+def compare_stage(
+    target: StageSource,
+    golden: StageSource,
+    settings: CheckSettings,
+    *,
+    failing: Callable[[int, int], None] | None = None,
+) -> StageVerdict:
     """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
 
     The stage's name and step come from ``golden``. Where every shared rank's digest equals the
     golden's, the verdict is ``identical`` and its count is the golden's recorded one. Either way its
     :attr:`~StageVerdict.coverage` counts what the golden's ranks hold (read as columns where identical: the rows
     msprobe recorded no statistic of are found so) and what was compared (:mod:`~precision_harness.check.coverage`).
+    ``failing`` is called with ``(size, left)`` when a rank fails: the run's dump bytes of the stage and the ranks still
+    to be compared (the check starts msprobe's worker so, while the other ranks are compared).
 
     Raises:
         GoldenCorruptError: a dump on either side is unreadable.
@@ -364,8 +373,8 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     for done, rank_verdict in enumerate(rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key), 1):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
-        if settings.asks_msprobe and not rank_verdict.passed:
-            msprobe_worker.warm(size, left=len(jobs) - done)
+        if failing is not None and not rank_verdict.passed:
+            failing(size, len(jobs) - done)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()

@@ -237,7 +237,9 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
-    verdict = compare_stage(target, golden, settings)
+    # a failing rank of a large stage starts msprobe's worker while the other ranks are compared
+    failing = msprobe_worker.warm if settings.asks_msprobe else None
+    verdict = compare_stage(target, golden, settings, failing=failing)
     if verdict.passed and not verdict.checked and not verdict.unchecked:
         return Outcome(False, _nothing_compared(verdict, settings), OutcomeKind.ERROR, verdict)
     if verdict.passed:
