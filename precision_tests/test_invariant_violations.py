@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from precision_harness.check import invariants as inv
+from precision_harness.check.tolerance import invariants as inv
 
 BASE = "grpo_is_token_truncate"
 DROPOUT_AND_VETO = {"model.attention_dropout": 0.1, "algorithm.rollout_is_veto_threshold": 0.999}

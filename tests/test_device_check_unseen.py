@@ -8,7 +8,7 @@ say so rather than only "checked, the goldens held". Records are built directly 
 from __future__ import annotations
 
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.report.precision_report import ItemRecord, PrecisionReport
 
 GOLDEN_ENV = {"torch": "2.5.1", "torch_npu": "2.5.1", "vllm-ascend": "0.9.0", "device": "npu"}

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check.drift_set import Drift
+from precision_harness.check.compare.drift_set import Drift
+from precision_harness.check.compare.metrics import MetricsVerdict
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.environment import EnvironmentDiff, grouped
-from precision_harness.check.items import Outcome, OutcomeKind
-from precision_harness.check.metrics_compare import MetricsVerdict
-from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.code_paths import code_path_json, code_path_lines
 from precision_harness.report.coverage_report import coverage_lines, coverage_property, scenario_coverage
@@ -105,7 +105,7 @@ class ItemRecord:
     worst_ratio: float | None = None  #: None: infinite, structural, or not compared
     checked: int = 0
     beyond: int = 0
-    #: ``{"api", "statistic", "count", "worst_ratio"}`` of the APIs with the most drifts (check.drift_set)
+    #: ``{"api", "statistic", "count", "worst_ratio"}`` of the APIs with the most drifts (check.compare.drift_set)
     beyond_by_api: list[dict[str, Any]] = field(default_factory=list)
     first_divergence: dict[str, Any] | None = None
     largest: dict[str, Any] | None = None
@@ -124,9 +124,11 @@ class ItemRecord:
     environment_diff: list[dict[str, Any]] = field(default_factory=list)
     #: a failing stage: where its change entered (:meth:`DriftOrigin.to_json`; level auto: the L1 localisation's)
     origin: dict[str, Any] | None = None
-    #: a failing stage whose change entered at an API: ``{"verdict", "api", "reason", "figures"}`` (check.judgement)
+    #: a failing stage whose change entered at an API: ``{"verdict", "api", "reason", "figures"}``
+    #: (check.verdicts.judgement)
     judgement: dict[str, Any] | None = None
-    #: the stage's changed code paths: ``{"line", "count", "failing", "what", "cause", "changes"}`` (check.code_path)
+    #: the stage's changed code paths: ``{"line", "count", "failing", "what", "cause", "changes"}``
+    #: (check.compare.code_path)
     code_path: dict[str, Any] | None = None
     #: tensor rows compared by nothing (msprobe recorded no statistics on either side), allowed or not
     unchecked: int = 0
@@ -144,7 +146,7 @@ class ItemRecord:
         stage: str | None,
         run: dict[str, Any] | None = None,
     ) -> ItemRecord:
-        """The record of one item's :class:`~precision_harness.check.items.Outcome`."""
+        """The record of one item's :class:`~precision_harness.check.verdicts.items.Outcome`."""
         rec = cls(
             nodeid=nodeid,
             scenario=scenario,
@@ -184,7 +186,7 @@ class ItemRecord:
         if isinstance(v, MetricsVerdict):
             self.worst_ratio = None if v.problems else _finite(max((d.ratio for d in v.drifts), default=0.0))
             return
-        self.beyond = v.beyond  # every drift counted, only the first and the largest kept (check.drift_set)
+        self.beyond = v.beyond  # every drift counted, only the first and the largest kept (check.compare.drift_set)
         most = sorted(v.drift_set.by_api.items(), key=lambda kv: (-kv[1][0], kv[0]))[:MAX_BY_API]
         self.beyond_by_api = [
             {"api": api, "statistic": stat, "count": n, "worst_ratio": _finite(worst)}
