@@ -119,8 +119,8 @@ tree, listing, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, tree)
 from pathlib import Path
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 pairs = [(DirStage(Path(t)), DirStage(Path(g))) for t, g in json.load(open(listing))]
 settings = CheckSettings(scenario='bench', policy=TolerancePolicy())

@@ -59,9 +59,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from precision_harness.check.check_settings import CheckSettings  # noqa: E402
-from precision_harness.check.compare import compare_stage  # noqa: E402
-from precision_harness.check.items import check_items, items_of  # noqa: E402
-from precision_harness.check.tolerance import TolerancePolicy  # noqa: E402
+from precision_harness.check.compare.stage import compare_stage  # noqa: E402
+from precision_harness.check.tolerance.policy import TolerancePolicy  # noqa: E402
+from precision_harness.check.verdicts.items import check_items, items_of  # noqa: E402
 from precision_harness.dumps.stage import DirStage  # noqa: E402
 from precision_harness.goldens.golden import Golden  # noqa: E402
 from precision_harness.goldens.manifest import MANIFEST  # noqa: E402

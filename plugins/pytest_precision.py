@@ -17,7 +17,7 @@ import pytest
 
 from precision_harness import options
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.errors import PrecisionError
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path

@@ -4,14 +4,15 @@
   the scenario's ``invariants:`` over it (exit 1 when one fails; docs/consistency.md);
 - ``compare TARGET GOLDEN``: every ``step_<n>/<stage>`` and the metrics of a verl-layout directory
   (our run, or verl's ``global_profiler.save_path``) against a golden or another such directory,
-  through :func:`precision_harness.check.items.check_items`, the path the pytest items take (same
+  through :func:`precision_harness.check.verdicts.items.check_items`, the path the pytest items take (same
   tolerance, sha256 checks, cross-device rules, verdicts, msprobe analysis); ``--report DIR`` as
   ``--precision-report``. A compressed golden as TARGET (another device's, say) is exported first.
   With ``--scenario``, a run directory as TARGET is also held to the scenario's ``invariants:``;
 - ``golden verify`` (schema, sha256, NaN/Inf lint), ``golden list`` (sizes stored and plain),
   ``golden migrate`` (plain goldens rewritten compressed), ``golden export`` (a golden as plain
   files, for msprobe's own tools) and ``golden history``: :mod:`precision_harness.golden_commands`;
-- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest (:mod:`precision_harness.check.calibrate`);
+- ``calibrate SCENARIO --runs N``: record rerun noise in the golden manifest
+  (:mod:`precision_harness.check.tolerance.calibrate`);
 - ``portability SCENARIO...``: each scenario under the CPU dispatch choices other processors take
   (:mod:`precision_harness.portability`); exit 1 if a dump changes;
 - ``bisect --good REV [--bad REV] SCENARIO [-k EXPR]``: the first commit whose selected items drift
@@ -82,9 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _invariant_outcomes(scenario, run_dir: Path):
     """``(step, check, Outcome)`` of the scenario's ``invariants:`` over its run in ``run_dir``: no golden,
-    the run's own files (:func:`precision_harness.check.consistency.run_verdicts`, as the gate's items)."""
-    from precision_harness.check import consistency
-    from precision_harness.check.items import Outcome, OutcomeKind
+    the run's own files (:func:`precision_harness.check.tolerance.consistency.run_verdicts`, as the gate's items)."""
+    from precision_harness.check.tolerance import consistency
+    from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 
     for step, name, verdict in consistency.run_verdicts(scenario, Path(run_dir)):
         yield step, name, Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED)
@@ -143,8 +144,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from precision_harness import progress
     from precision_harness.check.check_settings import CheckSettings
     from precision_harness.check.environment import EnvironmentDiff
-    from precision_harness.check.items import check_items
-    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.check.tolerance.policy import TolerancePolicy
+    from precision_harness.check.verdicts.items import check_items
     from precision_harness.report.item_record import ItemRecord
     from precision_harness.report.precision_report import PrecisionReport
     from precision_harness.runs.kind_runners import load_scenario
@@ -196,7 +197,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
     """``(target dir, Golden, artifacts dir, items)`` of ``compare TARGET GOLDEN``; UsageError where unusable."""
-    from precision_harness.check.items import items_of
+    from precision_harness.check.verdicts.items import items_of
     from precision_harness.paths import join_inside
     from precision_harness.runs.stage_api import check_dump_path
 
@@ -223,7 +224,7 @@ def _compare_inputs(args: argparse.Namespace, opts: PrecisionOptions):
 
 # ------------------------------------------------------------------------------------ calibrate
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from precision_harness.check.calibrate import calibrate, noise_table, proposed_tolerance, reruns
+    from precision_harness.check.tolerance.calibrate import calibrate, noise_table, proposed_tolerance, reruns
     from precision_harness.goldens.store import GoldenStore
     from precision_harness.runs.kind_runners import bind, load_scenario
     from precision_harness.runs.launch import RunOptions
@@ -343,7 +344,7 @@ def _exported_golden(scenario: Scenario, device: str, opts: PrecisionOptions, wo
 
 # ----------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    from precision_harness.check.calibrate import DEFAULT_K
+    from precision_harness.check.tolerance.calibrate import DEFAULT_K
 
     parser = argparse.ArgumentParser(prog="precision-harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -156,7 +156,7 @@ def _stored_bytes(path: Path) -> int:
 def cmd_golden_history(args: argparse.Namespace) -> int:
     import tempfile
 
-    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.check.tolerance.policy import TolerancePolicy
     from precision_harness.goldens.golden import Golden
     from precision_harness.history.golden_history import GoldenHistory, history_html, history_lines, history_rows
     from precision_harness.runs.kind_runners import load_scenario

@@ -24,8 +24,8 @@ GOLDEN_MODES = ("check", "update", "missing")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 WORKER_MODES = ("warm", "fresh")
 JUDGEMENT_MODES = ("replay", "off")
-#: seconds msprobe's worker has to answer on a failing stage (precision_harness.check.msprobe_worker): its reading of
-#: a 60,000-call window takes under a second, so this is only ever reached by a worker that hangs
+#: seconds msprobe's worker has to answer on a failing stage (precision_harness.check.localize.msprobe_worker): its
+#: reading of a 60,000-call window takes under a second, so this is only ever reached by a worker that hangs
 MSPROBE_TIMEOUT_S = 600
 LOCALIZE_MODES = ("rerun", "off")
 
@@ -271,15 +271,15 @@ class PrecisionOptions:
     history_window: int = field(default=_default("history-window"))  #: versions the creep alarm looks back
     timeout: float | None = field(default=_default("timeout"))
     worker: str = field(default=_default("worker"))  #: warm | fresh (precision_harness.runs.warm.workers)
-    judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.replay)
-    localize: str = field(default=_default("localize"))  #: rerun | off (precision_harness.check.level_auto)
+    judgement: str = field(default=_default("judgement"))  #: replay | off (precision_harness.check.rerun.replay)
+    localize: str = field(default=_default("localize"))  #: rerun | off (precision_harness.check.rerun.level_auto)
     #: items of a scenario that cannot run here skip instead of failing (session.PrecisionSession.plan)
     allow_skip: bool = field(default=_default("allow-skip"))
     #: a check that compared less than its golden holds passes (check.coverage)
     allow_uncompared: bool = field(default=_default("allow-uncompared"))
-    #: msprobe's table and first diff over every failing rank, whole (check.msprobe_window)
+    #: msprobe's table and first diff over every failing rank, whole (check.localize.msprobe_window)
     msprobe_full: bool = field(default=_default("msprobe-full"))
-    #: seconds msprobe's worker has to answer on a failing stage (None: no limit; check.msprobe_worker)
+    #: seconds msprobe's worker has to answer on a failing stage (None: no limit; check.localize.msprobe_worker)
     msprobe_timeout: float | None = field(default=_default("msprobe-timeout"))
     #: pytest-xdist worker id (``gw0``): runs go to ``run-gw0`` so a scenario split over workers
     #: by an explicit ``--dist load`` cannot race on one run directory

@@ -6,7 +6,7 @@ environment variables that make MKL, oneDNN and torch take the code paths anothe
 would take. Every ``step_<n>/<stage>`` dump (with its ``stage_outputs.json``) and
 ``metrics.jsonl`` must be byte-identical to the baseline's; a (step, stage) that changes is
 reported with its first differing row in execution order, found by the gate's own compare
-(:func:`precision_harness.check.compare.compare_stage` under ``mode: exact``).
+(:func:`precision_harness.check.compare.stage.compare_stage` under ``mode: exact``).
 
 What each setting emulates, and what the check cannot see, is in docs/tolerance.md ("CPU
 portability"). In short: MKL's and oneDNN's code paths can be forced down (and MKL's across its
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.metrics_compare import compare_metrics
-from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.check.verdict_text import pair
+from precision_harness.check.compare.metrics import compare_metrics
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.verdict_text import pair
 from precision_harness.dumps.files import read_metrics, sha256_file
 from precision_harness.dumps.stage import DirStage, rank_dirs
 from precision_harness.runs.kind_runners import run_scenario

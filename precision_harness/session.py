@@ -6,7 +6,7 @@ started once (:meth:`~PrecisionSession.start`, on a pool of :class:`~precision_h
 however many of its items are selected, and waited for by one verb, :meth:`~PrecisionSession.run`. The
 runner that starts a run is a constructor argument
 (:func:`~precision_harness.runs.kind_runners.run_scenario` by default). The comparison itself is
-:func:`precision_harness.check.items.check_items`, the path ``precision-harness compare`` takes too.
+:func:`precision_harness.check.verdicts.items.check_items`, the path ``precision-harness compare`` takes too.
 What the run adds up to (counts, churn, unused goldens, report files) is
 :class:`~precision_harness.report.precision_report.PrecisionReport`.
 
@@ -42,13 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check import consistency, level_auto, replay
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import Outcome, OutcomeKind, check_items, identical_stages
-from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.check.verdict_text import settings_changed
+from precision_harness.check.rerun import level_auto, replay
+from precision_harness.check.tolerance import consistency
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_items, identical_stages
+from precision_harness.check.verdicts.verdict_text import settings_changed
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import GoldenMissingError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
@@ -374,7 +375,7 @@ class PrecisionSession:
         return out
 
     def _judge(self, st: ScenarioState, golden: Golden, run: RunResult, key: ItemKey, out: Outcome) -> Outcome:
-        """The judgement of a failing stage whose change entered at an API (check.replay); one capture rerun per
+        """The judgement of a failing stage whose change entered at an API (check.rerun.replay); one capture rerun per
         scenario: later stages that need one point to the stage that had it."""
         local = replay.judged_outcome(out) is not out
         assert key.step is not None and key.stage is not None

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from precision_harness.check import msprobe_release
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.localize import msprobe_release
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.errors import GoldenDeviceModelError, PrecisionError, ProbeUnavailableError, RunFailedError
 from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
@@ -83,7 +83,7 @@ class ScenarioState:
     recording: Recording | PrecisionError | None = None  #: settled, RECORD: the promotion or why it failed
     environment: EnvironmentDiff | None = None  #: settled, CHECK: the run's environment against the golden's
     localized: ItemKey | None = None  #: level auto: the failing stage this session reran at L1
-    judged: ItemKey | None = None  #: the failing stage whose API this session replayed (check.replay)
+    judged: ItemKey | None = None  #: the failing stage whose API this session replayed (check.rerun.replay)
     identical: int | None = None  #: CHECK, environment differs: stage dumps of the run identical to the golden's
     progress_shown: bool = False  #: the run's stage starts were reported (once, by the first item waiting)
 
@@ -131,7 +131,7 @@ def size_note(stored: int, before: int) -> str:
 
 def no_msprobe() -> ProbeUnavailableError:
     """The error of a gate that cannot dump: msprobe is not installed, or its release cannot dump here (the 8.x line
-    under numpy 2: :func:`~precision_harness.check.msprobe_release.run_problem`), in one line."""
+    under numpy 2: :func:`~precision_harness.check.localize.msprobe_release.run_problem`), in one line."""
     why = msprobe_release.run_problem()
     return ProbeUnavailableError(why or "mindstudio-probe (msprobe) is not installed; pip install mindstudio-probe")
 

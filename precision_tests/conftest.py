@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.check.invariants import load_suite
+from precision_harness.check.tolerance.invariants import load_suite
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from precision_harness.check import invariants as inv
+from precision_harness.check.tolerance import invariants as inv
 
 BASE = "grpo_is_token_truncate"
 DROPOUT_AND_VETO = {"model.attention_dropout": 0.1, "algorithm.rollout_is_veto_threshold": 0.999}
@@ -65,6 +65,7 @@ def test_mismatch_health_fails_when_the_veto_fires(run_dir) -> None:
     rows = inv.metrics_of(run_dir(BASE, DROPOUT_AND_VETO))
     with pytest.raises(
         # the first step the veto fires at depends on the sampled tokens: step 1 under torch 2.13, step 2 under 2.6
-        inv.InvariantViolation, match=r"step \d+: mismatch/rollout_is_veto_fraction = [0-9.]+ outside \[-inf, 0.05\]"
+        inv.InvariantViolation,
+        match=r"step \d+: mismatch/rollout_is_veto_fraction = [0-9.]+ outside \[-inf, 0.05\]",
     ):
         inv.check_mismatch_health(rows, where=f"{BASE}+veto")

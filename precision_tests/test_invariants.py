@@ -1,7 +1,7 @@
 """Invariants every committed scenario run must hold (no golden involved).
 
 Each test reads a run's JSON files through ``precision_run`` (shared with the gate, one run per
-scenario per session) and calls one check of :mod:`precision_harness.check.invariants`;
+scenario per session) and calls one check of :mod:`precision_harness.check.tolerance.invariants`;
 ``test_invariant_violations.py`` shows every check failing on a run built to break it.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from precision_harness.check import consistency
-from precision_harness.check import invariants as inv
+from precision_harness.check.tolerance import consistency
+from precision_harness.check.tolerance import invariants as inv
 from precision_harness.scenarios import invariant_declarations
 
 SUITE = inv.load_suite(Path(__file__).resolve().parent.parent / "scenarios")

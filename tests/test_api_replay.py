@@ -1,4 +1,4 @@
-"""The replay (runs/api_replay) and what check/replay.py decides before it runs.
+"""The replay (runs/api_replay) and what check/rerun/replay.py decides before it runs.
 
 - which APIs can be replayed, from their names (torch-free);
 - the worker on a real ``task: tensor`` capture written by msprobe in a subprocess: a linear replayed, a
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, patching_site, tensor, write_dump
 
-from precision_harness.check import replay
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.drift_origin import classify
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.localize.drift_origin import classify
+from precision_harness.check.rerun import replay
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.rows import rows
 from precision_harness.dumps.stage import DirStage
 from precision_harness.runs import isolated
@@ -201,7 +201,7 @@ def test_a_failing_worker_is_one_line_naming_its_log(tmp_path: Path) -> None:
         launch.replay_calls(tmp_path / "no_such_rank", [], out_dir=tmp_path, timeout=300)
 
 
-# --- what check/replay.py decides before and after the capture ------------------------------------------------
+# --- what check/rerun/replay.py decides before and after the capture ------------------------------------------------
 
 SETTINGS = CheckSettings(scenario="s", policy=TolerancePolicy())
 
@@ -346,7 +346,7 @@ def test_a_golden_input_missing_from_the_capture_is_noticed() -> None:
 def test_a_second_stage_of_the_run_is_not_rerun_and_says_which_stage_was(dumps, tmp_path: Path) -> None:
     """One capture rerun per scenario and run: a later stage whose API could be replayed points to the first."""
     from precision_harness.check.item_key import ItemKey
-    from precision_harness.check.items import check_stage
+    from precision_harness.check.verdicts.items import check_stage
 
     target, golden = dumps(tmp_path, lambda d: d["Functional.linear.0.forward"]["output"][0].update(Max=3.5))
     out = check_stage(DirStage(target), DirStage(golden), SETTINGS)

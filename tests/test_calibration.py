@@ -8,8 +8,8 @@ import pytest
 from harness_testing import TINY
 from test_golden import fake_run
 
-from precision_harness.check.calibrate import DEFAULT_K, proposed_tolerance, variant, variations
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.calibrate import DEFAULT_K, proposed_tolerance, variant, variations
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.errors import SchemaError
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.scenarios.scenario import Scenario

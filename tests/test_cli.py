@@ -13,7 +13,7 @@ import pytest
 import yaml
 from harness_testing import export_golden, replace_payload, run_cli, write_dump
 
-from precision_harness.check.calibrate import proposed_tolerance
+from precision_harness.check.tolerance.calibrate import proposed_tolerance
 from precision_harness.cli import main
 from precision_harness.dumps.files import sha256_file
 from precision_harness.dumps.rows import rows

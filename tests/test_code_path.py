@@ -12,13 +12,13 @@ from harness_testing import api, tensor, write_dump
 from test_pairing import rope
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.code_path import Leaving
-from precision_harness.check.drift_origin import OriginKind
-from precision_harness.check.drift_profile import DriftProfile
+from precision_harness.check.compare.code_path import Leaving
+from precision_harness.check.compare.drift_profile import DriftProfile
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import check_stage
-from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.check.verdict_text import code_path_line
+from precision_harness.check.localize.drift_origin import OriginKind
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_stage
+from precision_harness.check.verdicts.verdict_text import code_path_line
 from precision_harness.dumps.stage import DirStage
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport

@@ -11,9 +11,9 @@ from harness_testing import api, tensor
 from test_code_path import _record, check
 from test_pairing import rope
 
-from precision_harness.check.code_path import Leaving
-from precision_harness.check.drift_origin import OriginKind
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare.code_path import Leaving
+from precision_harness.check.localize.drift_origin import OriginKind
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.pairing import pair_calls
 from precision_harness.report.precision_report import PrecisionReport
 

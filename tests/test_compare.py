@@ -10,12 +10,12 @@ import pytest
 from harness_testing import base_data, tensor, write_dump
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.items import check_stage
-from precision_harness.check.metrics_compare import MetricDrift, MetricsVerdict, compare_metrics
-from precision_harness.check.msprobe_tools import msprobe_table
-from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.check.verdict_text import metrics_text, stage_text
+from precision_harness.check.compare.metrics import MetricDrift, MetricsVerdict, compare_metrics
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.localize.msprobe_tools import msprobe_table
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_stage
+from precision_harness.check.verdicts.verdict_text import metrics_text, stage_text
 from precision_harness.dumps.files import load_dump
 from precision_harness.dumps.rows import count_statistics, rows
 from precision_harness.dumps.stage import DirStage

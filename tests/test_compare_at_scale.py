@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, long_stage, tensor, write_dump
 
-from precision_harness.check import compare, rank_pool
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.code_path import BlockRows, by_call, evaluate
+from precision_harness.check.compare import rank_pool
+from precision_harness.check.compare import stage as compare
+from precision_harness.check.compare.code_path import BlockRows, by_call, evaluate
+from precision_harness.check.compare.stat_table import four
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import check_items
-from precision_harness.check.stat_table import four
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_items
 from precision_harness.dumps.columns import Layouts, columns
 from precision_harness.dumps.files import parse_dump, parse_dump_raw
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
@@ -96,7 +97,7 @@ def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: st
         at = block.target[0] if block.target else (block.after[0] if block.after else None)
         order = first_row.get(at, len(t_rows)) if at is not None else len(t_rows)
         verdict.code_paths.append(evaluate(block, block_rows, rank=rank, order=order))
-    verdict.bound()  # every drift built one by one, then kept as a verdict keeps them (check.drift_set)
+    verdict.bound()  # every drift built one by one, then kept as a verdict keeps them (check.compare.drift_set)
     return verdict
 
 
@@ -475,8 +476,8 @@ def test_a_long_stage_compare_reports_each_rank(tmp_path: Path, monkeypatch: pyt
 
 
 def test_msprobe_reads_the_first_divergent_rank_around_its_first_divergence_and_says_so(tmp_path: Path) -> None:
-    from precision_harness.check.items import check_stage
-    from precision_harness.check.msprobe_window import WINDOW_CALLS
+    from precision_harness.check.localize.msprobe_window import WINDOW_CALLS
+    from precision_harness.check.verdicts.items import check_stage
 
     run, golden = long_stage(tmp_path)
     artifacts = tmp_path / "art"
@@ -494,7 +495,7 @@ def test_msprobe_reads_the_first_divergent_rank_around_its_first_divergence_and_
 
 
 def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
-    from precision_harness.check.items import check_stage
+    from precision_harness.check.verdicts.items import check_stage
 
     run, golden = long_stage(tmp_path)
     artifacts = tmp_path / "art"
@@ -508,8 +509,8 @@ def test_msprobe_full_reads_every_failing_rank_whole(tmp_path: Path) -> None:
 
 
 def test_the_msprobe_window_holds_a_dumps_non_finite_values_as_msprobe_wrote_them(tmp_path: Path) -> None:
-    """The window is cut from dumps read raw (check.msprobe_window): its calls get their NaN/Infinity back."""
-    from precision_harness.check.msprobe_window import write_window
+    """The window is cut from dumps read raw (check.localize.msprobe_window): its calls get their NaN/Infinity back."""
+    from precision_harness.check.localize.msprobe_window import write_window
 
     for side, scale in (("golden", 1.0), ("run", 1.1)):
         data = base_data()
@@ -529,7 +530,7 @@ def test_where_the_change_entered_is_read_from_the_calls_up_to_it_as_from_every_
     plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """drift_origin names the rows of the calls up to the earliest changed row only: the same origin as from all."""
-    from precision_harness.check import drift_origin
+    from precision_harness.check.localize import drift_origin
 
     sides = {}
     for side, data in zip(("run", "golden"), plants()[plant], strict=True):

@@ -1,4 +1,5 @@
-"""Training against rollout (precision_harness.check.consistency): the ``invariants:`` key, its items, planted faults.
+"""Training against rollout (precision_harness.check.tolerance.consistency): the ``invariants:`` key, its items,
+planted faults.
 
 Each planted fault (tests/hooks/precision_test_hooks.py) must fail the check that catches it, naming
 the parameter or the token; an unplanted run passes every check.
@@ -15,11 +16,11 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, hooks_env, make_project, run_cli, run_pytest, write_dump
 
-from precision_harness.check import consistency
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import check_items
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance import consistency
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_items
 from precision_harness.dumps import sampled_tokens
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.golden import Golden

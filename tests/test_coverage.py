@@ -20,7 +20,9 @@ from test_compare_at_scale import GOLDENS
 from test_pairing import rope
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_rank, compare_stage
+from precision_harness.check.compare.metrics import compare_metrics
+from precision_harness.check.compare.stage import compare_rank, compare_stage
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.coverage import (
     CHANGED_CODE_PATH,
     DECLARED_UNCHECKED,
@@ -28,10 +30,8 @@ from precision_harness.check.coverage import (
     NOT_RECORDED,
     Ledger,
 )
-from precision_harness.check.items import Outcome, OutcomeKind, check_stage, covered
-from precision_harness.check.metrics_compare import compare_metrics
-from precision_harness.check.stage_verdict import StageVerdict
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_stage, covered
 from precision_harness.dumps.stage import DirStage
 from precision_harness.goldens.golden import Golden
 from precision_harness.report.item_record import ItemRecord

@@ -21,10 +21,11 @@ import pytest
 from harness_testing import tensor, write_dump
 from test_compare_at_scale import POLICIES, plants
 
-from precision_harness.check import compare, drift_origin
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.msprobe_window import write_window
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare import stage as compare
+from precision_harness.check.localize import drift_origin
+from precision_harness.check.localize.msprobe_window import write_window
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps import stage
 from precision_harness.dumps.files import cut_calls, parse_dump_raw, restored_calls
 from precision_harness.dumps.stage import DirStage

@@ -8,7 +8,7 @@ say so rather than only "checked, the goldens held". Records are built directly 
 from __future__ import annotations
 
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport
 

@@ -1,4 +1,4 @@
-"""Where a drifted stage's change entered (check/drift_origin.py), and how the verdict orders what explains it.
+"""Where a drifted stage's change entered (check/localize/drift_origin.py), and how the verdict orders what explains it.
 
 Synthetic dumps in msprobe's layout (harness_testing.base_data: embedding -> linear -> softmax); each
 test moves one value and reads the classification the verdict leads with.
@@ -11,12 +11,12 @@ from pathlib import Path
 from harness_testing import api, tensor, write_dump
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.drift_origin import DriftOrigin, OriginKind, classify
+from precision_harness.check.compare.stage import compare_stage
 from precision_harness.check.environment import Change, EnvironmentDiff
-from precision_harness.check.msprobe_tools import MsprobeAnswer
-from precision_harness.check.tolerance import TolerancePolicy
-from precision_harness.check.verdict_text import Reading, stage_text, with_judgement
+from precision_harness.check.localize.drift_origin import DriftOrigin, OriginKind, classify
+from precision_harness.check.localize.msprobe_tools import MsprobeAnswer
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.verdict_text import Reading, stage_text, with_judgement
 from precision_harness.dumps.stage import DirStage
 
 SETTINGS = CheckSettings(scenario="s", policy=TolerancePolicy())

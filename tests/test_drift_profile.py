@@ -1,4 +1,4 @@
-"""The drift profile kept as columns (precision_harness/check/drift_profile.py): the same points, in the same
+"""The drift profile kept as columns (precision_harness/check/compare/drift_profile.py): the same points, in the same
 order, as the list of tuples it replaces, whatever was appended, packed, added or pickled."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
-from precision_harness.check.drift_profile import DriftProfile
+from precision_harness.check.compare.drift_profile import DriftProfile
 
 
 def _points(rank: str, n: int, seed: int, *, names: list[str] | None = None) -> list[tuple[str, int, str, float]]:

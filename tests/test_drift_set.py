@@ -1,5 +1,5 @@
 """A failing verdict keeps a rank's first and largest drifts as objects and counts every other one exactly
-(check.drift_set): the headline, the first divergence, the largest drift and the per-API profile say what the
+(check.compare.drift_set): the headline, the first divergence, the largest drift and the per-API profile say what the
 full list of drifts would have said."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ import copy
 
 from harness_testing import tensor
 
-from precision_harness.check import compare, drift_set, verdict_text
-from precision_harness.check.drift_set import KEPT, Drift, api_kind, kept
-from precision_harness.check.items import Outcome, OutcomeKind
-from precision_harness.check.tolerance import Tol, TolerancePolicy
+from precision_harness.check.compare import drift_set
+from precision_harness.check.compare import stage as compare
+from precision_harness.check.compare.drift_set import KEPT, Drift, api_kind, kept
+from precision_harness.check.tolerance.policy import Tol, TolerancePolicy
+from precision_harness.check.verdicts import verdict_text
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport
 from precision_harness.schemas import validate

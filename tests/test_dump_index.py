@@ -23,7 +23,7 @@ from test_dump_skeleton import dump_bytes, golden_dumps, moved, reference, stage
 from test_golden import fake_run
 from test_plain_columns import assert_same_columns
 
-from precision_harness.check import compare
+from precision_harness.check.compare import stage as compare
 from precision_harness.dumps import dump_index, skeleton
 from precision_harness.dumps.dump_index import INDEX, DumpIndex
 from precision_harness.dumps.files import parse_dump_raw

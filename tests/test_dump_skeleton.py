@@ -2,7 +2,7 @@
 
 - On every committed golden's dumps, the run's statistics moved in its bytes (the skeleton kept): the columns of
   both sides equal the columns of each side parsed on its own, field for field, and the rank's verdict equals
-  :func:`~precision_harness.check.compare.compare_rank`'s on both dumps parsed;
+  :func:`~precision_harness.check.compare.stage.compare_rank`'s on both dumps parsed;
 - every plant of the compare's failure modes gets that verdict too, by whichever way it is read;
 - each case the fast read declines (another skeleton, a stage_outputs.json, a number a marker could be mistaken
   for, a statistic held by msprobe's item, a literal that overflows, bytes that do not parse) falls back to the
@@ -23,7 +23,7 @@ from harness_testing import base_data, tensor, write_dump
 from test_compare_at_scale import GOLDENS, POLICIES, assert_same_verdict, plants
 from test_plain_columns import assert_same_columns
 
-from precision_harness.check import compare
+from precision_harness.check.compare import stage as compare
 from precision_harness.dumps import skeleton
 from precision_harness.dumps.columns import Layouts, columns
 from precision_harness.dumps.files import STAGE_OUTPUTS, parse_dump_raw

@@ -24,8 +24,8 @@ from harness_testing import TINY, base_data, write_dump, write_run_json
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import OutcomeKind, check_items
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import OutcomeKind, check_items
 from precision_harness.cli import main
 from precision_harness.goldens.golden import Golden
 from precision_harness.goldens.store import GoldenStore

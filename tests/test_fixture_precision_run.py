@@ -30,7 +30,7 @@ COUNTING_CONFTEST = textwrap.dedent("""
 """)
 
 INVARIANT_TEST = textwrap.dedent("""
-    from precision_harness.check import invariants as inv
+    from precision_harness.check.tolerance import invariants as inv
 
     def test_on_policy(precision_run):
         run = precision_run("tiny_ppo")

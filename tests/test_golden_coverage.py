@@ -19,7 +19,7 @@ import pytest
 from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.cli import main
 from precision_harness.errors import ScenarioError
 from precision_harness.goldens.narrowing import narrowed

@@ -18,7 +18,7 @@ from bisect_repo import git
 from harness_testing import TINY, base_data, write_dump, write_run_json
 
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.cli import main
 from precision_harness.options import PrecisionOptions
 from precision_harness.runs.launch import RunResult

@@ -1,4 +1,4 @@
-"""precision_harness.check.invariants on hand-made JSON: each check passes on good data and fails on bad."""
+"""precision_harness.check.tolerance.invariants on hand-made JSON: each check passes on good data and fails on bad."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 from harness_testing import base_data
 
-from precision_harness.check import invariants as inv
+from precision_harness.check.tolerance import invariants as inv
 
 
 def dump(data):

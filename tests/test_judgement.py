@@ -1,4 +1,4 @@
-"""The judgement's rule (check/judgement.py) on hand-made tensors at each dtype.
+"""The judgement's rule (check/verdicts/judgement.py) on hand-made tensors at each dtype.
 
 One linear, ``x [64, 96] @ w[48, 96].T``, per dtype. Its float64 replay is the reference; the baseline is
 torch's own CPU linear in the dtype (fp32 accumulation, one rounding). Hand-made outputs:
@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from precision_harness.check.judgement import Verdict, golden_bounds, held_back, judge
+from precision_harness.check.verdicts.judgement import Verdict, golden_bounds, held_back, judge
 
 DTYPES = ("float32", "bfloat16", "float16")
 

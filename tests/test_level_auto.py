@@ -19,8 +19,8 @@ import pytest
 from harness_testing import TINY, hooks_env, run_pytest
 
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import Outcome, OutcomeKind
-from precision_harness.check.level_auto import localize, with_localization
+from precision_harness.check.rerun.level_auto import localize, with_localization
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 from precision_harness.dumps.files import merged, rank_digest
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.goldens.golden import Golden
@@ -169,7 +169,7 @@ def test_log_prob_change_is_invisible_to_l0_alone(planted: dict, project: Path) 
 def test_unchanged_localization_rerun_is_identical_to_the_l1_record(project: Path, tmp_path: Path) -> None:
     """A rerun to step 2 dumping only actor_update at L1 writes the very dump the full L1 run recorded."""
     from precision_harness.check.check_settings import CheckSettings
-    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.check.tolerance.policy import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")
@@ -234,7 +234,7 @@ def test_localization_run_that_crashes_keeps_the_l0_verdict_and_says_why() -> No
 def test_localization_timeout_is_one_line(project: Path, tmp_path: Path) -> None:
     """A rerun past --precision-timeout: launch raises, localize passes it on, the item keeps its L0 verdict."""
     from precision_harness.check.check_settings import CheckSettings
-    from precision_harness.check.tolerance import TolerancePolicy
+    from precision_harness.check.tolerance.policy import TolerancePolicy
 
     scenario = Scenario.load(project / "scenarios" / "plant_auto.yaml")
     golden = Golden.from_dir(project / "golden/plant_auto/cpu")

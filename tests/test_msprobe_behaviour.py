@@ -112,7 +112,7 @@ def test_dump_path_pattern_is_the_probes() -> None:
 
 
 def _table(tmp_path: Path, mutate=None, golden_mutate=None):
-    from precision_harness.check.msprobe_tools import msprobe_table
+    from precision_harness.check.localize.msprobe_tools import msprobe_table
 
     golden, target = base_data(), copy.deepcopy(base_data())
     if mutate:
@@ -168,7 +168,8 @@ def test_in_memory_compare_imports_no_torch(tmp_path: Path) -> None:
     """The torch-free compare (msprobe.core.compare pieces) keeps the pytest process light."""
     golden, target = write_dump(tmp_path / "g", base_data()), write_dump(tmp_path / "t", base_data())
     code = (
-        "import sys; from pathlib import Path; from precision_harness.check.msprobe_tools import msprobe_table; "
+        "import sys; from pathlib import Path; "
+        "from precision_harness.check.localize.msprobe_tools import msprobe_table; "
         f"df = msprobe_table(Path({str(target)!r}), Path({str(golden)!r})); "
         "print(len(df), sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules))"
     )
@@ -179,7 +180,7 @@ def test_in_memory_compare_imports_no_torch(tmp_path: Path) -> None:
 
 def test_diff_analyzer_needs_rank_folders(tmp_path: Path) -> None:
     """DiffAnalyzer names the first diff in rank<r> folders; in proc<pid> folders the same drift goes unreported."""
-    from precision_harness.check.msprobe_tools import first_diff
+    from precision_harness.check.localize.msprobe_tools import first_diff
 
     def drift(d):
         d["Functional.linear.0.forward"]["output"][0]["Norm"] *= 3
@@ -196,7 +197,7 @@ def test_diff_analyzer_needs_rank_folders(tmp_path: Path) -> None:
 
 def test_graph_builder_needs_a_module_tree(tmp_path: Path) -> None:
     """At L1 construct.json is {}: GraphBuilder cannot build a graph, so graphs are built for L0/mix only."""
-    from precision_harness.check.msprobe_tools import GRAPH_LEVELS, build_graphs
+    from precision_harness.check.localize.msprobe_tools import GRAPH_LEVELS, build_graphs
 
     write_dump(tmp_path / "stage", base_data())
     with pytest.raises(Exception):  # noqa: B017 - msprobe raises its own RuntimeError subclass or RuntimeError

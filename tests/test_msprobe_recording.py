@@ -17,10 +17,10 @@ import pytest
 from harness_testing import base_data, write_dump
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
+from precision_harness.check.compare.stage import compare_stage
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import check_stage
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_stage
 from precision_harness.dumps.rows import numel, tensors
 from precision_harness.dumps.stage import DirStage
 from precision_harness.goldens.golden import Golden
@@ -140,7 +140,7 @@ def test_statistics_are_said_by_the_dtypes_that_share_them() -> None:
 def test_a_changed_blocks_inputs_match_by_the_statistics_both_sides_record() -> None:
     """The judgement of a changed block pairs its run call's inputs with the golden block's by their statistics: an
     integer input whose Mean and Norm only one side's msprobe records is still the golden's input."""
-    from precision_harness.check.replay import _same_tensor
+    from precision_harness.check.rerun.replay import _same_tensor
 
     ids = base_data()["Functional.embedding.0.forward"]["input_args"][0]
     assert _same_tensor({**ids, "Mean": 4.5, "Norm": 12.0}, ids) and _same_tensor(ids, {**ids, "Mean": 4.5})

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, write_dump
 
-from precision_harness.check.drift_origin import DriftOrigin, OriginKind
-from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure, write_msprobe_table
-from precision_harness.check.verdict_text import Reading, msprobe_rows
+from precision_harness.check.localize.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.localize.msprobe_tools import MsprobeAnswer, analyze_failure, write_msprobe_table
+from precision_harness.check.verdicts.verdict_text import Reading, msprobe_rows
 
 
 def _origin(api: str) -> DriftOrigin:
@@ -28,7 +28,7 @@ def test_first_diff_names_the_op_and_imports_no_torch(dumps, tmp_path: Path) -> 
     target, golden = dumps(tmp_path, triple)
     code = (
         "import sys, json; from pathlib import Path; "
-        "from precision_harness.check.msprobe_tools import analyze_failure; "
+        "from precision_harness.check.localize.msprobe_tools import analyze_failure; "
         f"a = analyze_failure(Path({str(target)!r}), Path({str(golden)!r}), "
         f"Path({str(tmp_path / 'art')!r}), graph=False); "
         "heavy = sorted(m for m in ('torch', 'msprobe.pytorch') if m in sys.modules); "

@@ -1,5 +1,5 @@
-"""msprobe's analyses in a worker process (check.msprobe_worker): the verdict and msprobe's files read as when msprobe
-is asked here; a worker starts only where it pays, never outlives its process, and one that fails leaves msprobe
+"""msprobe's analyses in a worker process (check.localize.msprobe_worker): the verdict and msprobe's files read as when
+msprobe is asked here; a worker starts only where it pays, never outlives its process, and one that fails leaves msprobe
 asked here."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from subprocess import PIPE
 import pytest
 from harness_testing import long_stage
 
-from precision_harness.check import msprobe_worker, rank_pool
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.items import check_stage
-from precision_harness.check.msprobe_worker import Job
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare import rank_pool
+from precision_harness.check.localize import msprobe_worker
+from precision_harness.check.localize.msprobe_worker import Job
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import check_stage
 from precision_harness.dumps.stage import DirStage
 
 
@@ -184,7 +185,7 @@ def test_no_worker_outlives_its_process(tmp_path: Path, exit_call: str) -> None:
     """Its process ends normally (the worker is killed at exit) or is cut short, atexit skipped (the worker reads
     the end of its standard input and exits after its import)."""
     code = (
-        "import os, sys; from precision_harness.check import msprobe_worker as w; "
+        "import os, sys; from precision_harness.check.localize import msprobe_worker as w; "
         "w.MIN_WARM_BYTES = 0; w._MSPROBE_COMPARE = 'a_module_nobody_imported'; "
         "w.rank_pool.cores = lambda: 2; os.environ.pop('PYTEST_XDIST_WORKER', None); "
         f"w.warm(1, 1); print(w._worker.proc.pid, flush=True); {exit_call}"

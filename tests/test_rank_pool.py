@@ -1,5 +1,5 @@
-"""The rank pool's lanes (``check/rank_pool.py``): a lone stage's ranks spread over the workers, a check's next stages
-side by side, a stage whole on one worker (so the worker parses the stage's skeleton once), collected by key."""
+"""The rank pool's lanes (``check/compare/rank_pool.py``): a lone stage's ranks spread over the workers, a check's next
+stages side by side, a stage whole on one worker (so the worker parses the stage's skeleton once), collected by key."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from precision_harness.check import rank_pool
+from precision_harness.check.compare import rank_pool
 
 JOBS = [()] * 3  #: three ranks of nothing: each job answers the worker's pid (os.getpid pickles by name)
 

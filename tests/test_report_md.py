@@ -11,9 +11,9 @@ import json
 import re
 from pathlib import Path
 
-from precision_harness.check.drift_origin import DriftOrigin, OriginKind
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.localize.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.report.item_groups import compact, step_ranges
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport

@@ -14,8 +14,8 @@ from harness_testing import base_data, write_dump, write_run_json
 
 from precision_harness import cli
 from precision_harness import session as session_module
-from precision_harness.check import replay
 from precision_harness.check.item_key import ItemKey
+from precision_harness.check.rerun import replay
 from precision_harness.errors import RunFailedError
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
@@ -76,7 +76,7 @@ def test_the_judgements_capture_rerun_runs_as_the_check_did(
         started.append((device, options))
         return RunResult(s.name, target, json.loads((target / "run.json").read_text()), 0.1)
 
-    def judge(out, request, claim):  # the replay itself is check/replay.py's: here only its rerun is started
+    def judge(out, request, claim):  # the replay itself is check/rerun/replay.py's: here only its rerun is started
         request.settings.run(request.scenario, tmp_path / "capture")
         return out
 

@@ -15,9 +15,10 @@ import pytest
 from harness_testing import HOOKS, TINY, base_data, write_dump
 from test_golden import fake_run
 
-from precision_harness.check import compare, verdict_text
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare import stage as compare
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts import verdict_text
 from precision_harness.dumps.stage import DirStage
 from precision_harness.errors import RunFailedError, ScenarioError
 from precision_harness.goldens.store import GoldenStore

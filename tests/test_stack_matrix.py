@@ -182,7 +182,7 @@ def test_the_8x_line_is_refused_in_one_line_only_under_numpy_2(monkeypatch, nump
     numpy 1 row, or a 26.x release); under numpy 1 it runs (the row above)."""
     from importlib import metadata
 
-    from precision_harness.check import msprobe_release
+    from precision_harness.check.localize import msprobe_release
 
     real = metadata.version
     versions = {"mindstudio-probe": "8.3.3", "numpy": numpy}

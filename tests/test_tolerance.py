@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from precision_harness.check.tolerance import EXACT, Tol, TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance.policy import EXACT, Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.statistics import relative_change
 
 

@@ -16,11 +16,11 @@ import pytest
 from harness_testing import TINY, base_data, tensor, write_dump
 from test_golden import fake_run
 
-from precision_harness.check.calibrate import row_change, stage_row_changes, stage_summary
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.metrics_compare import compare_metrics
-from precision_harness.check.tolerance import ATOL_FLOOR, Tol, TolerancePolicy
+from precision_harness.check.compare.metrics import compare_metrics
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.tolerance.calibrate import row_change, stage_row_changes, stage_summary
+from precision_harness.check.tolerance.policy import ATOL_FLOOR, Tol, TolerancePolicy
 from precision_harness.dumps.stage import DirStage
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.errors import SchemaError

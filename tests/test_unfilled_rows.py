@@ -21,8 +21,8 @@ from harness_testing import api, tensor, write_dump
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.coverage import UNFILLED
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import Outcome, check_items, items_of
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import Outcome, check_items, items_of
 from precision_harness.dumps.call_site import calls_made_in
 from precision_harness.goldens.golden import Golden
 from precision_harness.runs.host import rank_env
@@ -154,7 +154,7 @@ def test_a_changed_code_path_leaves_the_buffers_rows_out_too(tmp_path: Path) -> 
 def test_the_buffers_narrows_are_read_from_the_innermost_frame_outside_msprobe(
     tmp_path: Path, function: str, found: bool
 ) -> None:
-    from precision_harness.check.unfilled import API, FUNCTIONS
+    from precision_harness.check.compare.unfilled import API, FUNCTIONS
 
     frames = [
         "File /venv/lib/python3.11/site-packages/msprobe/pytorch/hook_module/wrap.py, line 80, in forward, \n x",

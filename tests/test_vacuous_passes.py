@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from harness_testing import base_data, write_dump
 
-from precision_harness.check import consistency
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
-from precision_harness.check.items import OutcomeKind, check_items, items_of
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance import consistency
+from precision_harness.check.tolerance.policy import TolerancePolicy
+from precision_harness.check.verdicts.items import OutcomeKind, check_items, items_of
 from precision_harness.cli import main
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import parse_metrics

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.options import MSPROBE_TIMEOUT_S
 
 
@@ -27,10 +27,10 @@ class CheckSettings:
     #: for the stage it localises, whose L1 rerun gets msprobe's answer instead
     msprobe: bool = True
     #: msprobe's table and first diff of every failing rank, whole; else the first divergent rank's window
-    #: (:mod:`precision_harness.check.msprobe_window`)
+    #: (:mod:`precision_harness.check.localize.msprobe_window`)
     msprobe_full: bool = False
     #: seconds msprobe's worker has to answer on a failing stage, else it is killed and the verdict says so (None: no
-    #: limit; :mod:`precision_harness.check.msprobe_worker`)
+    #: limit; :mod:`precision_harness.check.localize.msprobe_worker`)
     msprobe_timeout: float | None = float(MSPROBE_TIMEOUT_S)
     #: called with a line per rank of a long stage compare (:class:`~precision_harness.progress.RankProgress`)
     progress: Callable[[str], None] | None = None
@@ -43,7 +43,7 @@ class CheckSettings:
     #: (``--precision-allow-uncompared``; :mod:`~precision_harness.check.coverage`)
     allow_uncompared: bool = False
     #: why FSDP2's all-gather buffer rows are not compared: the run, or the golden's, ran without the zero-fill (its
-    #: ``env`` says so; :mod:`~precision_harness.check.unfilled`); None: both were filled, every row is compared
+    #: ``env`` says so; :mod:`~precision_harness.check.compare.unfilled`); None: both were filled, every row is compared
     unfilled: str | None = None
 
     def rerun_of(self, key: ItemKey) -> str | None:

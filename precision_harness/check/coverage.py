@@ -47,7 +47,7 @@ OTHER_MSPROBE = "this run's msprobe does not record it"
 #: dumps whose calls pair below half of the larger side's: another program, a stale golden
 UNALIGNED = "too different to align"
 #: a row of FSDP2's all-gather buffer where the run or the golden's ran without its zero-fill (a torch the fill does
-#: not know): uninitialised memory on that side, so no numeric change (:mod:`~precision_harness.check.unfilled`)
+#: not know): uninitialised memory on that side, so no numeric change (:mod:`~precision_harness.check.compare.unfilled`)
 UNFILLED = "FSDP2 all-gather buffer not zero-filled"
 
 #: the reasons a scenario declares, or another rule judges: shown, never a drop

@@ -80,7 +80,7 @@ MODEL_KEYS = {"cuda": "gpu", "npu": "npu_chip"}
 
 #: keys that are not the environment: a command scenario's argv is part of the scenario (its hash),
 #: and it names this machine's interpreter path; a verl rank's FSDP2 fill follows from the torch named above, and the
-#: compare reads it itself (:mod:`precision_harness.check.unfilled`)
+#: compare reads it itself (:mod:`precision_harness.check.compare.unfilled`)
 IGNORED = frozenset({"command", fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL})
 
 

@@ -362,7 +362,7 @@ def _item_row(item: dict[str, Any], api: str, kwargs: str) -> tuple[dict[str, An
     return item, name, None
 
 
-#: the four of a scalar argument's row: :func:`~precision_harness.check.stat_table.four` gives None there
+#: the four of a scalar argument's row: :func:`~precision_harness.check.compare.stat_table.four` gives None there
 _SCALAR = None
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.history.git_history import git_text
 
 PASS, DRIFT, SKIP = 0, 1, 125

@@ -5,10 +5,10 @@ are the commits that changed that folder, each written into a temporary director
 archive`` and read through :class:`~precision_harness.goldens.golden.Golden` like any golden.
 
 The distance of a stage between two goldens is the stage compare's worst tolerance ratio
-(:attr:`~precision_harness.check.stage_verdict.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
+(:attr:`~precision_harness.check.compare.stage_verdict.StageVerdict.worst_ratio`: ``|a - b| / (atol + rtol * scale)``
 over every Max/Min/Mean/Norm of every tensor, the number the gate fails above 1; ``inf`` for a
 structural change). The metrics item's (``metrics.jsonl``) is the metrics compare's worst ratio
-(:attr:`~precision_harness.check.metrics_compare.MetricsVerdict.worst_ratio`, ``|t - g| / (atol + rtol |g|)``
+(:attr:`~precision_harness.check.compare.metrics.MetricsVerdict.worst_ratio`, ``|t - g| / (atol + rtol |g|)``
 per metric and step; ``inf`` for a step or metric on one side only). The older version plays the
 golden (its values set the scale ``|golden|``, or its RMS for Mean), so a distance reads: how many
 tolerances a check of the newer golden against that version would find.
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_stage
-from precision_harness.check.metrics_compare import compare_metrics
-from precision_harness.check.tolerance import TolerancePolicy
+from precision_harness.check.compare.metrics import compare_metrics
+from precision_harness.check.compare.stage import compare_stage
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.files import METRICS
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.errors import GoldenError, HistoryError, PrecisionError

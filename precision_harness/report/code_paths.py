@@ -1,10 +1,11 @@
 """Changed code paths in a report: each record's view of them, and the terminal's one line per distinct change.
 
-A changed code path (calls inserted, removed or replaced: :mod:`precision_harness.check.code_path`) is
+A changed code path (calls inserted, removed or replaced: :mod:`precision_harness.check.compare.code_path`) is
 usually one upgrade seen in every stage dump of every scenario; the terminal names it once, with the
 software that differs from the golden's as its likely cause and whether the values leaving the changed
-calls match. A block from which no tensor leaves is undecided (:attr:`~precision_harness.check.code_path.Leaving.NONE`):
-the line counts those blocks and never reads as a match while any is.
+calls match. A block from which no tensor leaves is undecided
+(:attr:`~precision_harness.check.compare.code_path.Leaving.NONE`): the line counts those blocks and never reads as a
+match while any is.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.stage_verdict import StageVerdict
-from precision_harness.check.verdict_text import code_path_line
+from precision_harness.check.verdicts.verdict_text import code_path_line
 
 #: scenarios named in a summary line before "and N more"
 MAX_NAMED = 3

@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check.drift_set import Drift
+from precision_harness.check.compare.drift_set import Drift
+from precision_harness.check.compare.metrics import MetricsVerdict
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.items import Outcome, OutcomeKind
-from precision_harness.check.metrics_compare import MetricsVerdict
-from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 from precision_harness.report.code_paths import code_path_json
 from precision_harness.report.coverage_report import coverage_property
 from precision_harness.report.report_md import judgement_line
@@ -131,7 +131,7 @@ class ItemRecord:
         stage: str | None,
         run: dict[str, Any] | None = None,
     ) -> ItemRecord:
-        """The record of one item's :class:`~precision_harness.check.items.Outcome`."""
+        """The record of one item's :class:`~precision_harness.check.verdicts.items.Outcome`."""
         rec = cls(
             nodeid=nodeid,
             scenario=scenario,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.check.environment import EnvironmentDiff, grouped
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.code_paths import code_path_lines
 from precision_harness.report.coverage_report import coverage_lines, scenario_coverage

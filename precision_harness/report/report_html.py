@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from precision_harness.check.environment import grouped
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.errors import PrecisionError
 from precision_harness.report.coverage_report import coverage_rows
 from precision_harness.report.report_md import judgement_line, ratio_text

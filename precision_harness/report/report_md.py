@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_harness.check.environment import grouped
-from precision_harness.check.items import OutcomeKind
+from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.coverage_report import coverage_rows
 from precision_harness.report.item_groups import compact, counted, group_by, item_name

@@ -1,6 +1,6 @@
 """A scenario's ``invariants:`` key (docs/consistency.md): the checks it may name, their bounds, and its parsing.
 
-What the key declares, per kind of scenario; :mod:`precision_harness.check.consistency` gives each
+What the key declares, per kind of scenario; :mod:`precision_harness.check.tolerance.consistency` gives each
 declared check its per-step verdict over a run's own files. Parsing is part of loading a scenario
 (:attr:`~precision_harness.scenarios.scenario.Scenario.invariants`), so a bad key is a one-line
 error at load time.

@@ -12,7 +12,7 @@ Three tensors of one output, all of the same shape:
 (max, mean and L2 of ``|x - reference|``), the reference's Max/Min/Mean/Norm, how far msprobe's own
 statistic computation may be off (``delta``), the rounding floors of the dtype and whether ``new``
 meets its dtype's standard. The judgement over them and the golden's statistics is
-:func:`precision_harness.check.judgement.judge`; this module only measures.
+:func:`precision_harness.check.verdicts.judgement.judge`; this module only measures.
 
 The standard (all must hold; ``k`` is how many times the baseline's error the new one is):
 
@@ -133,7 +133,7 @@ def standard(
 def output_figures(
     api_name: str, new: torch.Tensor, baseline: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype | None = None
 ) -> dict[str, Any]:
-    """Everything :func:`precision_harness.check.judgement.judge` needs about one output, as plain JSON.
+    """Everything :func:`precision_harness.check.verdicts.judgement.judge` needs about one output, as plain JSON.
 
     Args:
         api_name: the API without prefix or call number (``linear``), for msprobe's standards.

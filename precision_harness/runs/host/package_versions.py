@@ -1,6 +1,6 @@
 """An installed distribution's version, read from its package metadata (nothing is imported), and the leading
 release numbers the gate's version guards compare: torch's for the FSDP2 fill (:mod:`..verl.fsdp2_buffers`),
-mindstudio-probe's for msprobe's analyses (``check/msprobe_release.py``) and acc_check internals
+mindstudio-probe's for msprobe's analyses (``check/localize/msprobe_release.py``) and acc_check internals
 (:mod:`..api_replay.msprobe_acc`)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 verl keeps the inference engine's weights apart from the training engine's and copies them over
 before each rollout (its sharding manager, ``FSDPVLLMShardingManager.__enter__``). The built-in loop
 does the same with :func:`sync_weights`, and :func:`sync_record` writes what the gate's
-``weight_sync`` invariant reads (``precision_harness.check.consistency``): per parameter, by name, the
+``weight_sync`` invariant reads (``precision_harness.check.tolerance.consistency``): per parameter, by name, the
 sha256 of the actor's tensor cast to the rollout dtype and of the rollout model's tensor.
 """
 

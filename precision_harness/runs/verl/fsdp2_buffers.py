@@ -31,7 +31,7 @@ the imported ``_fsdp_collectives`` module has (:func:`fill_point`), each layout 
   narrows it; and any later release that moves it again): nothing is patched and the run proceeds; :func:`not_filled`
   says which rows go unchecked and why, in the verl process's log and in the gate's header. Each verl rank records
   the fill in its ``env`` (:func:`fill_record`, then run.json and the golden's manifest), and the compare leaves
-  those rows out, counted and named with :func:`unfilled_reason` (:mod:`precision_harness.check.unfilled`).
+  those rows out, counted and named with :func:`unfilled_reason` (:mod:`precision_harness.check.compare.unfilled`).
 
 The releases :data:`CHECKED_TORCH` were each run with two identical 2-rank gloo all-gathers giving identical buffers
 (``benchmarks/torch_releases.py``). A verl run is refused only under a torch the gate cannot run at all (older than

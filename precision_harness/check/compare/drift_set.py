@@ -7,14 +7,14 @@ compare. What the verdict reads of them is bounded:
 
 - its headline count (exact: :attr:`DriftSet.dropped` counts the drifts not kept as objects);
 - the first divergence, in call order across ranks, and where the change entered
-  (:mod:`~precision_harness.check.drift_origin`), the window msprobe reads
-  (:mod:`~precision_harness.check.msprobe_window`): a rank's first drifts;
+  (:mod:`~precision_harness.check.localize.drift_origin`), the window msprobe reads
+  (:mod:`~precision_harness.check.localize.msprobe_window`): a rank's first drifts;
 - the largest drift: a rank's largest drifts.
 
 So each rank keeps its first :data:`KEPT` drifts in call order and its :data:`KEPT` largest, and a profile of
 every drift by API and statistic (:attr:`DriftSet.by_api`: count and largest ratio; one entry per API name
 with its call indices dropped, so bounded by the model's code, not its calls). Drifts judged at once by a
-:class:`~precision_harness.check.stat_table.StatTable` are selected from its arrays (mask, indices, the first
+:class:`~precision_harness.check.compare.stat_table.StatTable` are selected from its arrays (mask, indices, the first
 and the largest), and an object is built for a kept cell only (:func:`table_drifts`).
 """
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precision_harness.check.stat_table import StatTable
-from precision_harness.check.tolerance import Tol
+from precision_harness.check.compare.stat_table import StatTable
+from precision_harness.check.tolerance.policy import Tol
 from precision_harness.dumps.statistics import STATISTICS, relative_change
 
 #: drifts a rank keeps as objects from each end: its first in call order and its largest ratios
@@ -105,7 +105,7 @@ def kept(drifts: list[Drift]) -> list[Drift]:
     """The first :data:`KEPT` of ``drifts`` (one rank's, in call order) and the :data:`KEPT` largest, in call order.
 
     The largest are ranked by ratio, then by call order, then by their place in ``drifts`` (the statistic's), as
-    :attr:`~precision_harness.check.stage_verdict.StageVerdict.largest` picks one.
+    :attr:`~precision_harness.check.compare.stage_verdict.StageVerdict.largest` picks one.
     """
     if len(drifts) <= 2 * KEPT:
         return drifts

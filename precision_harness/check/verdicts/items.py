@@ -21,18 +21,20 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import msprobe_worker, rank_pool, unfilled, verdict_text
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.compare import compare_ahead, compare_stage
+from precision_harness.check.compare import rank_pool, unfilled
+from precision_harness.check.compare.metrics import MetricsVerdict, compare_metrics
+from precision_harness.check.compare.stage import compare_ahead, compare_stage
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.coverage import Ledger
-from precision_harness.check.drift_origin import DriftOrigin, classify
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import METRICS_ITEM, ItemKey
-from precision_harness.check.judgement import Judgement
-from precision_harness.check.metrics_compare import MetricsVerdict, compare_metrics
-from precision_harness.check.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer
-from precision_harness.check.msprobe_window import write_window
-from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.check.localize import msprobe_worker
+from precision_harness.check.localize.drift_origin import DriftOrigin, classify
+from precision_harness.check.localize.msprobe_tools import GRAPH_LEVELS, MsprobeAnswer
+from precision_harness.check.localize.msprobe_window import write_window
+from precision_harness.check.verdicts import verdict_text
+from precision_harness.check.verdicts.judgement import Judgement
 from precision_harness.dumps import sampled_tokens
 from precision_harness.dumps.files import DUMP, METRICS, load_dump, read_metrics
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
@@ -68,13 +70,13 @@ class Outcome:
     seconds: float = 0.0  #: compare (and msprobe analysis) wall time
     artifacts: Path | None = None
     churn: list[ChurnRow] = field(default_factory=list)  #: update mode: the stage against the previous golden
-    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (check.level_auto)
+    #: ``level: auto``: the stage rerun at L1 and checked against the golden's L1 record (check.rerun.level_auto)
     localized: Outcome | None = None
     #: the run's environment against the golden's (every item of a scenario carries the same)
     environment: EnvironmentDiff = field(default_factory=EnvironmentDiff)
-    #: a failing stage: where its change entered (check.drift_origin)
+    #: a failing stage: where its change entered (check.localize.drift_origin)
     origin: DriftOrigin | None = None
-    #: a failing stage whose change entered at an API: the replay's judgement (check.replay)
+    #: a failing stage whose change entered at an API: the replay's judgement (check.rerun.replay)
     judgement: Judgement | None = None
     #: the ledger of an outcome with no verdict that still accounts for part of the golden; else the verdict's
     coverage: Ledger | None = None
@@ -127,8 +129,8 @@ def check_items(
     """Outcome of each item of ``target`` against ``golden``; a user-caused problem is a failed outcome.
 
     The stages of the next items (a core each) are started beside the current one, a stage to a worker, where their
-    dumps are large enough for the rank pool (:func:`~precision_harness.check.rank_pool.ahead`); the outcomes and
-    their order are those of one item at a time.
+    dumps are large enough for the rank pool (:func:`~precision_harness.check.compare.rank_pool.ahead`); the outcomes
+    and their order are those of one item at a time.
 
     Args:
         target: verl-layout directory (``step_<n>/<stage>/step0/rank<r>/dump.json``, ``metrics.jsonl``).
@@ -136,7 +138,7 @@ def check_items(
         keys: the items to check (:func:`items_of` for all of them).
 
     Where ``target``'s run.json or the golden's manifest records FSDP2's all-gather buffer not zero-filled, its rows
-    are not compared (:func:`~precision_harness.check.unfilled.settled`).
+    are not compared (:func:`~precision_harness.check.compare.unfilled.settled`).
     """
     keys, settings = list(keys), unfilled.settled(settings, target, golden.env)
     try:
@@ -169,7 +171,7 @@ def covered(out: Outcome, settings: CheckSettings) -> Outcome:
 
 def _ahead(target: Path, golden: Golden, keys: list[ItemKey], settings: CheckSettings) -> None:
     """The stages of ``keys`` (this item's and the next ones, a core each) started side by side in the rank pool
-    (:func:`~precision_harness.check.compare.compare_ahead`); a stage the golden lacks or cannot give is left to
+    (:func:`~precision_harness.check.compare.stage.compare_ahead`); a stage the golden lacks or cannot give is left to
     its own item, which says why."""
     stages = [
         (_run_stage(target, k), golden.stage(k.step, k.stage))
@@ -237,7 +239,9 @@ def check_stage(target: StageSource, golden: StageSource, settings: CheckSetting
     """
     __tracebackhide__ = True
     t0 = time.perf_counter()
-    verdict = compare_stage(target, golden, settings)
+    # a failing rank of a large stage starts msprobe's worker while the other ranks are compared
+    failing = msprobe_worker.warm if settings.asks_msprobe else None
+    verdict = compare_stage(target, golden, settings, failing=failing)
     if verdict.passed and not verdict.checked and not verdict.unchecked:
         return Outcome(False, _nothing_compared(verdict, settings), OutcomeKind.ERROR, verdict)
     if verdict.passed:
@@ -290,10 +294,10 @@ def _ask_msprobe(
     target: StageSource, golden: StageSource, verdict: StageVerdict, artifacts: Path, settings: CheckSettings
 ) -> msprobe_worker.Pending:
     """msprobe's table and first diff of a failing stage: over the window of its first divergent rank
-    (:mod:`~precision_harness.check.msprobe_window`), or with ``settings.msprobe_full`` every failing rank whole; its
-    graph for L0/mix over the whole run stage either way. Asked of a worker where one was started ahead of the stage
-    (:mod:`~precision_harness.check.msprobe_worker`; ``settings.msprobe_timeout`` seconds to answer), else here when
-    the answer is asked for."""
+    (:mod:`~precision_harness.check.localize.msprobe_window`), or with ``settings.msprobe_full`` every failing rank
+    whole; its graph for L0/mix over the whole run stage either way. Asked of a worker where one was started ahead of
+    the stage (:mod:`~precision_harness.check.localize.msprobe_worker`; ``settings.msprobe_timeout`` seconds to
+    answer), else here when the answer is asked for."""
     graph, timeout = golden.level in GRAPH_LEVELS, settings.msprobe_timeout
     window = None if settings.msprobe_full else write_window(target, golden, verdict, artifacts)
     if window is None:

@@ -8,7 +8,7 @@ own scale (``noise.rows``, the rows that moved only), and per stage and statisti
 rerun also takes another thread count (1, 2, 4, ... over OMP/MKL and ``torch.set_num_threads``); on a
 GPU or NPU the reruns keep the scenario's settings, so what they measure is the device and stack's
 own run-to-run spread (collective reduction order, non-deterministic kernels). The gate then uses, for each row,
-``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`),
+``rtol = max(k x observed, floor)`` (:meth:`~precision_harness.check.tolerance.policy.TolerancePolicy.with_noise`),
 and :func:`proposed_tolerance` writes the same figures as a ``tolerance:`` block for the scenario file.
 
 Choice of k and floor (Megatron: k = 1.5 x max observed, floor 1e-3):
@@ -217,7 +217,7 @@ def noise_table(noise: dict[str, Any]) -> list[str]:
     """Lines of the observed noise per stage and statistic (the largest of its rows) and how many rows moved.
 
     Each row that moved is checked with fp32 ``rtol = max(k x its own change, floor)``; every other row keeps
-    the floor (:meth:`~precision_harness.check.tolerance.TolerancePolicy.with_noise`).
+    the floor (:meth:`~precision_harness.check.tolerance.policy.TolerancePolicy.with_noise`).
     """
     moved = noise.get("rows", {})
     lines = [

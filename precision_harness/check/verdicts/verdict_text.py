@@ -16,22 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import unfilled
-from precision_harness.check.code_path import CodePathChange, describe
-from precision_harness.check.drift_origin import LABEL as ORIGIN_LABEL
-from precision_harness.check.drift_origin import DriftOrigin
-from precision_harness.check.drift_set import Drift
+from precision_harness.check.compare import unfilled
+from precision_harness.check.compare.code_path import CodePathChange, describe
+from precision_harness.check.compare.drift_set import Drift
+from precision_harness.check.compare.metrics import MetricsVerdict
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.environment import EnvironmentDiff
-from precision_harness.check.metrics_compare import MetricsVerdict
-from precision_harness.check.msprobe_tools import MsprobeAnswer
+from precision_harness.check.localize.drift_origin import LABEL as ORIGIN_LABEL
+from precision_harness.check.localize.drift_origin import DriftOrigin
+from precision_harness.check.localize.msprobe_tools import MsprobeAnswer
 from precision_harness.check.recording import added_line, lost_line
-from precision_harness.check.stage_verdict import StageVerdict
 
 #: problems listed before "... and N more"
 MAX_PROBLEMS = 5
 #: the label of the judgement's line (right after the ``change entered`` line)
 JUDGEMENT_LABEL = "judgement"
-#: the label of the line that reports a changed code path (:mod:`precision_harness.check.code_path`)
+#: the label of the line that reports a changed code path (:mod:`precision_harness.check.compare.code_path`)
 CODE_PATH_LABEL = "code path"
 #: the label of the lines that say what one side's msprobe records and the other's does not (check.recording)
 RECORDED_LABEL = "recorded"
@@ -85,8 +85,9 @@ class Reading:
     """What explains one failing stage, for :func:`stage_text` to order (the first line steers the user).
 
     Attributes:
-        origin: where the change entered (:func:`~precision_harness.check.drift_origin.classify`).
-        judgement: the judgement's line (:mod:`precision_harness.check.judgement`), said right after the origin.
+        origin: where the change entered (:func:`~precision_harness.check.localize.drift_origin.classify`).
+        judgement: the judgement's line (:mod:`precision_harness.check.verdicts.judgement`), said right after the
+            origin.
         changed: numeric settings that differ from the golden's, one line each.
         environment: the run's environment against the golden's.
         identical_elsewhere: other stage dumps of the same run identical to their goldens (sha256): on

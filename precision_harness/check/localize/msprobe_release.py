@@ -1,7 +1,7 @@
 """Which mindstudio-probe releases the gate runs and asks for analyses, and how each one's compare is called: the
 version guard of msprobe's compare internals, in one place.
 
-Why a guard: :mod:`~precision_harness.check.msprobe_tools` calls msprobe's compare pieces (``ParseData``,
+Why a guard: :mod:`~precision_harness.check.localize.msprobe_tools` calls msprobe's compare pieces (``ParseData``,
 ``Comparator.compare_statistics``, ``calculate_excel_result_df``, ``FirstDiffAnalyze``, ``DiffAnalyzer``,
 ``GraphBuilder``), which are not a public API and change between releases. Read against each release's source
 (``msprobe/core/compare``, ``msprobe/visualization``):

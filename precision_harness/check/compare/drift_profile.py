@@ -6,11 +6,12 @@ one float and one copy of the row's name per row (a rank's names come back from 
 Here a rank's points are kept as one :class:`_Chunk` of columns, 12 bytes a row: an int64 order, a float64 ratio
 and the name list, which the ranks of one stage share (they name the same rows). Readers see the same points in
 the same order, as tuples (:class:`DriftProfile` reads as a sequence of them). The ratios are NaN-free where the
-compare makes them (:class:`~precision_harness.check.stat_table.StatTable`'s are 0 where a statistic is absent).
+compare makes them (:class:`~precision_harness.check.compare.stat_table.StatTable`'s are 0 where a statistic is absent).
 
 A rank's result crosses the rank pool's pipe pickled, its names with it. A process keeps one copy of equal name
 lists it unpickles while an earlier one is alive (:func:`_shared`): the results of a stage compared ahead wait
-whole for their stage's turn (:func:`~precision_harness.check.rank_pool.ahead`), about 17 MB of names a rank at 7B.
+whole for their stage's turn (:func:`~precision_harness.check.compare.rank_pool.ahead`), about 17 MB of names a
+rank at 7B.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 msprobe's compare table (pandas) and its first-diff analysis (``DiffAnalyzer``) cost seconds per thousand
 calls: on a 7B-sized stage (65,000 calls a rank, 8 ranks) hours, for an opinion beside the gate's verdict,
 which is already decided. So by default they read a *window*: the calls of the first divergent rank (the
-rank of :attr:`~precision_harness.check.stage_verdict.StageVerdict.first_divergence`, ranks running in lock step)
-from :data:`WINDOW_CALLS` before its first divergence to :data:`WINDOW_CALLS` after, and the golden's
+rank of :attr:`~precision_harness.check.compare.stage_verdict.StageVerdict.first_divergence`, ranks running in lock
+step) from :data:`WINDOW_CALLS` before its first divergence to :data:`WINDOW_CALLS` after, and the golden's
 calls paired with them (:func:`~precision_harness.dumps.pairing.aligned_golden`, renamed to the run's
 names, as msprobe pairs by name). Both are written as plain stage folders under
 ``<artifacts>/msprobe_window/`` (``run/`` and ``golden/``, ``step0/<rank>/dump.json``), and
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.dumps.files import DUMP, collector_paused, restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.stage import StageSource, cut_rank

@@ -15,7 +15,7 @@ golden block's result against its first call's input, else it is computed nowher
 means the same dtype, the same shape up to the order of its dimensions and dimensions of size 1 (a
 transpose, a view that adds or drops them: 5.23.0's RoPE product ``[4, 18, 4]`` for 5.10.4's
 ``[4, 4, 18]``, a mask ``[4, 18, 18]`` for ``[4, 1, 18, 18]``), and every Max/Min/Mean/Norm within the
-stage's tolerance, Mean against the golden's RMS as in :mod:`precision_harness.check.compare`. An output
+stage's tolerance, Mean against the golden's RMS as in :mod:`precision_harness.check.compare.stage`. An output
 of another place, however equal, is not a match. A block from which no tensor leaves is undecided
 (:attr:`Leaving.NONE`): it passes reported as such, the paired rows after it being the only evidence, and
 fails under ``tolerance.code_path: fail``.
@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance.policy import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.pairing import ChangedBlock
 from precision_harness.dumps.rows import rms, row_statistics

@@ -234,7 +234,7 @@ class TolerancePolicy:
         self, *, stage: str, dtypes: Sequence[str], codes: np.ndarray, names: Sequence[str], rms: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(rtol, atol)``, each ``(rows, 4)`` float64 in :data:`STATISTICS` order: :meth:`for_tensor` of every
-        statistic of every row, the same floats, for the compare's vectorised rows (``check/stat_table.py``).
+        statistic of every row, the same floats, for the compare's vectorised rows (``check/compare/stat_table.py``).
 
         Args:
             dtypes: msprobe dtype strings; row ``i``'s is ``dtypes[codes[i]]``.

@@ -2,7 +2,7 @@
 
 A stage's first divergent row (the first statistic beyond tolerance, in execution order) is where
 the drift became visible. Where the change *entered* is the earliest row that differs at all
-(:attr:`~precision_harness.check.stage_verdict.StageVerdict.profile`: a worst ratio above 0, or another
+(:attr:`~precision_harness.check.compare.stage_verdict.StageVerdict.profile`: a worst ratio above 0, or another
 dtype or shape than the golden's, whose statistics may still match), at or before it, on any rank:
 every recorded value before that row equals the golden's, so whatever made it differ did not come
 from an API of the stage msprobe recorded. Its place in the dump says
@@ -24,7 +24,7 @@ kind           the earliest differing row is                                    
                dtype or shape changed that carries an earlier recorded
                output's value (a cast, int/bool ones included: never upstream)
 ``code_path``  a changed block of the call stream (calls inserted, removed or   the code path changed there
-               replaced: :mod:`precision_harness.check.code_path`) whose
+               replaced: :mod:`precision_harness.check.compare.code_path`) whose
                values differ from the golden's, before any differing row
 =============  ===============================================================  ===============================
 
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from precision_harness.check.code_path import CodePathChange
-from precision_harness.check.stage_verdict import StageVerdict
+from precision_harness.check.compare.code_path import CodePathChange
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.dumps.files import restored_calls
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows

@@ -1,7 +1,7 @@
 """The tolerance ratios of one rank's paired rows, every statistic at once (numpy), for the compare.
 
-:func:`~precision_harness.check.compare.compare_rank` judges each statistic with
-:func:`~precision_harness.check.tolerance.tolerance_ratio`, ``|t - g| / (atol + rtol * scale)``; at 65,000
+:func:`~precision_harness.check.compare.stage.compare_rank` judges each statistic with
+:func:`~precision_harness.check.tolerance.policy.tolerance_ratio`, ``|t - g| / (atol + rtol * scale)``; at 65,000
 calls a rank (a 7B model at L1) that is a quarter of a million rows and a million Python calls. A
 :class:`StatTable` holds the rows that need nothing but that formula, the *regular* rows (same dtype and
 shape, four statistics, each present on both sides or on neither), as ``(rows, 4)`` float64 arrays, and
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from precision_harness.check.tolerance import Tol, TolerancePolicy
+from precision_harness.check.tolerance.policy import Tol, TolerancePolicy
 from precision_harness.dumps.rows import rms, to_float
 from precision_harness.dumps.statistics import STATISTICS
 
@@ -156,7 +156,8 @@ def _nan_for_none(stats: list[float | None]) -> list[float]:
 
 
 def _ratios(t: np.ndarray, g: np.ndarray, tols: np.ndarray, mean_scale: np.ndarray) -> np.ndarray:
-    """:func:`~precision_harness.check.tolerance.tolerance_ratio` of every cell, with its operations in its order."""
+    """:func:`~precision_harness.check.tolerance.policy.tolerance_ratio` of every cell, with its operations in its
+    order."""
     scale = np.abs(g)
     has_rms = ~np.isnan(mean_scale)
     scale[has_rms, MEAN] = np.abs(mean_scale[has_rms])

@@ -3,7 +3,7 @@ they pay.
 
 A rank's compare is CPU-bound Python (parsing its dump.json, naming its rows), so threads would share one
 core; processes do not. Each worker reads and compares one rank pair at a time and sends back only its
-:class:`~precision_harness.check.stage_verdict.RankVerdict`, so memory stays near one rank's dumps per worker.
+:class:`~precision_harness.check.compare.stage_verdict.RankVerdict`, so memory stays near one rank's dumps per worker.
 
 The workers are started once per process, on first need, with the ``spawn`` method (the pytest process holds
 threads; a fork could copy a held lock), and are only used where they pay for their start-up (about a second,

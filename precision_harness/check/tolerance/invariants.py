@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.tolerance import DTYPE_DEFAULTS, Tol
+from precision_harness.check.tolerance.policy import DTYPE_DEFAULTS, Tol
 from precision_harness.dumps.files import load_dump, read_metrics
 from precision_harness.dumps.rows import tensors
 from precision_harness.dumps.statistics import STATISTICS

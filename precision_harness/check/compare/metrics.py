@@ -12,7 +12,7 @@ from typing import Any
 
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.coverage import NOT_IN_RUN, Ledger
-from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance.policy import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.rows import to_float
 from precision_harness.dumps.statistics import relative_change
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import Outcome, OutcomeKind, check_items
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_items
 from precision_harness.errors import GoldenMissingError, PrecisionError
 from precision_harness.goldens.golden import Golden
 from precision_harness.goldens.manifest import LOCALIZE_DIR

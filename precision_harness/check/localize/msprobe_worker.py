@@ -10,12 +10,12 @@ for the check's next failing stages, one at a time: msprobe is imported once a p
 A worker is started where its import hides behind work left here:
 
 - the stage's run dumps are at least :data:`MIN_WARM_BYTES` (sized as
-  :func:`~precision_harness.check.rank_pool.dump_bytes`, indexed goldens counted at their share);
+  :func:`~precision_harness.check.compare.rank_pool.dump_bytes`, indexed goldens counted at their share);
 - a rank failed and at least one rank is still to come;
 - this machine gives the process two cores or more, and it is not a pytest-xdist worker (xdist fills the cores);
 - msprobe's compare is not imported here already (then asking it here costs no import).
 
-Otherwise msprobe is asked in this process, as :func:`~precision_harness.check.msprobe_tools.analyze_failure`
+Otherwise msprobe is asked in this process, as :func:`~precision_harness.check.localize.msprobe_tools.analyze_failure`
 always was, and so wherever the worker gives no answer (it had gone before the stage was handed over, it died, its
 answer does not read). The answer and msprobe's files are the same either way (``tests/test_msprobe_worker.py``).
 
@@ -43,11 +43,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from precision_harness.check import rank_pool
-from precision_harness.check.msprobe_tools import MsprobeAnswer, analyze_failure, preload
+from precision_harness.check.compare import rank_pool
+from precision_harness.check.localize.msprobe_tools import MsprobeAnswer, analyze_failure, preload
 
-#: the smallest stage (bytes of the run's dump.json files, as :func:`~precision_harness.check.rank_pool.map_ranks`
-#: is given them) whose failing rank starts a worker: about 0.3 s of rank compare left here to hide its import behind
+#: the smallest stage (bytes of the run's dump.json files, as
+#: :func:`~precision_harness.check.compare.rank_pool.map_ranks` is given them) whose failing rank starts a worker:
+#: about 0.3 s of rank compare left here to hide its import behind
 MIN_WARM_BYTES = 8 << 20
 #: a module of msprobe's compare: imported here, asking msprobe here costs no import
 _MSPROBE_COMPARE = "msprobe.core.compare.acc_compare"
@@ -65,7 +66,7 @@ class Timeout(NoAnswer):
 
 @dataclass(frozen=True)
 class Job:
-    """What :func:`~precision_harness.check.msprobe_tools.analyze_failure` is asked, by its argument names."""
+    """What :func:`~precision_harness.check.localize.msprobe_tools.analyze_failure` is asked, by its argument names."""
 
     target_stage: Path
     golden_stage: Path

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check import msprobe_release
+from precision_harness.check.localize import msprobe_release
 from precision_harness.errors import ProbeUnavailableError
 
 #: levels whose dumps carry a module tree in construct.json (a graph needs it; L1's is ``{}``)
@@ -43,7 +43,7 @@ class MsprobeAnswer:
     tables: list[Path] = field(default_factory=list)  #: msprobe's compare tables (``compare_result_rank<r>.csv``)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    #: what msprobe read, as the verdict says it (:attr:`~precision_harness.check.msprobe_window.Window.line`);
+    #: what msprobe read, as the verdict says it (:attr:`~precision_harness.check.localize.msprobe_window.Window.line`);
     #: empty where it read every failing rank whole
     scope: str = ""
 
@@ -63,7 +63,7 @@ def _import_msprobe_compare():
 def preload() -> None:
     """Import what :func:`analyze_failure` runs of msprobe (its compare, first diff and result columns: pandas among
     them), quietly; nothing where msprobe is not installed (:func:`analyze_failure` then says so in its answer).
-    A worker process ahead of its stage calls it (:mod:`~precision_harness.check.msprobe_worker`)."""
+    A worker process ahead of its stage calls it (:mod:`~precision_harness.check.localize.msprobe_worker`)."""
     with contextlib.suppress(ImportError, ProbeUnavailableError), _quiet(io.StringIO()):
         _import_msprobe_compare()
         from msprobe.core.compare.diff_analyze.first_diff_analyze import FirstDiffAnalyze  # noqa: F401
@@ -246,8 +246,8 @@ def analyze_failure(
     a rank's table comes from the same parse and ``compare_statistics`` as its first diff (one each, not two).
 
     Writes under ``out_dir/first_diff/`` and ``out_dir/graph/``; msprobe's logs go to ``out_dir/msprobe.log`` (none
-    where it logged nothing). A release the analyses do not support (:mod:`~precision_harness.check.msprobe_release`)
-    gets one line in ``errors``, and nothing is run.
+    where it logged nothing). A release the analyses do not support
+    (:mod:`~precision_harness.check.localize.msprobe_release`) gets one line in ``errors``, and nothing is run.
     """
     answer = MsprobeAnswer()
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The replay of a failing stage whose change entered at an API: capture its tensors, confirm, replay, judge.
 
-For a stage classified ``api`` (:mod:`precision_harness.check.drift_origin`): an API whose inputs
+For a stage classified ``api`` (:mod:`precision_harness.check.localize.drift_origin`): an API whose inputs
 match the golden's gives other outputs; and for one classified ``code_path`` whose changed block is
 one run call that replaced golden calls (a fused op for a decomposition) with inputs equal to the
 golden block's: that call is judged against the golden block's output in its place
@@ -17,7 +17,7 @@ golden block's: that call is judged against the golden block's output in its pla
    not deterministic), and its inputs match the golden's statistic for statistic (the golden keeps no
    tensors: "inputs matched by statistics");
 4. replays the confirmed calls in a worker (:mod:`precision_harness.runs.api_replay`) and judges the
-   first one replayed (:func:`precision_harness.check.judgement.judge`).
+   first one replayed (:func:`precision_harness.check.verdicts.judgement.judge`).
 
 Whatever stops it on the way is an ``undecided`` judgement with its reason, never a guess. Only the
 judged call's tensors are kept (``<out_dir>/run/step_<n>/<stage>/step0/<rank>/dump_tensor_data``).
@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.code_path import CodePathChange
-from precision_harness.check.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.compare.code_path import CodePathChange
+from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.items import Outcome
-from precision_harness.check.judgement import Judgement, held_back, judge
-from precision_harness.check.stage_verdict import StageVerdict
-from precision_harness.check.verdict_text import with_judgement as text_with_judgement
+from precision_harness.check.localize.drift_origin import DriftOrigin, OriginKind
+from precision_harness.check.verdicts.items import Outcome
+from precision_harness.check.verdicts.judgement import Judgement, held_back, judge
+from precision_harness.check.verdicts.verdict_text import with_judgement as text_with_judgement
 from precision_harness.dumps.files import load_dump
 from precision_harness.dumps.pairing import aligned_golden, pair_calls
 from precision_harness.dumps.rows import numel, row_statistics, rows

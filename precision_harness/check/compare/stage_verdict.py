@@ -1,6 +1,6 @@
 """The verdicts of a stage compare: one rank's (:class:`RankVerdict`) and the stage's (:class:`StageVerdict`), and the
-always-failures they hold (:class:`Problem`); built by :mod:`~precision_harness.check.compare`, read by the verdict
-text, the reports, the judgement and msprobe's window."""
+always-failures they hold (:class:`Problem`); built by :mod:`~precision_harness.check.compare.stage`, read by the
+verdict text, the reports, the judgement and msprobe's window."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from precision_harness.check.code_path import CodePathChange
+from precision_harness.check.compare.code_path import CodePathChange
+from precision_harness.check.compare.drift_profile import DriftProfile
+from precision_harness.check.compare.drift_set import Drift, DriftSet, kept
 from precision_harness.check.coverage import DECLARED_UNCHECKED, NOT_RECORDED, Ledger
-from precision_harness.check.drift_profile import DriftProfile
-from precision_harness.check.drift_set import Drift, DriftSet, kept
 from precision_harness.check.recording import RecordingDiff
 from precision_harness.dumps.statistics import STATISTICS
 
@@ -48,25 +48,26 @@ class RankVerdict(_Verdict):
 
     rank: str
     checked: int = 0
-    #: the first and the largest drifts (:mod:`~precision_harness.check.drift_set`), in row order
+    #: the first and the largest drifts (:mod:`~precision_harness.check.compare.drift_set`), in row order
     drifts: list[Drift] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     #: the count of the drifts not kept, and every drift by API and statistic
     drift_set: DriftSet = field(default_factory=DriftSet)
     profile: DriftProfile = field(default_factory=DriftProfile)  #: every compared row, in execution order
-    #: the changed blocks of the call stream (:mod:`precision_harness.check.code_path`)
+    #: the changed blocks of the call stream (:mod:`precision_harness.check.compare.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
     #: ``(rank, row)`` of every paired row whose dtype or shape changed (its profile ratio is ``inf``, as is that
     #: of any change under ``mode: exact``: this set tells the two apart)
     structural: set[tuple[str, str]] = field(default_factory=set)
     #: tensor rows neither side recorded a statistic of: compared by nothing
     unchecked: list[str] = field(default_factory=list)
-    #: rows of FSDP2's unfilled all-gather buffer, left out of the compare (:mod:`~precision_harness.check.unfilled`)
+    #: rows of FSDP2's unfilled all-gather buffer, left out of the compare
+    #: (:mod:`~precision_harness.check.compare.unfilled`)
     unfilled: list[str] = field(default_factory=list)
     #: the statistics one side's msprobe records and the other's does not (:mod:`~precision_harness.check.recording`)
     recording: RecordingDiff = field(default_factory=RecordingDiff)
     #: the rank's calls in order, where the run's and the golden's are the same; a failing rank's only (msprobe's
-    #: window is cut from the dumps' bytes around them: :mod:`~precision_harness.check.msprobe_window`)
+    #: window is cut from the dumps' bytes around them: :mod:`~precision_harness.check.localize.msprobe_window`)
     calls: list[str] | None = field(default=None, repr=False)
     #: the golden rank's tensor rows and statistics: compared, or why not (:mod:`~precision_harness.check.coverage`)
     coverage: Ledger = field(default_factory=Ledger, repr=False)
@@ -77,9 +78,9 @@ class RankVerdict(_Verdict):
         self.problems.append(Problem(text, self.rank))
 
     def bound(self) -> None:
-        """Keep the rank's first and largest drifts (:func:`~precision_harness.check.drift_set.kept`): those built
-        row by row, counted here, with those already selected from the table's arrays; the profile packed into
-        columns (:mod:`~precision_harness.check.drift_profile`)."""
+        """Keep the rank's first and largest drifts (:func:`~precision_harness.check.compare.drift_set.kept`): those
+        built row by row, counted here, with those already selected from the table's arrays; the profile packed into
+        columns (:mod:`~precision_harness.check.compare.drift_profile`)."""
         self.drift_set.count(self.drifts)
         every = sorted(self.drifts + self._table_kept, key=lambda d: (d.order, STATISTICS.index(d.statistic)))
         self.drifts, self._table_kept = kept(every), []
@@ -97,7 +98,7 @@ class StageVerdict(_Verdict):
     step: int
     stage: str
     checked: int = 0  #: statistics compared
-    #: each rank's first and largest drifts (:mod:`~precision_harness.check.drift_set`), by rank and row order
+    #: each rank's first and largest drifts (:mod:`~precision_harness.check.compare.drift_set`), by rank and row order
     drifts: list[Drift] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)  #: always-failures, one line each
     #: the count of the drifts not kept, and every drift by API and statistic
@@ -109,7 +110,8 @@ class StageVerdict(_Verdict):
     #: report plots, where the change entered and the replay read, whole on a failing stage; a passing stage
     #: keeps only its worst point, all its readers use (:meth:`settle`); empty for identical dumps.
     profile: DriftProfile = field(default_factory=DriftProfile)
-    #: the changed blocks of every rank's call stream, in execution order (:mod:`precision_harness.check.code_path`)
+    #: the changed blocks of every rank's call stream, in execution order
+    #: (:mod:`precision_harness.check.compare.code_path`)
     code_paths: list[CodePathChange] = field(default_factory=list)
     #: any changed block fails the stage (the scenario's ``tolerance.code_path: fail``), even one whose
     #: values match the golden's
@@ -122,7 +124,7 @@ class StageVerdict(_Verdict):
     #: globs of the rows the scenario allows to go unchecked (``tolerance.unchecked``)
     allow_unchecked: tuple[str, ...] = ()
     #: ``(rank, row)`` of the rows of FSDP2's all-gather buffer left out where a side ran without its zero-fill, and
-    #: why (:mod:`~precision_harness.check.unfilled`)
+    #: why (:mod:`~precision_harness.check.compare.unfilled`)
     unfilled: list[tuple[str, str]] = field(default_factory=list)
     unfilled_reason: str = ""
     #: the statistics one side's msprobe records and the other's does not: those only the golden records (``lost``)

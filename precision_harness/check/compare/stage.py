@@ -4,10 +4,10 @@ The rows are msprobe's (:func:`precision_harness.dumps.rows.rows`, the parser be
 compare``); the tolerance is ours. The run's calls are paired with the golden's by aligning the two
 call streams (:func:`precision_harness.dumps.pairing.pair_calls`), not by msprobe's per-type call
 index: a call inserted, removed or replaced by an upgrade forms a changed block
-(:class:`~precision_harness.check.code_path.CodePathChange`) and shifts no other pairing.
+(:class:`~precision_harness.check.compare.code_path.CodePathChange`) and shifts no other pairing.
 
 msprobe's Result column only looks at Norm and lets a 5 % output change pass, so it is not the gate:
-every Max/Min/Mean/Norm is checked with :class:`~precision_harness.check.tolerance.TolerancePolicy`,
+every Max/Min/Mean/Norm is checked with :class:`~precision_harness.check.tolerance.policy.TolerancePolicy`,
 and the checks msprobe misses are added: the row key sets of each paired call (msprobe silently drops
 golden-only rows), dtype/shape changes, NaN/Inf where the golden is finite, a rank missing on either
 side, dumps too different to align.
@@ -20,14 +20,18 @@ unchanged case fast. Both sides are read through :class:`~precision_harness.dump
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from precision_harness.check import msprobe_worker, rank_pool, unfilled
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.code_path import BlockRows, by_call, evaluate, placed
+from precision_harness.check.compare import rank_pool, unfilled
+from precision_harness.check.compare.code_path import BlockRows, by_call, evaluate, placed
+from precision_harness.check.compare.drift_set import Drift, table_drifts
+from precision_harness.check.compare.stage_verdict import Problem, RankVerdict, StageVerdict
+from precision_harness.check.compare.stat_table import Cells, StatTable
 from precision_harness.check.coverage import (
     CHANGED_CODE_PATH,
     NOT_IN_RUN,
@@ -38,11 +42,8 @@ from precision_harness.check.coverage import (
     held_by_columns,
     held_by_row,
 )
-from precision_harness.check.drift_set import Drift, table_drifts
 from precision_harness.check.recording import RecordingDiff, drop_one_sided_calls
-from precision_harness.check.stage_verdict import Problem, RankVerdict, StageVerdict
-from precision_harness.check.stat_table import Cells, StatTable
-from precision_harness.check.tolerance import TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance.policy import TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_golden_columns, aligned_rows, blank_rows, pair_calls
@@ -66,12 +67,12 @@ def compare_rank(
     """Compare one rank's parsed dump pair: key sets, then every statistic of every row.
 
     msprobe drops golden-only rows silently, so API and row key sets are checked here. The statistics of
-    the regular rows are judged at once (:class:`~precision_harness.check.stat_table.StatTable`), the others
+    the regular rows are judged at once (:class:`~precision_harness.check.compare.stat_table.StatTable`), the others
     row by row; drifts, problems and the profile come out in row order either way, the drifts bounded
     (:meth:`RankVerdict.bound`). Where both dumps hold the same calls (the common case), both are read as
     :func:`~precision_harness.dumps.columns.columns` and a row's object is built only where its verdict needs it.
     The dumps may be parsed by ``parse_dump`` or ``parse_dump_raw`` (restored in place for the row-by-row way).
-    The rows of the run's calls ``skip`` are left out (:mod:`~precision_harness.check.unfilled`).
+    The rows of the run's calls ``skip`` are left out (:mod:`~precision_harness.check.compare.unfilled`).
 
     Raises:
         ProbeUnavailableError: msprobe (its row parser) is not installed.
@@ -167,8 +168,8 @@ def _judge_columns(
 ) -> None:
     """:func:`_judge` for two dumps of the same calls read as :class:`~precision_harness.dumps.columns.Columns`:
     the regular rows judged at once, a row object built only for a row that is not regular, and a drift only
-    for one the verdict keeps (:func:`~precision_harness.check.drift_set.table_drifts`). ``at``: the stage, and the
-    run's calls whose rows are left out (:mod:`~precision_harness.check.unfilled`)."""
+    for one the verdict keeps (:func:`~precision_harness.check.compare.drift_set.table_drifts`). ``at``: the stage, and
+    the run's calls whose rows are left out (:mod:`~precision_harness.check.compare.unfilled`)."""
     (t, g), (stage, skip) = sides, at
     v.calls = t.calls
     g_at, golden = aligned_golden_columns(t, g)
@@ -283,7 +284,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
     t_dtype, g_dtype = t_item.get("dtype") or t_item.get("type"), g_item.get("dtype") or g_item.get("type")
     if t_dtype != g_dtype or t_item.get("shape") != g_item.get("shape"):
         v.problem(f"{row.name}: dtype/shape {g_dtype} {g_item.get('shape')} -> {t_dtype} {t_item.get('shape')}")
-        # it differs, whatever its statistics: where a change entered (check.drift_origin) must see it
+        # it differs, whatever its statistics: where a change entered (check.localize.drift_origin) must see it
         v.profile.append((v.rank, row.order, row.name, math.inf))
         v.structural.add((v.rank, row.name))
         _missed(v, STRUCTURAL, [g_item])
@@ -332,13 +333,21 @@ def _one_sided(v: RankVerdict, row: _Row, stats: tuple[dict, dict], dtype: str) 
             v.recording.note(stat, dtype, lost=t_stats[stat] is None, where=(v.rank, row.name))
 
 
-def compare_stage(target: StageSource, golden: StageSource, settings: CheckSettings) -> StageVerdict:
+def compare_stage(
+    target: StageSource,
+    golden: StageSource,
+    settings: CheckSettings,
+    *,
+    failing: Callable[[int, int], None] | None = None,
+) -> StageVerdict:
     """Compare every rank of ``target`` against ``golden`` (the same ``step_<n>/<stage>``).
 
     The stage's name and step come from ``golden``. Where every shared rank's digest equals the
     golden's, the verdict is ``identical`` and its count is the golden's recorded one. Either way its
     :attr:`~StageVerdict.coverage` counts what the golden's ranks hold (read as columns where identical: the rows
     msprobe recorded no statistic of are found so) and what was compared (:mod:`~precision_harness.check.coverage`).
+    ``failing`` is called with ``(size, left)`` when a rank fails: the run's dump bytes of the stage and the ranks still
+    to be compared (the check starts msprobe's worker so, while the other ranks are compared).
 
     Raises:
         GoldenCorruptError: a dump on either side is unreadable.
@@ -371,8 +380,8 @@ def compare_stage(target: StageSource, golden: StageSource, settings: CheckSetti
     for done, rank_verdict in enumerate(rank_pool.map_ranks(_rank_verdict, jobs, size=size, key=key), 1):
         verdict.add(rank_verdict)
         ticker.rank_done(rank_verdict.rank)
-        if settings.asks_msprobe and not rank_verdict.passed:
-            msprobe_worker.warm(size, left=len(jobs) - done)
+        if failing is not None and not rank_verdict.passed:
+            failing(size, len(jobs) - done)
     verdict.drifts.sort(key=lambda d: (d.rank, d.order))
     verdict.code_paths = placed(verdict.code_paths, target)
     verdict.settle()
@@ -420,8 +429,8 @@ def _identical_held(verdict: StageVerdict, golden: StageSource, shared: list[str
 
 def compare_ahead(stages: list[tuple[StageSource, StageSource]], settings: CheckSettings) -> None:
     """Start the rank compares of the ``(target, golden)`` stages a check compares next (two or more), each on a worker
-    of its own (:func:`~precision_harness.check.rank_pool.ahead`), for :func:`compare_stage` to collect; not a stage
-    whose ranks are not the golden's, or whose first rank is the golden's byte for byte (it may be identical)."""
+    of its own (:func:`~precision_harness.check.compare.rank_pool.ahead`), for :func:`compare_stage` to collect; not a
+    stage whose ranks are not the golden's, or whose first rank is the golden's byte for byte (it may be identical)."""
     found = []
     for target, golden in stages:
         ranks = target.ranks()
@@ -458,7 +467,7 @@ def _rank_verdict(
     other ranks are compared. A golden's raises: it was verified against its sha256, so it is the store's fault.
 
     With ``left_out``, the rows of the run's calls in FSDP2's unfilled all-gather buffer are not compared
-    (:func:`~precision_harness.check.unfilled.calls`).
+    (:func:`~precision_harness.check.compare.unfilled.calls`).
     """
     skip = unfilled.calls(target, rank) if left_out else frozenset()
     sides = same_skeleton_columns(target, golden, rank)

@@ -36,7 +36,7 @@ from precision_harness.runs.verl.fsdp2_buffers import unfilled_reason
 
 if TYPE_CHECKING:
     from precision_harness.check.check_settings import CheckSettings
-    from precision_harness.check.stage_verdict import RankVerdict, StageVerdict
+    from precision_harness.check.compare.stage_verdict import RankVerdict, StageVerdict
     from precision_harness.dumps.columns import Columns
     from precision_harness.dumps.stage import StageSource
 
