@@ -37,20 +37,13 @@ import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from precision_harness import progress
-from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.environment import EnvironmentDiff
 from precision_harness.check.item_key import ItemKey
-from precision_harness.check.rerun import level_auto, replay
-from precision_harness.check.tolerance import consistency
-from precision_harness.check.tolerance.policy import TolerancePolicy
-from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_items, identical_stages
-from precision_harness.check.verdicts.verdict_text import settings_changed
-from precision_harness.dumps.stage import DirStage
+from precision_harness.check.rerun import level_auto
+from precision_harness.check.verdicts.items import Outcome, OutcomeKind
 from precision_harness.errors import GoldenMissingError, PrecisionError, ScenarioError
 from precision_harness.goldens.golden import Golden, gates_at_recorded_level, update_command
 from precision_harness.goldens.narrowing import check_narrowing
@@ -67,12 +60,12 @@ from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.runs.pools import RunPools
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
 from precision_harness.scenarios.scenario import Scenario
+from precision_harness.session_checks import ItemChecks, invariant_outcome
 from precision_harness.session_plan import (
     GoldenAction,
     Plan,
     Recording,
     ScenarioState,
-    device_model_error,
     last_step_needed,
     msprobe_available,
     no_msprobe,
@@ -106,6 +99,7 @@ class PrecisionSession:
         self._pools = RunPools(options)  #: one pool of --precision-jobs runs, else one per device
         self._states: dict[str, ScenarioState] = {}
         self._last_steps: dict[str, int | None] = {}  #: per scenario, :meth:`select`'s last step
+        self._checks = ItemChecks(self)
 
     def _abs(self, p: Path) -> Path:
         p = Path(p)
@@ -247,6 +241,11 @@ class PrecisionSession:
         """The session's runner on the scenario's device with ``options``."""
         return lambda scenario, out_dir: self.runner(scenario, out_dir=out_dir, device=st.device, options=options)
 
+    def checked_run(self, st: ScenarioState) -> Run:
+        """A rerun of ``st``'s scenario as its check ran (device, Ray, pinned rollouts): the localisation's, the
+        judgement's capture."""
+        return self._bound(st, self._as_checked(self.plan(st.scenario)))
+
     def _variants(self, scenario: Scenario) -> Path:
         return join_inside(self.artifacts, scenario.name, "variants", what="artifacts <scenario>/variants")
 
@@ -304,10 +303,10 @@ class PrecisionSession:
             run = self._settle(scenario, plan)
             st = self.state(scenario)
             if key.stage in INVARIANTS:
-                return self._invariant(scenario, run, key)
+                return invariant_outcome(scenario, run, key)
             if plan.action is GoldenAction.RECORD:
                 return self._recorded(st, key)
-            return self._check(st, plan, run, key)
+            return self._checks.check(st, plan, run, key)
         except PrecisionError as exc:
             return Outcome.error(exc)
 
@@ -342,128 +341,12 @@ class PrecisionSession:
             raise st.recording
         return run
 
-    @staticmethod
-    def _invariant(scenario: Scenario, run: RunResult, key: ItemKey) -> Outcome:
-        """An ``invariants:`` item: the run's own files, whatever the golden mode (docs/consistency.md)."""
-        assert key.step is not None and key.stage is not None
-        t0 = time.perf_counter()
-        mode = consistency.log_prob_mode(scenario.config)
-        verdict = consistency.check(run.run_dir, key.step, key.stage, scenario.invariants, log_prob_mode=mode)
-        return Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED, seconds=time.perf_counter() - t0)
-
     def _recorded(self, st: ScenarioState, key: ItemKey) -> Outcome:
         assert isinstance(st.recording, Recording)
         path = self.shown(self.store.path(st.scenario.name, st.device))
         churn = [r for r in st.recording.churn if (r.step, r.stage) == (key.step, key.stage)]
         text = f"golden {st.recording.status}: {path} ({st.recording.size_note})"
         return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)
-
-    def _check(self, st: ScenarioState, plan: Plan, run: RunResult, key: ItemKey) -> Outcome:
-        golden = plan.golden
-        assert golden is not None
-        self._environment(st, golden, run)
-        localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
-        localizes = localizes and self.options.localize == "rerun"
-        settings = self._settings(st, golden, run)
-        skip_msprobe = localizes and st.localized is None  # a failure here is rerun at L1, whose verdict asks msprobe
-        out = next(check_items(run.run_dir, golden, [key], replace(settings, msprobe=not skip_msprobe)))[1]
-        if localizes and not out.passed and out.kind is not OutcomeKind.ERROR:
-            out = self._localize(st, golden, key, out, settings)
-        judged = key.step is not None and key.stage is not None  # a stage's dump: not metrics.jsonl
-        if judged and not out.passed and out.kind is OutcomeKind.COMPARED and self.options.judgement == "replay":
-            out = self._judge(st, golden, run, key, out)
-        return out
-
-    def _judge(self, st: ScenarioState, golden: Golden, run: RunResult, key: ItemKey, out: Outcome) -> Outcome:
-        """The judgement of a failing stage whose change entered at an API (check.rerun.replay); one capture rerun per
-        scenario: later stages that need one point to the stage that had it."""
-        local = replay.judged_outcome(out) is not out
-        assert key.step is not None and key.stage is not None
-        target = (self._localize_dir(st) / "run") if local else run.run_dir
-        record = golden.localization() if local else golden
-        pair = replay.StagePair(
-            DirStage(target / f"step_{key.step}" / key.stage, step=key.step, name=key.stage),
-            record.stage(key.step, key.stage),
-        )
-        where = join_inside(self.artifacts, st.scenario.name, "judge", what="artifacts <scenario>/judge")
-        warm = self.options.worker == "warm"
-        run = self._bound(st, self._as_checked(self.plan(st.scenario)))
-        settings = replay.ReplaySettings(where, run, self.options.timeout, warm)
-
-        def claim() -> ItemKey | None:
-            with st.lock:
-                first, st.judged = st.judged, st.judged or key
-            return first if first != key else None
-
-        return replay.judge_outcome(out, replay.JudgeRequest(st.scenario, key, pair, settings), claim=claim)
-
-    def _environment(self, st: ScenarioState, golden: Golden, run: RunResult) -> EnvironmentDiff:
-        """The run's environment against the golden's, worked out once per scenario.
-
-        Raises:
-            GoldenDeviceModelError: the golden was recorded on another GPU/NPU model and
-                --precision-golden-device was not given (goldens are kept per device type, not model).
-        """
-        if st.environment is None:
-            st.environment = EnvironmentDiff.between(golden.env, run.run_json.get("env"))
-        if st.environment.device_model is not None and not self.options.golden_device:
-            raise device_model_error(st, self.store.path(st.scenario.name, st.golden_device))
-        return st.environment
-
-    def _localize(
-        self, st: ScenarioState, golden: Golden, key: ItemKey, l0: Outcome, settings: CheckSettings
-    ) -> Outcome:
-        """Rerun the scenario's first failing stage at L1 (level: auto); later failing stages point to it."""
-        with st.lock:
-            first, st.localized = st.localized, st.localized or key
-        if first is not None and first != key:
-            return level_auto.not_rerun(l0, first)
-        out_dir = self._localize_dir(st)
-        return level_auto.with_localization(
-            l0,
-            key,
-            lambda: level_auto.localize(
-                st.scenario,
-                key,
-                golden,
-                settings,
-                out_dir=out_dir,
-                run=self._bound(st, self._as_checked(self.plan(st.scenario))),
-            ),
-        )
-
-    def _localize_dir(self, st: ScenarioState) -> Path:
-        return join_inside(self.artifacts, st.scenario.name, "localize", what="artifacts <scenario>/localize")
-
-    def _identical(self, st: ScenarioState, golden: Golden, run: RunResult) -> int:
-        """Stage dumps of the run identical to the golden's, counted once per scenario and only where the
-        environment differs (then they show it alone does not explain a drift)."""
-        if st.environment is None or not st.environment.differs:
-            return 0
-        with st.lock:
-            if st.identical is None:
-                st.identical = identical_stages(run.run_dir, golden)
-            return st.identical
-
-    def _settings(self, st: ScenarioState, golden: Golden, run: RunResult) -> CheckSettings:
-        scenario = st.scenario
-        return CheckSettings(
-            scenario=scenario.name,
-            policy=TolerancePolicy.for_golden(
-                scenario.config["tolerance"], noise=golden.noise, cross_device=st.cross_device
-            ),
-            artifacts=join_inside(self.artifacts, scenario.name, what="artifacts <scenario>"),
-            shown=self.shown,
-            rerun=lambda key: self.rerun_command(scenario, key.selector),
-            rerecord=update_command(scenario),
-            changed=tuple(settings_changed(golden.numeric_settings, scenario.numeric_settings)),
-            environment=st.environment or EnvironmentDiff(),
-            identical_elsewhere=self._identical(st, golden, run),
-            msprobe_full=self.options.msprobe_full,
-            msprobe_timeout=self.options.msprobe_timeout,
-            progress=self.on_progress,
-            allow_uncompared=self.options.allow_uncompared,
-        )
 
     def rerun_command(self, scenario: Scenario, selector: str) -> str:
         """``pytest [options] SCENARIO -k "SELECTOR"``, to paste where pytest was started (its working directory)."""
