@@ -25,6 +25,7 @@ import pytest
 from harness_testing import base_data, long_stage, tensor, write_dump
 
 from precision_harness.check.check_settings import CheckSettings
+from precision_harness.check.compare import rank as rank_compare
 from precision_harness.check.compare import rank_pool
 from precision_harness.check.compare import stage as compare
 from precision_harness.check.compare.code_path import BlockRows, by_call, evaluate
@@ -70,12 +71,14 @@ def read_op_rows(dump: dict) -> dict[str, dict]:
     return found
 
 
-def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: str, rank: str) -> compare.RankVerdict:
+def row_by_row(
+    t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: str, rank: str
+) -> rank_compare.RankVerdict:
     """The reference: compare_rank as it ran before issue 38, every row through ``_compare_row``."""
-    verdict = compare.RankVerdict(rank)
+    verdict = rank_compare.RankVerdict(rank)
     pairing = pair_calls(t_dump, g_dump)
     if not pairing.alignable:
-        verdict.problem(compare._too_different(pairing))
+        verdict.problem(rank_compare._too_different(pairing))
         return verdict
     t_rows, g_rows = read_op_rows(t_dump), read_op_rows(aligned_golden(g_dump, pairing))
     in_blocks = {api for block in pairing.blocks for api in block.target}
@@ -88,7 +91,7 @@ def row_by_row(t_dump: dict, g_dump: dict, *, policy: TolerancePolicy, stage: st
         if g_item is None:
             verdict.problem(f"{name}: not in the golden")
             continue
-        compare._compare_row(verdict, compare._Row(name, order, t_item, g_item), policy=policy, stage=stage)
+        rank_compare._compare_row(verdict, rank_compare._Row(name, order, t_item, g_item), policy=policy, stage=stage)
     for name in g_rows:
         if name not in t_rows:
             verdict.problem(f"{name}: in the golden but missing from this run")
@@ -105,7 +108,7 @@ def same_floats(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def assert_same_verdict(new: compare.RankVerdict, ref: compare.RankVerdict) -> None:
+def assert_same_verdict(new: rank_compare.RankVerdict, ref: rank_compare.RankVerdict) -> None:
     assert new.checked == ref.checked
     assert new.problems == ref.problems
     assert len(new.drifts) == len(ref.drifts)
@@ -186,9 +189,9 @@ def test_every_golden_stage_perturbed_gets_the_row_by_row_verdict(path: Path, st
             scaled(target["data"], factor, [0])
             args = {"policy": POLICIES[policy], "stage": stage, "rank": rank}
             reference = row_by_row(target, golden, **args)
-            assert_same_verdict(compare.compare_rank(target, golden, **args), reference)
+            assert_same_verdict(rank_compare.compare_rank(target, golden, **args), reference)
             if (factor, policy) == (5e-4, "default"):  # once: the parse is the same whatever the policy
-                assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), reference)
+                assert_same_verdict(rank_compare.compare_rank(raw(target), raw(golden), **args), reference)
 
 
 def plants() -> dict[str, tuple[dict, dict]]:
@@ -251,9 +254,9 @@ def plants() -> dict[str, tuple[dict, dict]]:
 def test_every_plant_gets_the_row_by_row_verdict(plant: str, policy: str) -> None:
     target, golden = (json.loads(json.dumps({"data": d})) for d in plants()[plant])
     args = {"policy": POLICIES[policy], "stage": "actor_update", "rank": "rank0"}
-    new, ref = compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args)
+    new, ref = rank_compare.compare_rank(target, golden, **args), row_by_row(target, golden, **args)
     assert_same_verdict(new, ref)
-    assert_same_verdict(compare.compare_rank(raw(target), raw(golden), **args), ref)
+    assert_same_verdict(rank_compare.compare_rank(raw(target), raw(golden), **args), ref)
     if plant not in ("identical", "within", "inf_both", "mean_near_zero") and policy != "exact":
         assert not new.passed or new.code_paths or new.recording  # the plant is seen, not compared away
 
@@ -266,15 +269,17 @@ class _Freed(dict):
 def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
     plant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """_rank_verdict, where it reads the dumps one by one (not by one parse, as for dumps of one skeleton), reads the
-    run's as columns and frees it before the golden's is parsed: the verdict is compare_rank's on both dumps parsed
-    at once (the plants with other calls go the row-by-row way)."""
+    """read_and_compare_rank, where it reads the dumps one by one (not by one parse, as for dumps of one skeleton),
+    reads the run's as columns and frees it before the golden's is parsed: the verdict is compare_rank's on both dumps
+    parsed at once (the plants with other calls go the row-by-row way)."""
     target, golden = plants()[plant]
     write_dump(tmp_path / "run", target)
     write_dump(tmp_path / "golden", golden)
     run_stage, golden_stage = DirStage(tmp_path / "run", step=1), DirStage(tmp_path / "golden", step=1)
     args = {"policy": POLICIES["default"], "stage": golden_stage.name, "rank": "rank0"}
-    reference = compare.compare_rank(run_stage.load("rank0", raw=True), golden_stage.load("rank0", raw=True), **args)
+    reference = rank_compare.compare_rank(
+        run_stage.load("rank0", raw=True), golden_stage.load("rank0", raw=True), **args
+    )
     watched: list[weakref.ref] = []
     load, golden_load = run_stage.load, golden_stage.load
 
@@ -290,7 +295,9 @@ def test_a_rank_read_one_dump_at_a_time_gets_the_verdict_of_both_parsed(
     monkeypatch.setattr(run_stage, "load", run_load)
     monkeypatch.setattr(golden_stage, "load", golden_read)
     monkeypatch.setattr(run_stage, "content", lambda rank: None)  # the row-by-row read (tests/test_dump_skeleton.py)
-    assert_same_verdict(compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference)
+    assert_same_verdict(
+        rank_compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], "rank0"), reference
+    )
 
 
 def test_the_columns_keep_no_tensor_entry_of_the_parsed_dump() -> None:
@@ -311,10 +318,10 @@ def test_the_same_calls_are_compared_as_columns_without_a_row_object_per_row(mon
     args = {"policy": POLICIES["default"], "stage": source.name, "rank": "rank0"}
     reference = row_by_row(target, golden, **args)
     built: list[int] = []
-    item = compare.Columns.item
-    monkeypatch.setattr(compare, "rows", lambda dump: pytest.fail("rows() built every row"))
-    monkeypatch.setattr(compare.Columns, "item", lambda self, i: built.append(i) or item(self, i))
-    assert_same_verdict(compare.compare_rank(target, golden, **args), reference)
+    item = rank_compare.Columns.item
+    monkeypatch.setattr(rank_compare, "rows", lambda dump: pytest.fail("rows() built every row"))
+    monkeypatch.setattr(rank_compare.Columns, "item", lambda self, i: built.append(i) or item(self, i))
+    assert_same_verdict(rank_compare.compare_rank(target, golden, **args), reference)
     assert reference.drifts and len(built) < len(reference.profile) / 2
 
 
@@ -444,7 +451,7 @@ def test_a_passing_stage_keeps_its_worst_point_and_a_failing_stage_its_whole_pro
             json.loads((tmp_path / side / stage / "step0" / rank / "dump.json").read_text())
             for side in ("passing", "golden")
         ]
-        every += compare.compare_rank(*pair, policy=settings.policy, stage="actor_update", rank=rank).profile
+        every += rank_compare.compare_rank(*pair, policy=settings.policy, stage="actor_update", rank=rank).profile
     passing = compare.compare_stage(DirStage(tmp_path / "passing" / stage), golden, settings)
     assert passing.passed and len(every) == 16 and 0 < passing.worst_ratio < 1
     assert passing.profile == [max(every, key=lambda p: p[3])] and passing.profile[0][:3] == (

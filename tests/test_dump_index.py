@@ -23,7 +23,7 @@ from test_dump_skeleton import dump_bytes, golden_dumps, moved, reference, stage
 from test_golden import fake_run
 from test_plain_columns import assert_same_columns
 
-from precision_harness.check.compare import stage as compare
+from precision_harness.check.compare import rank as compare
 from precision_harness.dumps import dump_index, skeleton
 from precision_harness.dumps.dump_index import INDEX, DumpIndex
 from precision_harness.dumps.files import parse_dump_raw
@@ -84,7 +84,7 @@ def test_every_committed_golden_indexed_reads_and_judges_as_parsed(
         assert_same_columns(t, parsed[0], layouts, parsed[2])
         assert_same_columns(g, parsed[1], layouts, parsed[2])
         sides = _RunStage(run), _IndexedStage(content, data)
-        verdict = compare._rank_verdict(*sides, POLICIES["default"], "rank0")
+        verdict = compare.read_and_compare_rank(*sides, POLICIES["default"], "rank0")
         assert_same_verdict(verdict, reference(run, content))
         assert (sides[0].parsed, sides[1].parsed) == (0, 0)
     assert indexed  # every committed golden is L1: its dumps are indexed
@@ -109,7 +109,7 @@ def test_a_recorded_golden_lists_an_index_per_rank_and_the_compare_reads_it(
     content = stage.content("rank0")
     run = moved(content, 1e-2)
     run_stage, _ = stages(tmp_path, {"rank0": run}, {"rank0": content})
-    verdict = compare._rank_verdict(run_stage, stage, POLICIES["default"], "rank0")
+    verdict = compare.read_and_compare_rank(run_stage, stage, POLICIES["default"], "rank0")
     assert not built  # the golden's template came from its index
     assert not verdict.passed
     assert_same_verdict(verdict, reference(run, content))
@@ -135,7 +135,7 @@ def test_an_index_of_another_dump_or_version_is_ignored(tmp_path: Path, built: l
     )
     sides, before = (_RunStage(run), _IndexedStage(golden, data)), len(built)  # build() parsed the golden once
     assert skeleton.same_skeleton_columns(*sides, "rank0") is None
-    assert_same_verdict(compare._rank_verdict(*sides, POLICIES["default"], "rank0"), reference(run, golden))
+    assert_same_verdict(compare.read_and_compare_rank(*sides, POLICIES["default"], "rank0"), reference(run, golden))
     assert sides[1].parsed == 1 and len(built) == before
 
 

@@ -2,7 +2,7 @@
 
 - On every committed golden's dumps, the run's statistics moved in its bytes (the skeleton kept): the columns of
   both sides equal the columns of each side parsed on its own, field for field, and the rank's verdict equals
-  :func:`~precision_harness.check.compare.stage.compare_rank`'s on both dumps parsed;
+  :func:`~precision_harness.check.compare.rank.compare_rank`'s on both dumps parsed;
 - every plant of the compare's failure modes gets that verdict too, by whichever way it is read;
 - each case the fast read declines (another skeleton, a stage_outputs.json, a number a marker could be mistaken
   for, a statistic held by msprobe's item, a literal that overflows, bytes that do not parse) falls back to the
@@ -23,7 +23,7 @@ from harness_testing import base_data, tensor, write_dump
 from test_compare_at_scale import GOLDENS, POLICIES, assert_same_verdict, plants
 from test_plain_columns import assert_same_columns
 
-from precision_harness.check.compare import stage as compare
+from precision_harness.check.compare import rank as compare
 from precision_harness.dumps import skeleton
 from precision_harness.dumps.columns import Layouts, columns
 from precision_harness.dumps.files import STAGE_OUTPUTS, parse_dump_raw
@@ -89,7 +89,7 @@ def test_every_committed_golden_moved_reads_as_each_side_parsed_alone(path: Path
         g_slow = columns(parse_dump_raw(content, shown="golden"), slow_layouts)
         assert_same_columns(t, t_slow, layouts, slow_layouts)
         assert_same_columns(g, g_slow, layouts, slow_layouts)
-        verdict = compare._rank_verdict(*fast, POLICIES["default"], "rank0")
+        verdict = compare.read_and_compare_rank(*fast, POLICIES["default"], "rank0")
         assert_same_verdict(verdict, reference(run, content))
     assert built  # a template for each skeleton, and no more
     assert len(built) <= sum(len(golden.stage(*s).ranks()) for s in golden.stages())
@@ -121,7 +121,7 @@ def test_every_plant_gets_the_verdict_of_both_parsed(plant: str, tmp_path: Path,
     """The plants that move values only share the golden's skeleton (one parse); the others are read row by row."""
     run, golden = (dump_bytes(d) for d in plants()[plant])
     run_stage, golden_stage = stages(tmp_path, {"rank0": run}, {"rank0": golden})
-    verdict = compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0")
+    verdict = compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], "rank0")
     assert_same_verdict(verdict, reference(run, golden))
     values_only = plant in ("identical", "beyond", "within", "mean_near_zero", "null_argument_both")
     assert bool(built) == values_only, built
@@ -131,7 +131,7 @@ def test_ranks_of_one_skeleton_are_parsed_once_and_each_gets_its_own_values(tmp_
     golden = dump_bytes(base_data())
     ranks = {f"rank{r}": moved(golden, factor) for r, factor in enumerate((1e-2, 1e-3, 1e-9))}
     run_stage, golden_stage = stages(tmp_path, ranks, dict.fromkeys(ranks, golden))
-    verdicts = [compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], rank) for rank in ranks]
+    verdicts = [compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], rank) for rank in ranks]
     assert len(built) == 1
     for verdict, run in zip(verdicts, ranks.values(), strict=True):
         expected = reference(run, golden)
@@ -150,7 +150,7 @@ def _declines(tmp_path: Path, run: bytes, golden: bytes) -> None:
     run_stage, golden_stage = stages(tmp_path, {"rank0": run}, {"rank0": golden})
     assert skeleton.same_skeleton_columns(run_stage, golden_stage, "rank0") is None
     assert_same_verdict(
-        compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference(run, golden)
+        compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], "rank0"), reference(run, golden)
     )
 
 
@@ -204,7 +204,7 @@ def test_a_row_with_a_non_finite_statistic_keeps_each_sides_numbers(tmp_path: Pa
     row = t.names.index("Functional.softmax.0.forward.input.0")
     assert t.entry(row)["Max"] == pytest.approx(3.0 * (1 + 1e-3)) and g.entry(row)["Max"] == 3.0
     assert_same_verdict(
-        compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0"), reference(run, golden)
+        compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], "rank0"), reference(run, golden)
     )
 
 
@@ -220,7 +220,7 @@ def test_dumps_that_do_not_parse_fail_the_rank_naming_the_run_file_and_offset(tm
     """Both cut short alike share a skeleton; the row-by-row read names the run's file and the byte offset."""
     cut = dump_bytes(base_data())[:700]
     run_stage, golden_stage = stages(tmp_path, {"rank0": cut}, {"rank0": cut})
-    verdict = compare._rank_verdict(run_stage, golden_stage, POLICIES["default"], "rank0")
+    verdict = compare.read_and_compare_rank(run_stage, golden_stage, POLICIES["default"], "rank0")
     (problem,) = verdict.problems
     assert str(run_stage.path / "step0" / "rank0" / "dump.json") in problem.text
     assert re.search(r"not JSON at byte \d+ of 700 \(", problem.text) and "\n" not in problem.text

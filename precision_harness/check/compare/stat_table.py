@@ -1,6 +1,6 @@
 """The tolerance ratios of one rank's paired rows, every statistic at once (numpy), for the compare.
 
-:func:`~precision_harness.check.compare.stage.compare_rank` judges each statistic with
+:func:`~precision_harness.check.compare.rank.compare_rank` judges each statistic with
 :func:`~precision_harness.check.tolerance.policy.tolerance_ratio`, ``|t - g| / (atol + rtol * scale)``; at 65,000
 calls a rank (a 7B model at L1) that is a quarter of a million rows and a million Python calls. A
 :class:`StatTable` holds the rows that need nothing but that formula, the *regular* rows (same dtype and
