@@ -344,8 +344,6 @@ def _exported_golden(scenario: Scenario, device: str, opts: PrecisionOptions, wo
 
 # ----------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    from precision_harness.check.tolerance.calibrate import DEFAULT_K
-
     parser = argparse.ArgumentParser(prog="precision-harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("run", help="run one scenario into a verl-layout directory")
@@ -366,6 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     option_table.add_cli_options(p, "compare")
     p.set_defaults(func=cmd_compare)
     golden_commands.add_parser(sub)
+    _add_calibrate(sub)
+    _add_portability(sub)
+    _add_bisect(sub)
+    return parser
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    from precision_harness.check.tolerance.calibrate import DEFAULT_K
+
     p = sub.add_parser("calibrate", help="record rerun noise (thread counts, process restarts) in the golden manifest")
     p.add_argument("scenario", type=Path, help="scenario YAML file (its golden must exist)")
     p.add_argument("--runs", type=int, default=4, help="reruns (default 4; at least 2)")
@@ -375,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None, help="where reruns go (default .precision/calibrate/<scenario>)")
     option_table.add_cli_options(p, "calibrate")
     p.set_defaults(func=cmd_calibrate)
+
+
+def _add_portability(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "portability",
         help="run scenarios under the CPU dispatch choices other processors take; exit 1 if a dump changes",
@@ -399,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option_table.add_cli_options(p, "portability")
     p.set_defaults(func=cmd_portability)
+
+
+def _add_bisect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bisect",
         help="the first commit at which a scenario's items drift from a fixed golden (git bisect run, in a worktree)",
@@ -417,7 +430,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option_table.add_cli_options(p, "bisect")
     p.set_defaults(func=cmd_bisect)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

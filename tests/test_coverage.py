@@ -21,7 +21,8 @@ from test_pairing import rope
 
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.compare.metrics import compare_metrics
-from precision_harness.check.compare.stage import compare_rank, compare_stage
+from precision_harness.check.compare.rank import compare_rank
+from precision_harness.check.compare.stage import compare_stage
 from precision_harness.check.compare.stage_verdict import StageVerdict
 from precision_harness.check.coverage import (
     CHANGED_CODE_PATH,

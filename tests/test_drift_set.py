@@ -1,5 +1,5 @@
 """A failing verdict keeps a rank's first and largest drifts as objects and counts every other one exactly
-(check.compare.drift_set): the headline, the first divergence, the largest drift and the per-API profile say what the
+(check.drift_set): the headline, the first divergence, the largest drift and the per-API profile say what the
 full list of drifts would have said."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import copy
 from harness_testing import tensor
 
 from precision_harness.check.compare import drift_set
-from precision_harness.check.compare import stage as compare
+from precision_harness.check.compare import rank as compare
 from precision_harness.check.compare.drift_set import KEPT, Drift, api_kind, kept
+from precision_harness.check.compare.stage_verdict import RankVerdict, StageVerdict
 from precision_harness.check.tolerance.policy import Tol, TolerancePolicy
 from precision_harness.check.verdicts import verdict_text
 from precision_harness.check.verdicts.items import Outcome, OutcomeKind
@@ -33,7 +34,7 @@ def dumps(bumps: list[float]) -> tuple[dict, dict]:
 def every_drift(bumps: list[float]) -> list[Drift]:
     """The drifts of :func:`dumps` built one by one, as the compare did before it kept a bounded set."""
     run, golden = dumps(bumps)
-    v = compare.RankVerdict("rank0")
+    v = RankVerdict("rank0")
     for order, name in enumerate(run["data"]):
         row = compare._Row(f"{name}.output.0", order, run["data"][name]["output"][0], golden["data"][name]["output"][0])
         compare._compare_row(v, row, policy=TolerancePolicy(), stage="actor_update")
@@ -71,9 +72,9 @@ def test_a_rank_keeps_its_bounded_set_and_counts_every_drift() -> None:
     assert v.drift_set.by_api == {("Functional.linear.forward.output", "Max"): [CALLS, max(d.ratio for d in full)]}
 
 
-def two_ranks(bumps: list[float]) -> compare.StageVerdict:
+def two_ranks(bumps: list[float]) -> StageVerdict:
     run, golden = dumps(bumps)
-    stage = compare.StageVerdict("s", 1, "actor_update", ranks=["rank0", "rank1"])
+    stage = StageVerdict("s", 1, "actor_update", ranks=["rank0", "rank1"])
     for rank in ("rank0", "rank1"):
         stage.add(compare.compare_rank(run, golden, policy=TolerancePolicy(), stage="actor_update", rank=rank))
     return stage
@@ -140,7 +141,7 @@ def test_by_api_counts_and_maxes_every_drift_of_every_api_and_statistic() -> Non
         if i % 3 == 0:
             out["Norm"] = 4.0 * (1 + 1e-4 * (1 + i % 13))
     v = compare.compare_rank({"data": run}, {"data": golden}, policy=TolerancePolicy(), stage="s", rank="rank0")
-    one_by_one = compare.RankVerdict("rank0")
+    one_by_one = RankVerdict("rank0")
     for order, name in enumerate(run):
         row = compare._Row(f"{name}.output.0", order, run[name]["output"][0], golden[name]["output"][0])
         compare._compare_row(one_by_one, row, policy=TolerancePolicy(), stage="s")

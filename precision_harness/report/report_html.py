@@ -102,21 +102,12 @@ def _op_name(tensor: str) -> str:
     return m.group(1) if m else tensor
 
 
-def drift_plot_svg(record: dict[str, Any]) -> str:
-    """Inline SVG: worst tolerance ratio of every tensor along execution order, one line per rank."""
-    try:
-        import matplotlib
-
-        matplotlib.use("svg", force=True)
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise PrecisionError(f"report.html needs matplotlib ({exc}); pip install matplotlib") from None
-    floor = 1e-6
-    fig, ax = plt.subplots(figsize=(9, 3.2), dpi=96)
-    ranks = sorted({p[0] for p in record["profile"]})
-    spread = ax.twinx()
+def _plot_ranks(ax: Any, spread: Any, profile: list[list[Any]], floor: float) -> None:
+    """Each rank's tolerance ratios along execution order (``ax``) and its count beyond tolerance so far
+    (``spread``)."""
+    ranks = sorted({p[0] for p in profile})
     for rank in ranks:
-        pts = [p for p in record["profile"] if p[0] == rank]
+        pts = [p for p in profile if p[0] == rank]
         xs = [p[1] for p in pts]
         ys = [max(p[3], floor) if p[3] is not None else 1e6 for p in pts]
         suffix = f" {rank}" if len(ranks) > 1 else ""
@@ -132,8 +123,10 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
             count += y > 1
             cum.append(count)
         spread.step(xs, cum, where="post", color="#6a1b9a", lw=1.0, label=f"tensors beyond so far{suffix}")
-    spread.set_ylabel("tensors beyond tolerance so far", fontsize=8, color="#6a1b9a")
-    ax.axhline(1.0, color="#555", ls="--", lw=0.8, label="tolerance")
+
+
+def _mark_first_divergences(ax: Any, record: dict[str, Any], floor: float) -> None:
+    """The gate's first divergence and msprobe's first differing op, as vertical lines with their names."""
     fd = record["first_divergence"]
     if fd:
         ax.axvline(fd["order"], color="#d32f2f", lw=0.8)
@@ -157,6 +150,24 @@ def drift_plot_svg(record: dict[str, Any]) -> str:
                 fontsize=7,
                 color="#1565c0",
             )
+
+
+def drift_plot_svg(record: dict[str, Any]) -> str:
+    """Inline SVG: worst tolerance ratio of every tensor along execution order, one line per rank."""
+    try:
+        import matplotlib
+
+        matplotlib.use("svg", force=True)
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PrecisionError(f"report.html needs matplotlib ({exc}); pip install matplotlib") from None
+    floor = 1e-6
+    fig, ax = plt.subplots(figsize=(9, 3.2), dpi=96)
+    spread = ax.twinx()
+    _plot_ranks(ax, spread, record["profile"], floor)
+    spread.set_ylabel("tensors beyond tolerance so far", fontsize=8, color="#6a1b9a")
+    ax.axhline(1.0, color="#555", ls="--", lw=0.8, label="tolerance")
+    _mark_first_divergences(ax, record, floor)
     ax.set_yscale("log")
     ax.set_xlabel("tensor in execution order")
     ax.set_ylabel("|diff| / allowance")
@@ -227,6 +238,41 @@ def _reading(record: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def failures_section(doc: dict[str, Any]) -> str:
+    """``#failures``: each failing item's reading, its verdict and its drift plot ("" if none failed)."""
+    failing = [r for r in doc["items"] if not r["passed"] and r["kind"] != OutcomeKind.SKIPPED.value]
+    if not failing:
+        return ""
+    parts = ['<section id="failures"><h2>Failures</h2>']
+    for r in failing:
+        title = f"{r['scenario']} {r['stage']} @ step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics"
+        parts.append(f"<h3>{html.escape(title)}</h3>{_reading(r)}<pre>{html.escape(r['text'])}</pre>")
+        if r["stage"] and r["profile"]:
+            anchor = _slug(r["scenario"], "step_" + str(r["step"]), r["stage"])
+            parts.append(
+                f'<figure class="drift-plot" id="plot-{anchor}">'
+                f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}"
+                "</figcaption></figure>"
+            )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def churn_section(doc: dict[str, Any]) -> str:
+    """``#churn``: an update's churn against the previous golden, and the creep alarm ("" without an update)."""
+    if not doc["churn"]:
+        return ""
+    from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
+
+    head = '<section id="churn"><h2>Golden churn against the previous golden</h2>'
+    rows = [
+        ChurnRow(**{**c, "max_rel": {k: (v if v is not None else math.inf) for k, v in c["max_rel"].items()}})
+        for c in doc["churn"]
+    ]
+    creep = [line for line in map(creep_line, rows) if line]
+    return head + "<pre>" + html.escape("\n".join(churn_table(rows) + creep)) + "</pre></section>"
+
+
 def html_report(doc: dict[str, Any]) -> str:
     """The whole report.html."""
     s = doc["summary"]
@@ -259,30 +305,8 @@ def html_report(doc: dict[str, Any]) -> str:
     parts.append(environment_section(doc))
     parts.append(coverage_section(doc))
     parts.append(code_path_section(doc))
-    failing = [r for r in doc["items"] if not r["passed"] and r["kind"] != OutcomeKind.SKIPPED.value]
-    if failing:
-        parts.append('<section id="failures"><h2>Failures</h2>')
-        for r in failing:
-            title = f"{r['scenario']} {r['stage']} @ step_{r['step']}" if r["stage"] else f"{r['scenario']} metrics"
-            parts.append(f"<h3>{html.escape(title)}</h3>{_reading(r)}<pre>{html.escape(r['text'])}</pre>")
-            if r["stage"] and r["profile"]:
-                anchor = _slug(r["scenario"], "step_" + str(r["step"]), r["stage"])
-                parts.append(
-                    f'<figure class="drift-plot" id="plot-{anchor}">'
-                    f"{drift_plot_svg(r)}<figcaption>drift along execution order: {html.escape(title)}"
-                    "</figcaption></figure>"
-                )
-        parts.append("</section>")
-    if doc["churn"]:
-        from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
-
-        parts.append('<section id="churn"><h2>Golden churn against the previous golden</h2>')
-        rows = [
-            ChurnRow(**{**c, "max_rel": {k: (v if v is not None else math.inf) for k, v in c["max_rel"].items()}})
-            for c in doc["churn"]
-        ]
-        creep = [line for line in map(creep_line, rows) if line]
-        parts.append("<pre>" + html.escape("\n".join(churn_table(rows) + creep)) + "</pre></section>")
+    parts.append(failures_section(doc))
+    parts.append(churn_section(doc))
     if doc["unused_goldens"]:
         parts.append(
             '<section id="unused"><h2>Unused goldens</h2><ul>'

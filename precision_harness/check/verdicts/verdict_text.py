@@ -124,6 +124,41 @@ def _label(label: str, text: str) -> str:
     return f"  {label:<18}{text}"
 
 
+def _passed_text(v: StageVerdict, reading: Reading, where: str, rerecord: str | None) -> str:
+    """A passing stage's verdict: its headline, then a changed code path, what only one side recorded, the rows left
+    out."""
+    how = "identical to the golden (sha256)" if v.identical else f"within tolerance ({v.tolerance})"
+    line = code_path_line(v, reading.environment, rerecord=rerecord)
+    allowed = f"; {len(v.unchecked)} tensor row(s) unchecked, allowed by tolerance.unchecked" if v.unchecked else ""
+    text = f"{where}: {v.checked} statistics {how}{allowed}"
+    text += f"\n{_label(CODE_PATH_LABEL, line)}" if line else ""
+    recorded = added_line(v.recording, reading.environment)
+    text += f"\n{_label(RECORDED_LABEL, recorded)}" if recorded else ""
+    left_out = unfilled.line(v)
+    return text + (f"\n{_label(unfilled.LABEL, left_out)}" if left_out else "")
+
+
+def _failing_headline(v: StageVerdict, where: str) -> str:
+    """A failing stage's first line: where (on several ranks, the rank that diverged first, then every rank that
+    differs), and what failed."""
+    if len(v.ranks) > 1 and v.failing_ranks:
+        first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
+        where = (
+            f"{v.stage} @ step_{v.step}, {first_rank} (differs on {', '.join(v.failing_ranks)} of {len(v.ranks)} ranks)"
+        )
+    if v.drifts:
+        return f"{where}: {v.beyond} of {v.checked} statistics beyond tolerance ({v.tolerance})"
+    if v.problems:
+        return f"{where}: {len(v.problems)} structural difference(s) from the golden"
+    if v.failing_unchecked:
+        return f"{where}: {len(v.failing_unchecked)} tensor row(s) compared by nothing, {v.checked} statistics compared"
+    if v.recording.loses and not v.failing_code_paths:
+        lost, calls = sum(v.recording.lost.values()), sum(v.recording.calls_lost.values())
+        what = f"{lost} statistic(s)" if not calls else f"{calls} call(s) and {lost} statistic(s)"
+        return f"{where}: coverage lost: {what} of the golden not recorded, {v.checked} compared"
+    return f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
+
+
 def stage_text(
     v: StageVerdict,
     reading: Reading | None = None,
@@ -145,37 +180,8 @@ def stage_text(
     ranks = ", ".join(v.ranks) or "rank0"
     where = f"{v.stage} @ step_{v.step}, {ranks}"
     if v.passed:
-        how = "identical to the golden (sha256)" if v.identical else f"within tolerance ({v.tolerance})"
-        line = code_path_line(v, reading.environment, rerecord=rerecord)
-        allowed = f"; {len(v.unchecked)} tensor row(s) unchecked, allowed by tolerance.unchecked" if v.unchecked else ""
-        text = f"{where}: {v.checked} statistics {how}{allowed}"
-        text += f"\n{_label(CODE_PATH_LABEL, line)}" if line else ""
-        recorded = added_line(v.recording, reading.environment)
-        text += f"\n{_label(RECORDED_LABEL, recorded)}" if recorded else ""
-        left_out = unfilled.line(v)
-        return text + (f"\n{_label(unfilled.LABEL, left_out)}" if left_out else "")
-    if len(v.ranks) > 1 and v.failing_ranks:
-        # multi-rank: name the rank that diverged first, then every rank that differs
-        first_rank = v.first_divergence.rank if v.first_divergence is not None else v.failing_ranks[0]
-        where = (
-            f"{v.stage} @ step_{v.step}, {first_rank} (differs on {', '.join(v.failing_ranks)} of {len(v.ranks)} ranks)"
-        )
-    if v.drifts:
-        lines = [f"{where}: {v.beyond} of {v.checked} statistics beyond tolerance ({v.tolerance})"]
-    elif v.problems:
-        lines = [f"{where}: {len(v.problems)} structural difference(s) from the golden"]
-    elif v.failing_unchecked:
-        lines = [
-            f"{where}: {len(v.failing_unchecked)} tensor row(s) compared by nothing, {v.checked} statistics compared"
-        ]
-    elif v.recording.loses and not v.failing_code_paths:
-        lost, calls = sum(v.recording.lost.values()), sum(v.recording.calls_lost.values())
-        what = f"{lost} statistic(s)" if not calls else f"{calls} call(s) and {lost} statistic(s)"
-        lines = [f"{where}: coverage lost: {what} of the golden not recorded, {v.checked} compared"]
-    else:
-        lines = [
-            f"{where}: the code path changed in {len(v.failing_code_paths)} place(s), {v.checked} statistics compared"
-        ]
+        return _passed_text(v, reading, where, rerecord)
+    lines = [_failing_headline(v, where)]
     environment = reading.environment_line()
     if environment:
         lines.append(f"  {environment}")

@@ -187,10 +187,29 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
     """
     import torch
 
-    from precision_harness.runs.host import machine, stack
+    from precision_harness.runs.host import stack
+
+    env = _versions_machine_blas(torch, device, num_threads)
+    if device == "cpu":
+        from precision_harness.runs.numerics import cpu_kernels
+
+        env["cpu_kernels"] = "portable" if cpu_kernels.installed() else "vendor"
+    if device == "cuda":
+        env.update(_cuda_fingerprint(torch))
+    elif device == "npu":
+        env.update(_npu_fingerprint())
+    # the rest of the device stack (NCCL, drivers, chip counts); torch's own answer wins where it has one
+    merged: dict[str, Any] = stack.accelerator_stack(device, os.environ)
+    merged.update({k: v for k, v in env.items() if v is not None or k not in merged})
+    return merged
+
+
+def _versions_machine_blas(torch: Any, device: str, num_threads: int) -> dict[str, Any]:
+    """:func:`fingerprint`'s versions, machine, BLAS and determinism keys (torch imported)."""
+    from precision_harness.runs.host import machine
 
     config = _guarded(torch.__config__.show) or ""
-    env: dict[str, Any] = {
+    return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
@@ -210,18 +229,6 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
         "deterministic_algorithms": _deterministic_algorithms(torch),
         "determinism_env": determinism_settings(device, num_threads, os.environ),
     }
-    if device == "cpu":
-        from precision_harness.runs.numerics import cpu_kernels
-
-        env["cpu_kernels"] = "portable" if cpu_kernels.installed() else "vendor"
-    if device == "cuda":
-        env.update(_cuda_fingerprint(torch))
-    elif device == "npu":
-        env.update(_npu_fingerprint())
-    # the rest of the device stack (NCCL, drivers, chip counts); torch's own answer wins where it has one
-    merged: dict[str, Any] = stack.accelerator_stack(device, os.environ)
-    merged.update({k: v for k, v in env.items() if v is not None or k not in merged})
-    return merged
 
 
 def _deterministic_algorithms(torch: Any) -> str:
