@@ -130,9 +130,10 @@ def test_a_narrow_made_outside_the_all_gather_copy_in_is_compared_in_an_unfilled
 
 
 def test_a_changed_code_path_leaves_the_buffers_rows_out_too(tmp_path: Path) -> None:
-    """The calls differ (a call inserted): the rank is compared row by row, and leaves the same rows out."""
+    """The calls differ (a call inserted): the rank is compared row by row, and leaves the same rows out. The inserted
+    call is not one of msprobe 26.x's low-risk APIs (a ``clone`` would be a recording difference, not a code path)."""
     run = _data(garbage=True)
-    run = {"Tensor.clone.0.forward": api([tensor(shape=(2, 8))], [tensor(shape=(2, 8))]), **run}
+    run = {"Tensor.__mul__.0.forward": api([tensor(shape=(2, 8))], [tensor(shape=(2, 8))]), **run}
     out = _check(tmp_path, (run, UNFILLED_ENV), (_data(), FILLED_ENV))
     assert out.passed and out.verdict.code_paths, out.text
     assert out.verdict.unfilled[:1] == [("rank0", "Tensor.narrow.0.forward.input.0")]
