@@ -34,15 +34,12 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from precision_harness import golden_commands
 from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError, UsageError
 from precision_harness.options import PrecisionOptions
-
-if TYPE_CHECKING:
-    from precision_harness.scenarios.scenario import Scenario
 
 #: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_INTERRUPTED = 130
@@ -301,7 +298,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- portability
 def cmd_portability(args: argparse.Namespace) -> int:
-    from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario
+    from precision_harness.goldens.store import GoldenStore
+    from precision_harness.portability import SETTINGS, PortabilityRun, check_scenario, exported_golden
     from precision_harness.runs.kind_runners import load_scenario
 
     scenarios = [load_scenario(path) for path in args.scenarios]  # a bad file stops before any run
@@ -322,24 +320,15 @@ def cmd_portability(args: argparse.Namespace) -> int:
             timeout=opts.timeout,
             settings=settings,
             on_run=lambda label, run, name=scenario.name: _print(f"[precision] {name}: {label} {run.wall_s:.1f} s"),
-            baseline=_exported_golden(scenario, device, opts, Path(args.work_dir)) if args.against_golden else None,
+            baseline=exported_golden(GoldenStore(opts.golden_dir), scenario, device, Path(args.work_dir))
+            if args.against_golden
+            else None,
         )
         result = check_scenario(scenario, how)
         dependent += not result.independent
         for line in result.lines():
             _print(line)
     return EXIT_DRIFT if dependent else EXIT_PASS
-
-
-def _exported_golden(scenario: Scenario, device: str, opts: PrecisionOptions, work_dir: Path) -> Path:
-    """The scenario's golden written out as a run directory, under ``work_dir/<scenario>/golden`` (replaced)."""
-    from precision_harness.goldens.store import GoldenStore
-    from precision_harness.paths import join_inside
-
-    golden = GoldenStore(opts.golden_dir).load(scenario, device)  # GoldenMissingError names the command recording it
-    out = join_inside(work_dir, scenario.name, "golden", what="scenario name")
-    shutil.rmtree(out, ignore_errors=True)
-    return golden.export(out)
 
 
 # ----------------------------------------------------------------------------------------- main

@@ -31,6 +31,8 @@ from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.check.verdicts.verdict_text import pair
 from precision_harness.dumps.files import read_metrics, sha256_file
 from precision_harness.dumps.stage import DirStage, rank_dirs
+from precision_harness.goldens.store import GoldenStore
+from precision_harness.paths import join_inside
 from precision_harness.runs.kind_runners import run_scenario
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.scenarios.scenario import Scenario
@@ -212,6 +214,20 @@ def check_scenario(scenario: Scenario, how: PortabilityRun) -> ScenarioPortabili
         result.settings.append(setting.name)
         result.changes.extend(diff_runs(baseline, run.run_dir, setting.name))
     return result
+
+
+def exported_golden(store: GoldenStore, scenario: Scenario, device: str, work_dir: Path) -> Path:
+    """The scenario's golden written out as a run directory under ``work_dir/<scenario>/golden`` (replaced): the
+    baseline of ``--against-golden``.
+
+    Raises:
+        GoldenMissingError: no golden (its line names the command that records it); GoldenCorruptError as
+            :meth:`Golden.read`; UnsafePathError: the scenario's name would leave ``work_dir``.
+    """
+    golden = store.load(scenario, device)
+    out = join_inside(Path(work_dir), scenario.name, "golden", what="scenario name")
+    shutil.rmtree(out, ignore_errors=True)
+    return golden.export(out)
 
 
 def _run(scenario: Scenario, how: PortabilityRun, out: Path, label: str, env: dict[str, str] | None) -> RunResult:
