@@ -217,15 +217,16 @@ def check_scenario(scenario: Scenario, how: PortabilityRun) -> ScenarioPortabili
 
 
 def exported_golden(store: GoldenStore, scenario: Scenario, device: str, work_dir: Path) -> Path:
-    """The scenario's golden written out as a run directory under ``work_dir/<scenario>/golden`` (replaced): the
-    baseline of ``--against-golden``.
+    """The scenario's golden written out as a run directory under ``work_dir/.golden/<scenario>`` (replaced): the
+    baseline of ``--against-golden``. Beside, not inside, ``work_dir/<scenario>``, which :func:`check_scenario`
+    clears before its runs (a scenario's name never starts with a dot).
 
     Raises:
         GoldenMissingError: no golden (its line names the command that records it); GoldenCorruptError as
             :meth:`Golden.read`; UnsafePathError: the scenario's name would leave ``work_dir``.
     """
     golden = store.load(scenario, device)
-    out = join_inside(Path(work_dir), scenario.name, "golden", what="scenario name")
+    out = join_inside(Path(work_dir), ".golden", scenario.name, what="scenario name")
     shutil.rmtree(out, ignore_errors=True)
     return golden.export(out)
 

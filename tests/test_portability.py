@@ -27,6 +27,7 @@ from precision_harness.portability import (
     PortabilityRun,
     check_scenario,
     diff_runs,
+    exported_golden,
 )
 from precision_harness.runs.kind_runners import run_scenario
 from precision_harness.runs.launch import RunOptions
@@ -205,8 +206,10 @@ def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> No
 
 
 # ------------------------------------------------------------------------------ the scenarios
-def _golden_run_dir(scenario: Scenario, out: Path) -> Path:
-    return GoldenStore(REPO / "golden").load(scenario, "cpu").export(out)
+def _golden_run_dir(scenario: Scenario, work_dir: Path) -> Path:
+    """The committed golden exported as ``precision-harness portability --against-golden`` does, into the folder the
+    check's runs then go to (which the check clears scenario by scenario)."""
+    return exported_golden(GoldenStore(REPO / "golden"), scenario, "cpu", work_dir)
 
 
 def _vendor(tmp_path: Path) -> Scenario:
@@ -217,7 +220,7 @@ def _vendor(tmp_path: Path) -> Scenario:
 
 def test_bf16_scenario_is_dispatch_independent(tmp_path: Path) -> None:
     scenario = Scenario.load(BF16)
-    golden = _golden_run_dir(scenario, tmp_path / "golden")
+    golden = _golden_run_dir(scenario, tmp_path)
     result = check_scenario(scenario, PortabilityRun(device="cpu", work_dir=tmp_path, settings=FAST, baseline=golden))
     assert result.independent, "\n".join(result.lines())
     assert result.files == 6 and result.settings == [s.name for s in FAST]
@@ -260,7 +263,7 @@ ROTATION = [(path, SETTINGS[i % len(SETTINGS)]) for i, path in enumerate(COMMITT
 def test_every_committed_scenario_is_dispatch_independent(path: Path, setting: DispatchSetting, tmp_path: Path) -> None:
     scenario = Scenario.load(path)
     how = PortabilityRun(
-        device="cpu", work_dir=tmp_path, settings=(setting,), baseline=_golden_run_dir(scenario, tmp_path / "golden")
+        device="cpu", work_dir=tmp_path, settings=(setting,), baseline=_golden_run_dir(scenario, tmp_path)
     )
     result = check_scenario(scenario, how)
     assert result.independent, "\n".join(result.lines())
@@ -271,7 +274,7 @@ def test_every_committed_scenario_is_dispatch_independent(path: Path, setting: D
 def test_a_setting_run_against_a_golden_names_the_stage_that_differs_from_it(tmp_path: Path) -> None:
     """The golden baseline is read, not assumed: a golden whose actor_update differs from the run is a change."""
     scenario = Scenario.load(REPO / "scenarios" / "grpo_tiny.yaml")
-    golden = _golden_run_dir(scenario, tmp_path / "golden")
+    golden = _golden_run_dir(scenario, tmp_path)
     dump = next((golden / "step_1" / "actor_update").rglob("dump.json"))
     data = json.loads(dump.read_text())
     row = next(k for k, v in data["data"].items() if v.get("output"))
