@@ -32,7 +32,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.tolerance.policy import TolerancePolicy, tolerance_ratio
+from precision_harness.check.compare.stat_table import RowRule, judge_statistics
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.call_site import call_sites
 from precision_harness.dumps.pairing import ChangedBlock
 from precision_harness.dumps.rows import rms, row_statistics
@@ -217,19 +218,13 @@ def _dims(shape: Any) -> list[int] | None:
 
 def _worst_ratio(name: str, row: dict[str, Any], golden: dict[str, Any], rows_: BlockRows) -> float:
     """The worst tolerance ratio over the statistics both rows record (``inf`` where one records none)."""
-    mine, theirs = row_statistics(row), row_statistics(golden)
-    scale = rms(theirs.get("Norm"), golden.get("shape"))
+    theirs = row_statistics(golden)
+    rule = RowRule(rows_.policy, rows_.stage, str(row.get("dtype")), name, rms(theirs.get("Norm"), golden.get("shape")))
     worst = 0.0
-    for stat, g_val in theirs.items():
-        t_val = mine.get(stat)
-        if t_val is None and g_val is None:
-            continue
-        if t_val is None or g_val is None:
+    for judged in judge_statistics(row_statistics(row), theirs, rule):
+        if judged.ratio is None:
             return math.inf
-        tol = rows_.policy.for_tensor(
-            dtype=str(row.get("dtype")), stage=rows_.stage, statistic=stat, api=name, rms=scale
-        )
-        worst = max(worst, tolerance_ratio(t_val, g_val, tol, scale=scale if stat == "Mean" else None))
+        worst = max(worst, judged.ratio)
     return worst
 
 

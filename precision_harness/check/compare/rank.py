@@ -16,7 +16,7 @@ from precision_harness.check.compare import unfilled
 from precision_harness.check.compare.code_path import BlockRows, by_call, evaluate
 from precision_harness.check.compare.drift_set import Drift, table_drifts
 from precision_harness.check.compare.stage_verdict import Problem, RankVerdict
-from precision_harness.check.compare.stat_table import Cells, StatTable
+from precision_harness.check.compare.stat_table import Cells, RowRule, StatTable, judge_statistics
 from precision_harness.check.coverage import (
     CHANGED_CODE_PATH,
     NOT_IN_RUN,
@@ -28,7 +28,7 @@ from precision_harness.check.coverage import (
     held_by_row,
 )
 from precision_harness.check.recording import RecordingDiff, drop_one_sided_calls
-from precision_harness.check.tolerance.policy import TolerancePolicy, tolerance_ratio
+from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.dumps.columns import NO_LAYOUT, Columns, Layouts, columns
 from precision_harness.dumps.files import collector_paused, restore_non_finite
 from precision_harness.dumps.pairing import Pairing, aligned_golden_columns, aligned_rows, blank_rows, pair_calls
@@ -282,13 +282,11 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         v.coverage["rows"].miss(NOT_RECORDED, held=True)
         v.profile.append((v.rank, row.order, row.name, 0.0))
         return
-    mean_scale = rms(g_stats.get("Norm"), t_item.get("shape"))
+    rule = RowRule(policy, stage, str(t_dtype), row.name, rms(g_stats.get("Norm"), t_item.get("shape")))
     row_worst = 0.0
-    for stat, g_val in g_stats.items():
-        t_val = t_stats.get(stat)
-        if t_val is None and g_val is None:
-            continue
-        if t_val is None or g_val is None:
+    for judged in judge_statistics(t_stats, g_stats, rule):
+        stat, t_val, g_val = judged.statistic, judged.run, judged.golden
+        if judged.ratio is None:
             if not four:  # a scalar's value against a tensor's statistics: a structural change
                 v.checked += 1
                 v.problem(f"{row.name} {stat}: {g_val} -> {t_val}")
@@ -299,12 +297,10 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
         if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
             v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
             v._nan_reported = True
-        tol = policy.for_tensor(dtype=str(t_dtype), stage=stage, statistic=stat, api=row.name, rms=mean_scale)
-        ratio = tolerance_ratio(t_val, g_val, tol, scale=mean_scale if stat == "Mean" else None)
-        row_worst = max(row_worst, ratio)
-        if ratio > 1.0:
+        row_worst = max(row_worst, judged.ratio)
+        if judged.ratio > 1.0:
             rel = relative_change(t_val, g_val)
-            v.drifts.append(Drift(row.name, stat, g_val, t_val, ratio, rel, tol, row.order, v.rank))
+            v.drifts.append(Drift(row.name, stat, g_val, t_val, judged.ratio, rel, judged.tol, row.order, v.rank))
     v.profile.append((v.rank, row.order, row.name, row_worst))
 
 

@@ -8,19 +8,26 @@ shape, four statistics, each present on both sides or on neither), as ``(rows, 4
 computes every ratio in one pass with the same IEEE operations in the same order, so each ratio is the
 float ``tolerance_ratio`` returns. The compare then touches in Python only the rows whose verdict says
 something: a drift or a value turned non-finite. Every other row (a dtype or shape change, a scalar's
-``value``, a statistic on one side only) goes to the compare's row-by-row path.
+``value``, a statistic on one side only) goes to the compare's row-by-row path, whose statistics
+:func:`judge_statistics` judges, as it does a row of a changed code path (``code_path.py``).
+
+So a row is judged by one rule in two forms: this module's, the table's arrays and :func:`judge_statistics`'s floats,
+each tolerance from the policy (``tolerance_arrays`` for the table, ``for_tensor`` for a row, sharing their
+formulas) and each ratio ``tolerance_ratio``'s. The arrays exist for speed alone (a 7B-shaped compare of 3.1 M calls
+in under a minute, benchmarks/scale.py); ``tests/test_stat_table.py`` checks that both forms give the same floats on
+the cells where they could part (zero tolerance, NaN, infinities, Mean against the RMS, calibrated noise).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from precision_harness.check.tolerance.policy import Tol, TolerancePolicy
+from precision_harness.check.tolerance.policy import Tol, TolerancePolicy, tolerance_ratio
 from precision_harness.dumps.rows import rms, to_float
 from precision_harness.dumps.statistics import STATISTICS
 
@@ -168,3 +175,48 @@ def _ratios(t: np.ndarray, g: np.ndarray, tols: np.ndarray, mean_scale: np.ndarr
     ratio = np.where(np.isfinite(t) & np.isfinite(g), ratio, np.inf)
     same = (t == g) | (np.isnan(t) & np.isnan(g))
     return np.where(same, 0.0, ratio)
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """What one row outside a :class:`StatTable` is judged by.
+
+    Attributes:
+        policy, stage: the check's tolerance policy and the verl stage.
+        dtype: the msprobe dtype string the tolerance is looked up by (``"torch.bfloat16"``).
+        api: the row's name (API globs and calibrated noise are looked up by it).
+        scale: the golden tensor's RMS, ``Norm / sqrt(numel)`` (None: unknown): Mean's scale and Max's and Min's atol.
+    """
+
+    policy: TolerancePolicy
+    stage: str
+    dtype: str
+    api: str
+    scale: float | None
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One statistic of a row: ``run`` against ``golden``; ``tol`` and ``ratio`` are None where one side has none."""
+
+    statistic: str
+    run: float | None
+    golden: float | None
+    tol: Tol | None = None
+    ratio: float | None = None
+
+
+def judge_statistics(run: dict[str, Any], golden: dict[str, Any], rule: RowRule) -> Iterator[Judged]:
+    """Each statistic of the golden's row (``row_statistics``: Max/Min/Mean/Norm, or a scalar's ``value``) against the
+    run's, in the golden's order: ``policy.for_tensor``'s tolerance and ``tolerance_ratio`` (Mean against
+    ``rule.scale``). A statistic neither side holds is left out; one that one side holds only has no ratio."""
+    for stat, g_val in golden.items():
+        t_val = run.get(stat)
+        if t_val is None and g_val is None:
+            continue
+        if t_val is None or g_val is None:
+            yield Judged(stat, t_val, g_val)
+            continue
+        tol = rule.policy.for_tensor(dtype=rule.dtype, stage=rule.stage, statistic=stat, api=rule.api, rms=rule.scale)
+        ratio = tolerance_ratio(t_val, g_val, tol, scale=rule.scale if stat == "Mean" else None)
+        yield Judged(stat, t_val, g_val, tol, ratio)

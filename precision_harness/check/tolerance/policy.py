@@ -87,9 +87,23 @@ def scaled_atol(dtype: str, statistic: str, rtol: float, rms: float | None) -> f
     source and the reasons: docs/tolerance.md#atol-scales-with-the-tensor.
     """
     floor = ATOL_FLOOR[dtype]
-    if statistic in RMS_ATOL_STATISTICS and rms is not None and math.isfinite(rms):
-        return max(floor, rtol * abs(rms))
+    if statistic in RMS_ATOL_STATISTICS and rms is not None:
+        return float(rms_atol(floor, rtol, rms))
     return floor
+
+
+def rms_atol(floor: Any, rtol: Any, rms: Any) -> Any:
+    """``max(floor, rtol x |rms|)``, or ``floor`` where ``rms`` is NaN or infinite: the atol of Max and Min, on floats
+    (:func:`scaled_atol`) or elementwise on arrays (:meth:`TolerancePolicy.tolerance_arrays`), the one place the rule
+    is written. docs/tolerance.md#atol-scales-with-the-tensor."""
+    with np.errstate(invalid="ignore"):
+        return np.fmax(floor, rtol * np.where(np.isfinite(rms), np.abs(rms), np.nan))
+
+
+def widened_rtol(rtol: float, k: float, observed: float) -> float:
+    """A float row's rtol widened by its calibrated noise: ``max(rtol, k x observed)``, ``rtol`` where none was
+    observed (``calibrate.py``; docs/tolerance.md)."""
+    return max(rtol, k * observed) if observed else rtol
 
 
 def _apply(base: Tol, override: Mapping[str, float] | None) -> Tol:
@@ -227,8 +241,7 @@ class TolerancePolicy:
             return Tol(rtol, 0.0 if atol is None else atol)
         if atol is None:
             atol = scaled_atol(d, statistic, rtol, rms)
-        observed = self._observed(stage, api, statistic)
-        return Tol(max(rtol, self.noise_k * observed) if observed else rtol, atol)
+        return Tol(widened_rtol(rtol, self.noise_k, self._observed(stage, api, statistic)), atol)
 
     def tolerance_arrays(
         self, *, stage: str, dtypes: Sequence[str], codes: np.ndarray, names: Sequence[str], rms: np.ndarray
@@ -256,8 +269,7 @@ class TolerancePolicy:
         rtol = np.array([r[0] for r in rules], dtype=float).reshape(-1, 4)[at]
         atol = np.array([r[1] for r in rules], dtype=float).reshape(-1, 4)[at]
         floor = np.array([r[2] for r in rules], dtype=float)[at]
-        with np.errstate(invalid="ignore"):
-            by_rms = np.fmax(floor[:, None], rtol * np.where(np.isfinite(rms), np.abs(rms), np.nan)[:, None])
+        by_rms = rms_atol(floor[:, None], rtol, rms[:, None])
         scales = np.array([s in RMS_ATOL_STATISTICS for s in STATISTICS])
         atol = np.where(np.isnan(atol), np.where(scales, by_rms, floor[:, None]), atol)
         if self.noise or self.row_noise:
@@ -276,9 +288,7 @@ class TolerancePolicy:
         """``rtol`` widened in place by calibrated noise, as :meth:`for_tensor` widens it (float rows only)."""
         for i in np.flatnonzero(floats).tolist():
             for k, statistic in enumerate(STATISTICS):
-                observed = self._observed(stage, names[i], statistic)
-                if observed:
-                    rtol[i, k] = max(rtol[i, k], self.noise_k * observed)
+                rtol[i, k] = widened_rtol(rtol[i, k], self.noise_k, self._observed(stage, names[i], statistic))
 
     def _rule(self, d: str, stage: str, statistic: str, api: str) -> tuple[float, float | None]:
         """``(rtol, atol)`` from the defaults and overrides; atol None where no rule sets it (it scales)."""
