@@ -279,7 +279,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         keyword=args.keyword,
         golden_dir=args.golden_dir,
         work=join_inside(opts.artifacts, "bisect", name, what="artifacts bisect/<scenario>"),
-        timeout=opts.timeout,
+        run_flags=tuple(opts.run_flags()),
     )
     _print(f"[precision] bisect {name}: --good {args.good}, --bad {args.bad}; your checkout is not touched")
     try:

@@ -110,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
         "device the target ran on; auto reads it from the target's run.json, else takes the golden's",
         default="auto",
         choices=DEVICE_CHOICES,
-        cli=("run", "calibrate", "compare", "export", "portability", "history"),
+        cli=("run", "calibrate", "compare", "export", "portability", "history", "bisect"),
     ),
     Option(
         "artifacts",
@@ -147,7 +147,7 @@ OPTIONS: tuple[Option, ...] = (
         "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
         "scenarios run as local subprocesses, multi-rank ones on a local Ray instance",
         metavar="ADDRESS",
-        cli=("run", "calibrate"),
+        cli=("run", "calibrate", "bisect"),
     ),
     Option(
         "golden-device",
@@ -313,6 +313,14 @@ class PrecisionOptions:
         if self.jobs is not None:
             return self.jobs
         return max(1, os.cpu_count() or 1) if device == "cpu" else 1
+
+    def run_flags(self) -> list[str]:
+        """The gate's flags that make a pytest run of a scenario run it as these options do: ``--precision-device``
+        (unless ``auto``), ``--precision-ray-address`` and ``precision_timeout``. What ``bisect`` passes each commit's
+        gate, so that triage runs where and how the check ran (``calibrate`` reads the same fields)."""
+        flags = [] if self.device == "auto" else ["--precision-device", self.device]
+        flags += ["--precision-ray-address", self.ray_address] if self.ray_address else []
+        return flags + (["-o", f"precision_timeout={self.timeout:g}"] if self.timeout else [])
 
     def device_for(self, scenario: Scenario) -> str:
         """Where ``scenario`` runs: ``--precision-device``, or the scenario's ``device`` key under ``auto``."""

@@ -66,7 +66,9 @@ class BisectSettings:
     keyword: str | None  #: pytest ``-k`` expression selecting the items
     golden_dir: Path | None  #: the golden root in the working tree; None: the one the pytest ini at good names
     work: Path  #: the scenario's bisect folder; each bisection writes reports, runs.jsonl and bisect.log below it
-    timeout: float | None = None
+    #: the gate's flags each commit's run takes, as the check ran (``PrecisionOptions.run_flags``: device, Ray
+    #: address, timeout)
+    run_flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -101,7 +103,7 @@ def run_bisect(settings: BisectSettings, say: Callable[[str], None]) -> BisectRe
         git(repo.toplevel, "worktree", "add", "--detach", str(tree), good.sha)
         work = new_work_folder(settings.work)
         state = {"scenario": scenario, "keyword": settings.keyword, "golden_root": str(golden_root)}
-        state.update(work=str(work.resolve()), timeout=settings.timeout)
+        state.update(work=str(work.resolve()), run_flags=list(settings.run_flags))
         state_path = scratch / "state.json"
         state_path.write_text(json.dumps(state), encoding="utf-8")
         step = [sys.executable, "-c", _STEP, str(state_path)]

@@ -30,7 +30,7 @@ PASS, DRIFT, SKIP = 0, 1, 125
 ABORT = 128
 RUNS_LOG = "runs.jsonl"
 #: the state file's fields (written by :mod:`precision_harness.history.bisect`)
-STATE_FIELDS = ("scenario", "keyword", "golden_root", "work", "timeout")
+STATE_FIELDS = ("scenario", "keyword", "golden_root", "work", "run_flags")
 
 
 def classify(returncode: int, report: dict[str, Any] | None) -> tuple[int, str]:
@@ -58,12 +58,12 @@ def _where(item: dict[str, Any]) -> str:
 
 
 def pytest_command(state: dict[str, Any], out: Path) -> list[str]:
-    """``python -m pytest SCENARIO [-k EXPR]`` with the fixed golden and a report into ``out``."""
+    """``python -m pytest SCENARIO [-k EXPR]`` with the fixed golden, a report into ``out`` and the check's run flags
+    (``PrecisionOptions.run_flags``: device, Ray address, timeout)."""
     cmd = [sys.executable, "-m", "pytest", state["scenario"], "-q", "-p", "no:cacheprovider"]
     cmd += ["-o", f"precision_golden_dir={state['golden_root']}", "--precision-golden", "check"]
     cmd += ["--precision-artifacts", str(out / "artifacts"), "--precision-report", str(out)]
-    if state.get("timeout"):
-        cmd += ["-o", f"precision_timeout={state['timeout']}"]
+    cmd += state.get("run_flags") or []
     return cmd + (["-k", state["keyword"]] if state.get("keyword") else [])
 
 
