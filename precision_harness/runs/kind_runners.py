@@ -20,6 +20,7 @@ from precision_harness.paths import display_path
 from precision_harness.runs import launch, processes
 from precision_harness.runs.command import run as command_runner
 from precision_harness.runs.command.run import CommandSpec
+from precision_harness.runs.host import device_lock
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.runs.verl import engine as verl_engine
 from precision_harness.runs.verl import shared_ray
@@ -113,11 +114,15 @@ def run_scenario(scenario: Scenario, *, out_dir: Path, device: str, options: Run
     (:func:`~precision_harness.runs.command.run.run_command_scenario`). ``options`` default: as the gate
     runs it, fresh.
 
+    A run on npu or cuda holds the host's device set while it runs (:mod:`~precision_harness.runs.host.device_lock`):
+    one at a time across pytest-xdist's workers and gate sessions, unless it runs on an existing Ray cluster.
+
     Raises:
         RunFailedError: the run exited non-zero or timed out, or Ray is needed and not installed.
     """
     how = options or RunOptions()
-    return RUNNERS[scenario.kind].run(scenario, out_dir=Path(out_dir), device=device, options=how)
+    with device_lock.taken(device, ray_address=how.ray_address):
+        return RUNNERS[scenario.kind].run(scenario, out_dir=Path(out_dir), device=device, options=how)
 
 
 #: starts one run of a scenario into a folder, its device and options bound (:func:`bind`)
