@@ -96,21 +96,18 @@ def compute_rollout_importance_weights(
     """IS weights ``pi_train / pi_rollout`` with bounding, veto, and diagnostics.
 
     Levels (``rollout_is_level``), with ``lr_t = old_log_prob - rollout_log_prob``:
-
     * ``"token"``: ``w_t = exp(clamp(lr_t, -20, 20))`` (biased, low variance).
     * ``"sequence"``: ``w = exp(clamp(sum_t mask * lr_t, -20, 20))`` broadcast over the row.
     * ``"geometric"``: ``w = exp(clamp(masked_mean_t(lr_t), -20, 20))`` broadcast over the row.
 
     Modes (``rollout_is_mode``):
-
     * ``"truncate"`` (TIS): ``w = min(w, upper)``.
     * ``"clip"`` (CIS): ``w = 0`` where ``w < lower`` or ``w > upper``; kept as is otherwise.
 
-    ``lower`` defaults to ``1 / upper``. Veto: if ``rollout_is_veto_threshold`` is set, any
-    sequence containing a valid token with ``rho_t < veto`` (tested in log space) gets weight 0
-    on every token, in both modes. Finally weights are multiplied by ``response_mask`` and
-    detached. The IS metrics are computed on the weights *before* truncation/clipping (so
-    ``rollout_is_max`` shows the true maximum), as in the PR.
+    ``lower`` defaults to ``1 / upper``. Veto: if ``rollout_is_veto_threshold`` is set, any sequence containing a
+    valid token with ``rho_t < veto`` (tested in log space) gets weight 0 on every token, in both modes. Finally
+    weights are multiplied by ``response_mask`` and detached. The IS metrics are computed on the weights *before*
+    truncation/clipping (so ``rollout_is_max`` shows the true maximum), as in the PR.
 
     Args:
         old_log_prob: ``(bs, response_length)``, log-probs of the training policy (nats).
@@ -122,49 +119,51 @@ def compute_rollout_importance_weights(
     Returns:
         ``(weights, metrics)``: ``weights`` is ``(bs, response_length)``, detached, zero on
         padding. ``metrics`` maps ``"mismatch/<name>"`` to python floats: the IS metrics
-        (``rollout_is_mean``, ``rollout_is_std``, ``rollout_is_max``, ``rollout_is_min``,
-        ``rollout_is_eff_sample_size``, ``rollout_is_veto_fraction``,
-        ``rollout_is_catastrophic_token_fraction``, ``rollout_is_ratio_fraction_high/low``,
-        ``rollout_is_p25/p50/p75/p95/p99``, ``rollout_is_seq_mean/std/max/min``,
-        ``rollout_is_seq_max_deviation``, ``rollout_is_seq_fraction_high/low``, in clip mode
-        ``rollout_is_clipped_fraction`` and ``rollout_is_seq_clipped_fraction``, and the
-        thresholds ``rollout_is_threshold_upper/lower``) plus
-        :func:`compute_mismatch_metrics`.
+        (:func:`_compute_is_metrics` names them), the thresholds ``rollout_is_threshold_upper/lower``,
+        plus :func:`compute_mismatch_metrics`.
 
     Raises:
         ValueError: unknown level or mode.
 
-    Source: ``verl.trainer.ppo.mismatch_helper.compute_rollout_importance_weights`` of the
-    PR #3694 (the PR's trainer adds the ``mismatch/`` prefix and merges the mismatch metrics;
-    the PR's non-numeric config entries ``rollout_is_level/mode/veto_threshold`` are omitted
-    so that every value is a float).
+    Source: ``verl.trainer.ppo.mismatch_helper.compute_rollout_importance_weights`` of the PR #3694 (the PR's
+    trainer adds the ``mismatch/`` prefix and merges the mismatch metrics; the PR's non-numeric config entries
+    ``rollout_is_level/mode/veto_threshold`` are omitted so that every value is a float).
     """
     config = config or RolloutISConfig()
-    level, mode = config.rollout_is_level, config.rollout_is_mode
+    level = config.rollout_is_level
     if config.rollout_is_threshold is None:
         return None, {}
-    if level not in IS_LEVELS:
-        raise ValueError(f"Invalid rollout_is_level: {level}. Must be 'token', 'sequence', or 'geometric'.")
-    if mode not in IS_MODES:
-        raise ValueError(f"Invalid rollout_is_mode: {mode}. Must be 'truncate' or 'clip'.")
-    upper = float(config.rollout_is_threshold)
-    lower = float(config.rollout_is_threshold_lower) if config.rollout_is_threshold_lower is not None else 1.0 / upper
-
+    lower, upper = _thresholds(config)
     log_ratio = old_log_prob - rollout_log_prob
     weights, log_ratio_for_metrics = _raw_weights(log_ratio, response_mask, level)
     veto = _veto(log_ratio, response_mask, config.rollout_is_veto_threshold)
     # metrics on the pre-bounding weights, so rollout_is_max shows the true maximum
     metrics = _compute_is_metrics(weights, log_ratio_for_metrics, response_mask, level, (lower, upper), veto)
-    weights = _bound(weights, response_mask, metrics, mode=mode, level=level, bounds=(lower, upper))
-    weights = weights * veto.keep  # zero whole sequences with a catastrophic token
-    weights = weights * response_mask  # zero padding
-    weights = weights.detach()
+    weights = _bound(weights, response_mask, metrics, mode=config.rollout_is_mode, level=level, bounds=(lower, upper))
+    # zero whole sequences with a catastrophic token, then the padding
+    weights = (weights * veto.keep * response_mask).detach()
 
-    metrics["rollout_is_threshold_upper"] = upper
-    metrics["rollout_is_threshold_lower"] = lower
+    metrics.update(rollout_is_threshold_upper=upper, rollout_is_threshold_lower=lower)
     out = {f"{_PREFIX}{k}": _to_float(v) for k, v in metrics.items()}
     out.update(compute_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask))
     return weights, out
+
+
+def _thresholds(config: RolloutISConfig) -> tuple[float, float]:
+    """``(lower, upper)``: ``rollout_is_threshold`` and its lower bound (default ``1 / upper``).
+
+    Raises:
+        ValueError: unknown level or mode (the PR's messages).
+    """
+    if config.rollout_is_level not in IS_LEVELS:
+        raise ValueError(
+            f"Invalid rollout_is_level: {config.rollout_is_level}. Must be 'token', 'sequence', or 'geometric'."
+        )
+    if config.rollout_is_mode not in IS_MODES:
+        raise ValueError(f"Invalid rollout_is_mode: {config.rollout_is_mode}. Must be 'truncate' or 'clip'.")
+    upper = float(config.rollout_is_threshold)
+    lower = float(config.rollout_is_threshold_lower) if config.rollout_is_threshold_lower is not None else 1.0 / upper
+    return lower, upper
 
 
 def _raw_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,7 +226,12 @@ def _compute_is_metrics(
     bounds: tuple[float, float],
     veto: _Veto,
 ) -> dict[str, Any]:
-    """IS statistics (unprefixed keys, tensor or float values); PR's ``compute_is_metrics``.
+    """IS statistics (unprefixed keys, tensor or float values); PR's ``compute_is_metrics``: ``rollout_is_mean``,
+    ``rollout_is_std``, ``rollout_is_max``, ``rollout_is_min``, ``rollout_is_eff_sample_size``,
+    ``rollout_is_veto_fraction``, ``rollout_is_catastrophic_token_fraction``, ``rollout_is_ratio_fraction_high/low``,
+    ``rollout_is_p25/p50/p75/p95/p99``, ``rollout_is_seq_mean/std/max/min``, ``rollout_is_seq_max_deviation``,
+    ``rollout_is_seq_fraction_high/low`` (and, added by the bounding in clip mode, ``rollout_is_clipped_fraction`` and
+    ``rollout_is_seq_clipped_fraction``).
 
     Sequence/geometric max/min/fractions come from the unclamped log values; mean, std and ESS
     use the safety-clamped weights, std/ESS additionally clamped to ``bounds = (lower, upper)``.

@@ -139,10 +139,9 @@ def compute_policy_loss_vanilla(
         rollout_is_weights: optional ``(bs, response_length)`` detached IS weights.
 
     Returns:
-        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``, all 0-d tensors:
-        the aggregated loss, the masked fraction of tokens where the clipped term was taken,
-        the masked mean of ``old_log_prob - log_prob`` (k1 estimate, nats), and the masked
-        fraction of tokens where the dual clip was active.
+        ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``, all 0-d tensors: the aggregated loss, the masked
+        fraction of tokens where the clipped term was taken, the masked mean of ``old_log_prob - log_prob`` (k1
+        estimate, nats), and the masked fraction of tokens where the dual clip was active.
 
     Raises:
         ValueError: ``clip_ratio_c`` is not above 1.
@@ -152,15 +151,7 @@ def compute_policy_loss_vanilla(
     ``loss_agg_mode`` beside it and returns the three metrics as floats in a dict.
     """
     config = config or PolicyLossConfig()
-    clip_ratio_low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
-    clip_ratio_high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
-    clip_ratio_c = config.clip_ratio_c
-    if not clip_ratio_c > 1.0:
-        raise ValueError(
-            "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
-            f" but get the value: {clip_ratio_c}."
-        )
-
+    clip_ratio_low, clip_ratio_high, clip_ratio_c = _clip_ratios(config)
     negative_approx_kl = log_prob - old_log_prob
     negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)  # stability
     ratio = torch.exp(negative_approx_kl)
@@ -181,6 +172,22 @@ def compute_policy_loss_vanilla(
 
     pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def _clip_ratios(config: PolicyLossConfig) -> tuple[float, float, float]:
+    """``(clip_ratio_low, clip_ratio_high, clip_ratio_c)``, the first two defaulting to ``clip_ratio``.
+
+    Raises:
+        ValueError: ``clip_ratio_c`` is not above 1 (verl's message).
+    """
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    if not config.clip_ratio_c > 1.0:
+        raise ValueError(
+            "The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0,"
+            f" but get the value: {config.clip_ratio_c}."
+        )
+    return low, high, config.clip_ratio_c
 
 
 def compute_value_loss(
