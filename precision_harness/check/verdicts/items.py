@@ -141,21 +141,49 @@ def check_items(
     are not compared (:func:`~precision_harness.check.compare.unfilled.settled`).
     """
     keys, settings = list(keys), unfilled.settled(settings, target, golden.env)
+    stages = _Stages(target, golden)
     try:
         for at, key in enumerate(keys):
-            _ahead(target, golden, keys[at : at + rank_pool.cores()], settings)
+            _ahead(stages, keys[at : at + rank_pool.cores()], settings)
             try:
                 out = (
-                    _check_metrics(target, golden, settings)
-                    if key.is_metrics
-                    else _check_stage(target, golden, key, settings)
+                    _check_metrics(target, golden, settings) if key.is_metrics else _check_stage(stages, key, settings)
                 )
             except PrecisionError as exc:
                 out = Outcome.error(exc)
+            stages.done(key)
             out.environment = settings.environment
             yield key, covered(out, settings)
     finally:
         rank_pool.forget()
+
+
+class _Stages:
+    """Each stage item's run and golden side, made once: the compare started ahead and the item's own check ask the
+    same two objects (the golden's, :meth:`Golden.stage`, for its rows, digests, window and skeleton), dropped once
+    the item is checked so that a large golden's parses do not pile up."""
+
+    def __init__(self, target: Path, golden: Golden) -> None:
+        self.target, self.golden = Path(target), golden
+        self._pairs: dict[ItemKey, tuple[DirStage, StageSource]] = {}
+
+    def has(self, key: ItemKey) -> bool:
+        return (
+            not key.is_metrics
+            and key.step is not None
+            and key.stage is not None
+            and self.golden.has_stage(key.step, key.stage)
+        )
+
+    def pair(self, key: ItemKey) -> tuple[DirStage, StageSource]:
+        """``(the run's stage, the golden's)`` of a stage item the golden holds."""
+        assert key.step is not None and key.stage is not None
+        if key not in self._pairs:
+            self._pairs[key] = (_run_stage(self.target, key), self.golden.stage(key.step, key.stage))
+        return self._pairs[key]
+
+    def done(self, key: ItemKey) -> None:
+        self._pairs.pop(key, None)
 
 
 def covered(out: Outcome, settings: CheckSettings) -> Outcome:
@@ -169,23 +197,20 @@ def covered(out: Outcome, settings: CheckSettings) -> Outcome:
     return replace(out, passed=False, text=f"{ledger.dropped_line()}\n{out.text}", kind=OutcomeKind.ERROR)
 
 
-def _ahead(target: Path, golden: Golden, keys: list[ItemKey], settings: CheckSettings) -> None:
+def _ahead(stages_of: _Stages, keys: list[ItemKey], settings: CheckSettings) -> None:
     """The stages of ``keys`` (this item's and the next ones, a core each) started side by side in the rank pool
     (:func:`~precision_harness.check.compare.stage.compare_ahead`); a stage the golden lacks or cannot give is left to
     its own item, which says why."""
-    stages = [
-        (_run_stage(target, k), golden.stage(k.step, k.stage))
-        for k in keys
-        if not k.is_metrics and k.step is not None and k.stage is not None and golden.has_stage(k.step, k.stage)
-    ]
+    stages = [stages_of.pair(k) for k in keys if stages_of.has(k)]
     if len(stages) < 2:  # nothing to put beside it (a pytest item, level: auto's rerun): no hashing for nothing
         return
     with contextlib.suppress(PrecisionError, OSError):  # the stage's own item meets it again and reports it
         compare_ahead(stages, settings)
 
 
-def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -> Outcome:
+def _check_stage(stages: _Stages, key: ItemKey, s: CheckSettings) -> Outcome:
     assert key.step is not None and key.stage is not None
+    golden = stages.golden
     if not golden.has_stage(key.step, key.stage):
         again = f", re-record with: {s.rerecord}" if s.rerecord else ""
         raise GoldenMissingError(
@@ -196,8 +221,8 @@ def _check_stage(target: Path, golden: Golden, key: ItemKey, s: CheckSettings) -
     artifacts = s.item_artifacts(key.step, key.stage)
     if artifacts is not None:
         shutil.rmtree(artifacts, ignore_errors=True)
-    run_stage = _run_stage(target, key)
-    out = check_stage(run_stage, golden.stage(key.step, key.stage), s)
+    run_stage, golden_stage = stages.pair(key)
+    out = check_stage(run_stage, golden_stage, s)
     if key.stage == ROLLOUT_GENERATE:  # a changed token explains every statistic after it: named first
         changed = sampled_tokens.compare_stage(run_stage.path, golden, key.step, key.stage)
         if changed is not None:
