@@ -235,10 +235,16 @@ def _nonfinite_row(v: RankVerdict, name: str, table: StatTable, i: int) -> None:
     """The first value of regular row ``i`` of ``table`` (named ``name``) that is non-finite where the golden's is
     finite, as :func:`_compare_row` reports it: once a rank."""
     for k, stat in enumerate(STATISTICS):
-        t_val, g_val = float(table.target[i, k]), float(table.golden[i, k])
-        if table.present[i, k] and not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
-            v.problem(f"{name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
-            v._nan_reported = True
+        if table.present[i, k]:
+            _nonfinite(v, name, stat, (float(table.target[i, k]), float(table.golden[i, k])))
+
+
+def _nonfinite(v: RankVerdict, name: str, stat: str, values: tuple[float, float]) -> None:
+    """A statistic non-finite in the run where the golden's is finite, as a problem of ``v``: once a rank."""
+    t_val, g_val = values
+    if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
+        v.problem(f"{name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
+        v._nan_reported = True
 
 
 def _too_different(pairing: Pairing) -> str:
@@ -294,9 +300,7 @@ def _compare_row(v: RankVerdict, row: _Row, *, policy: TolerancePolicy, stage: s
             v.coverage["statistics"].miss(NOT_IN_RUN if not four else OTHER_MSPROBE, int(t_val is None))
             continue
         v.checked += 1
-        if not math.isfinite(t_val) and math.isfinite(g_val) and not v._nan_reported:
-            v.problem(f"{row.name} {stat}: {t_val} where the golden is finite ({g_val:.7g})")
-            v._nan_reported = True
+        _nonfinite(v, row.name, stat, (t_val, g_val))
         row_worst = max(row_worst, judged.ratio)
         if judged.ratio > 1.0:
             rel = relative_change(t_val, g_val)
