@@ -144,8 +144,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "ray-address",
         "submit scenario runs to this existing Ray cluster (e.g. 10.0.0.1:6379 or ray://head:10001) "
-        "with the resources each scenario asks for; dumps are fetched back and compared here. Default: single-rank "
-        "scenarios run as local subprocesses, multi-rank ones on a local Ray instance",
+        "with the resources each scenario asks for; a built-in scenario's dumps are fetched back and compared here, "
+        "a command or verl run's ranks write into the run folder, which every node must mount at the same path "
+        "(checked before the run). Default: single-rank scenarios run as local subprocesses, multi-rank ones on a "
+        "local Ray instance",
         metavar="ADDRESS",
         cli=("run", "calibrate", "bisect"),
     ),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from precision_harness.runs import ray_cluster
 from precision_harness.runs.verl import shared_ray
 
 FAKE_VERL = """
@@ -212,7 +213,7 @@ def test_a_lease_hands_a_driver_the_run_variables_and_verl_keeps_its_own() -> No
     job's runtime environment with the run's variables, where verl's own ray.init values win."""
     lease = shared_ray.Lease(address="127.0.0.1:1", ready=Path("/tmp/r/ready"), token="t0k")
     env = lease.driver_env({"PRECISION_RUN_ID": "r1", "OMP_NUM_THREADS": "1"}, cwd=Path("/s"))
-    job = json.loads(env[shared_ray.JOB_CONFIG])["runtime_env"]["env_vars"]
-    assert job["PRECISION_RUN_ID"] == "r1" and job["OMP_NUM_THREADS"] == "1" and job[shared_ray.ENV_WORKDIR] == "/s"
+    job = json.loads(env[ray_cluster.JOB_CONFIG])["runtime_env"]["env_vars"]
+    assert job["PRECISION_RUN_ID"] == "r1" and job["OMP_NUM_THREADS"] == "1" and job[ray_cluster.ENV_WORKDIR] == "/s"
     assert env["RAY_ADDRESS"] == "127.0.0.1:1" and env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] == "1"
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == "t0k" and "RAY_AUTH_TOKEN" not in job

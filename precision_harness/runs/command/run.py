@@ -26,6 +26,7 @@ GCS, raylet and workers, which verl's trainer starts and a killed driver leaves 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -43,7 +44,7 @@ from typing import Any
 
 from precision_harness.errors import RunFailedError
 from precision_harness.paths import display_path
-from precision_harness.runs import processes
+from precision_harness.runs import processes, ray_cluster
 from precision_harness.runs.host import rank_env
 from precision_harness.runs.host.rank_env import ENV_DEVICE
 from precision_harness.runs.launch import RunOptions, RunResult
@@ -343,11 +344,13 @@ def launch_command(
     Of ``options``: ``dispatch_env`` is laid over the determinism environment and the scenario's own
     ``env``; ``pinned`` is the golden whose recorded rollouts a verl check run loads (None: generate
     them); ``ray_address`` is given as ``RAY_ADDRESS``, so a ``ray.init()`` in the command (verl's
-    trainer makes one) joins that cluster. Its nodes must see ``run_dir`` (a shared filesystem):
-    the ranks write their dumps there.
+    trainer makes one) joins that cluster, with the run's variables as its job's runtime environment on every node.
+    Its nodes must see ``run_dir`` (a shared filesystem): the ranks write their dumps there. Each node is asked
+    before the run, and reaped after it (:mod:`precision_harness.runs.ray_cluster`).
 
     Raises:
-        RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``.
+        RunFailedError: as :func:`run_command`, or msprobe would reject ``run_dir``, or on a cluster: it does not
+            answer, or a node cannot read ``run_dir``.
     """
     from precision_harness.runs.numerics.devices import determinism_env
 
@@ -363,16 +366,16 @@ def launch_command(
     argv, env, exclude, header = spec.argv, spec.env, spec.metrics_exclude, spec.header
     threads = scenario.config["trainer"]["num_threads"]
     env = {**determinism_env(device, threads), **env, **(options.dispatch_env or {}), ENV_DEVICE: device}
-    if options.ray_address:
-        env["RAY_ADDRESS"] = options.ray_address
-    if options.shared_ray is not None:  # the run's variables (its mark too) go to its workers on the shared Ray
+    cwd = Path(scenario.folder).resolve()
+    if options.ray_address:  # the run's variables (its mark too) go to its workers on every node of the cluster
+        env.update({ENV_RUN_ID: uuid.uuid4().hex, "RAY_ADDRESS": options.ray_address})
+        env.update(ray_cluster.job_env(env, cwd=cwd))
+    if options.shared_ray is not None:  # the same on the gate's shared Ray
         env[ENV_RUN_ID] = uuid.uuid4().hex
-        env.update(options.shared_ray.driver_env(env, cwd=Path(scenario.folder).resolve()))
-    before = 0.0
-    if pinned is None and scenario.pins_rollouts:
-        before = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header).wall_s
-        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
-    clock = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+        env.update(options.shared_ray.driver_env(env, cwd=cwd))
+    with _cluster_watched(options.ray_address, run_dir, env):
+        passes = _run_passes(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header, pinned=pinned)
+    before, clock = passes
     timings: dict[str, Any] = {"total_s": round(before + clock.wall_s, 6)}
     if spec.timings is not None:
         timings.update(spec.timings(run_dir, clock.as_dict(), read_command_metrics(run_dir)))
@@ -382,6 +385,26 @@ def launch_command(
     )
     fingerprint = rank_env.merged(fingerprint, rank_env.read(run_dir))
     return write_run_json(scenario, run_dir, env=fingerprint, device=device, timings=timings)
+
+
+def _cluster_watched(address: str | None, run_dir: Path, env: dict[str, str]) -> Any:
+    """:func:`precision_harness.runs.ray_cluster.watched` for a run on an existing cluster; nothing otherwise."""
+    if not address:
+        return contextlib.nullcontext()
+    return ray_cluster.watched(address, run_dir, env[ENV_RUN_ID])
+
+
+def _run_passes(
+    scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, **how: Any
+) -> tuple[float, CommandClock]:
+    """The run (``how``: its ``header``, and the ``pinned`` golden or None), after the pass that generates the rollouts
+    to pin where the scenario pins them and no golden gives them: ``(seconds of that pass, the run's clock)``."""
+    header = how["header"]
+    before = 0.0
+    if how["pinned"] is None and scenario.pins_rollouts:
+        before = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header).wall_s
+        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
+    return before, run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
 
 
 def run_command_scenario(

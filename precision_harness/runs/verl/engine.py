@@ -184,32 +184,42 @@ def cpu_env(environ: Mapping[str, str] | None = None, *, cpu_kernels: str = "por
     }
 
 
+def _positive(scenario_path: Path, overrides: dict[str, Any], key: str) -> int:
+    value = overrides.get(key, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ScenarioError(f"{scenario_path}: verl.overrides: {key}: expected a positive integer")
+    return value
+
+
 def cpu_ranks(scenario_path: Path, overrides: dict[str, Any], limit: int | None = None) -> int:
-    """The ranks a verl scenario asks for on the CPU (``trainer.n_gpus_per_node``, default 1).
+    """The ranks a verl scenario asks for on the CPU: ``trainer.nnodes`` (default 1) x ``trainer.n_gpus_per_node``
+    (default 1; verl's own default, 8, is not what a CPU runs).
 
     Each rank is a worker process computing on one thread, so at most ``limit`` (default: this machine's
     CPU count) can run.
 
     Raises:
-        ScenarioError: not a positive integer, or more than ``limit`` (one line naming the key and the limit).
+        ScenarioError: either is not a positive integer, or their product is more than ``limit`` (one line naming
+            the keys and the limit).
     """
     limit = limit if limit is not None else (os.cpu_count() or 1)
-    ranks = overrides.get("trainer.n_gpus_per_node", 1)
-    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
-        raise ScenarioError(f"{scenario_path}: verl.overrides: trainer.n_gpus_per_node: expected a positive integer")
+    per_node = _positive(scenario_path, overrides, "trainer.n_gpus_per_node")
+    ranks = _positive(scenario_path, overrides, "trainer.nnodes") * per_node
     if ranks > limit:
+        keys = "trainer.n_gpus_per_node" if "trainer.nnodes" not in overrides else "trainer.nnodes x n_gpus_per_node"
         raise ScenarioError(
-            f"{scenario_path}: verl.overrides: trainer.n_gpus_per_node: {ranks} ranks on cpu, but this machine runs "
+            f"{scenario_path}: verl.overrides: {keys}: {ranks} ranks on cpu, but this machine runs "
             f"at most {limit} (one worker process per CPU core); lower it to {limit} or fewer"
         )
     return ranks
 
 
-def cpu_overrides(*, critic: bool, ranks: int = 1, joins_ray: bool = False) -> dict[str, Any]:
+def cpu_overrides(*, critic: bool, ranks: int = 1, joins_ray: bool = False, nnodes: int = 1) -> dict[str, Any]:
     """The resource and engine settings verl's trainer needs on the CPU (gate-owned on ``cpu``) for ``ranks``
-    worker processes; with a ``critic``, its engine settings and its profiler on (the gate's CPU support
-    dumps its stages). ``joins_ray``: the run joins a running Ray instance (the gate's shared one, or
-    ``--precision-ray-address``), whose resources were given when it started: Ray refuses them again."""
+    worker processes in all (over ``trainer.nnodes``, the scenario's); with a ``critic``, its engine settings and
+    its profiler on (the gate's CPU support dumps its stages). ``joins_ray``: the run joins a running Ray instance
+    (the gate's shared one, or ``--precision-ray-address``), whose resources were given when it started: Ray
+    refuses them again."""
     out: dict[str, Any] = (
         {}
         if joins_ray
@@ -228,7 +238,8 @@ def cpu_overrides(*, critic: bool, ranks: int = 1, joins_ray: bool = False) -> d
         # which worker serves a prompt changes no number here (a seed per request, batches in prompt order)
         "actor_rollout_ref.rollout.agent.num_workers": 1,
         "reward.num_workers": 1,
-        "trainer.nnodes": 1,
+        # the scenario's (default one machine): verl places each node's ranks in a placement group of their own
+        "trainer.nnodes": nnodes,
         # no FlashAttention on CPU
         "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
         "actor_rollout_ref.model.use_remove_padding": False,
@@ -421,10 +432,11 @@ def command_spec(
     if device == "cpu":
         check_cpu_version(scenario.path)
         ranks = cpu_ranks(scenario.path, user)
+        nnodes = user.pop("trainer.nnodes", 1)
         check_cpu_overrides(scenario.path, user, cpu_overrides(critic=uses_critic(user), ranks=ranks))
-        cpu = cpu_overrides(critic=uses_critic(user), ranks=ranks, joins_ray=joins_ray)
+        cpu = cpu_overrides(critic=uses_critic(user), ranks=ranks, joins_ray=joins_ray, nnodes=nnodes)
         # the scenario's own key, or verl's default (8) replaced by one rank
-        gate = {**cpu, "trainer.n_gpus_per_node": ranks, **gate}
+        gate = {**cpu, "trainer.n_gpus_per_node": ranks // nnodes, **gate}
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
     else:
         variables = external_modules(device, stage_window=scenario.localizes)

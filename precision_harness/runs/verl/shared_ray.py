@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -40,14 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from precision_harness.runs.processes import ENV_RUN_ID
+from precision_harness.runs.ray_cluster import job_env
 from precision_harness.runs.verl.ray_head import ENV_READY, FAILED, READY, take_down
 
 #: Ray's CPUs: TransferQueue's storage unit and verl's actors each take one (verl_engine.cpu_overrides)
 NUM_CPUS = 8
-#: the variable Ray's ``ray.init`` reads a job's runtime environment from (ray._private.runtime_env.constants)
-JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-#: the working directory of a run's Ray workers (the driver's); the CPU extension changes to it
-ENV_WORKDIR = "PRECISION_WORKDIR"
 
 
 def _free_port() -> int:
@@ -66,17 +62,13 @@ class Lease:
 
     def driver_env(self, env: dict[str, str], *, cwd: Path) -> dict[str, str]:
         """What a verl driver started in ``cwd`` adds to ``env`` (the run's variables, its mark included) to join the
-        instance, its Ray workers getting the same variables and working directory (``PRECISION_WORKDIR``: Ray's
-        workers start in the instance's, and the CPU extension moves them to the driver's, as a Ray of the run's
-        own would have started them there)."""
-        job = {"runtime_env": {"env_vars": {**{k: str(v) for k, v in env.items()}, ENV_WORKDIR: str(cwd)}}}
-        if os.environ.get("PYTHONPATH") and "PYTHONPATH" not in env:
-            job["runtime_env"]["env_vars"]["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        instance, its Ray workers getting the same variables and working directory
+        (:func:`precision_harness.runs.ray_cluster.job_env`: Ray's workers start in the instance's folder, and the CPU
+        extension moves them to the driver's, as a Ray of the run's own would have started them there)."""
         return {
             "RAY_ADDRESS": self.address,
             ENV_READY: str(self.ready),
-            JOB_CONFIG: json.dumps(job, sort_keys=True),
-            "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",  # verl's own runtime env (PYTHONHASHSEED...) wins, as without a lease
+            **job_env(env, cwd=cwd),
             **auth_env(self.token),
         }
 
