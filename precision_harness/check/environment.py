@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_harness.runs.host.machine import ISA_FLAGS
+from precision_harness.runs.host.rank_env import RAY_NODE
 from precision_harness.runs.verl import fsdp2_buffers
 
 NOT_RECORDED = "not recorded"
@@ -80,8 +81,9 @@ MODEL_KEYS = {"cuda": "gpu", "npu": "npu_chip"}
 
 #: keys that are not the environment: a command scenario's argv is part of the scenario (its hash),
 #: and it names this machine's interpreter path; a verl rank's FSDP2 fill follows from the torch named above, and the
-#: compare reads it itself (:mod:`precision_harness.check.compare.unfilled`)
-IGNORED = frozenset({"command", fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL})
+#: compare reads it itself (:mod:`precision_harness.check.compare.unfilled`); the Ray node a rank ran on is where it
+#: ran (a fresh id for every cluster), not what it ran with; each also as another rank's ``<key>@rank<r>``
+IGNORED = frozenset({"command", fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL, RAY_NODE})
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,9 @@ def _changes(golden: Mapping[str, Any], run: Mapping[str, Any]) -> Iterator[Chan
             yield from _determinism(_text(golden.get(key)), _text(run.get(key)))
         else:
             yield from _plain(label, golden.get(key), run.get(key))
-    for key in sorted((set(golden) | set(run)) - set(ORDER) - set(CPU_KEYS) - IGNORED):
-        yield from _plain(key, golden.get(key), run.get(key))
+    for key in sorted((set(golden) | set(run)) - set(ORDER) - set(CPU_KEYS)):
+        if key.partition("@")[0] not in IGNORED:  # ``<key>@rank<r>``: where another rank records another value
+            yield from _plain(key, golden.get(key), run.get(key))
 
 
 def _plain(label: str, golden: Any, run: Any) -> Iterator[Change]:

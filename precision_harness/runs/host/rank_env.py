@@ -23,6 +23,8 @@ from typing import Any
 ENV_DIR = "env"
 #: the device a command or verl run was started for (the gate sets it; a rank reads it)
 ENV_DEVICE = "PRECISION_DEVICE"
+#: the key of a rank's record naming the Ray node it ran on: where, not what it ran with (no environment difference)
+RAY_NODE = "ray_node"
 
 
 def write(root: Path, rank: int, device: str, extra: Mapping[str, str] | None = None) -> Path | None:

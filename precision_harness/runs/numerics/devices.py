@@ -95,6 +95,45 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
     return torch.device(device)
 
 
+#: the seed of python's, numpy's and torch's generators in a verl process of a gate run (msprobe's ``seed_all``
+#: default); verl reseeds what it seeds itself after the gate's hook has run
+WORKER_SEED = 1234
+
+
+def worker_determinism(device: str) -> dict[str, str]:
+    """Apply ``device``'s deterministic settings in a process the gate did not start (a verl rank, its rollout and
+    reward workers), as :func:`setup` does in its own worker, and say what was applied: the record's
+    ``deterministic_algorithms`` (on / warn only), ``seeds`` and, on cuda, ``cudnn``.
+
+    python's, numpy's and torch's generators (every device's, ``torch.manual_seed``) seeded with
+    :data:`WORKER_SEED`: without it each process of a verl run starts torch from a seed of its own (measured on
+    the CPU: a different one per rank and per run); torch's deterministic algorithms (strict on cpu, warn only
+    elsewhere, as :func:`setup`); cuda: cuDNN deterministic, no benchmark, no TF32. npu's variables
+    (``HCCL_DETERMINISTIC``, ``CLOSE_MATMUL_K_SHIFT``, :func:`determinism_env`) reach every process through the
+    run's environment and are recorded by the gate as ``determinism_env``. Touches no device context. Never
+    raises: a switch that fails reads ``failed: <why>``.
+    """
+    import numpy as np
+    import torch
+
+    random.seed(WORKER_SEED)
+    np.random.seed(WORKER_SEED)
+    torch.manual_seed(WORKER_SEED)
+    record = {"seeds": f"python, numpy, torch: {WORKER_SEED}"}
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
+        record["deterministic_algorithms"] = _deterministic_algorithms(torch)
+    except Exception as exc:  # a torch without the switch: said, not raised
+        record["deterministic_algorithms"] = f"failed: {exc}"
+    if device == "cuda":
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        record["cudnn"] = "deterministic, no benchmark, no TF32"
+    return record
+
+
 def _portable_cpu(torch: Any, *, split_k: int | None = None) -> None:
     """Install the portable kernels (``split_k``: :func:`.cpu_kernels.install`'s); refuse a CPU whose ATen
     kernels are not the pinned AVX2 ones.
