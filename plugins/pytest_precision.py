@@ -25,6 +25,7 @@ from precision_harness.report.item_record import ItemRecord
 from precision_harness.runs.host import device_availability
 from precision_harness.runs.kind_runners import collect_scenario
 from precision_harness.runs.launch import RunResult
+from precision_harness.runs.processes import stop_on_signals
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
 
@@ -83,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
     precision = config.stash[_SESSION_KEY] = PrecisionSession(
         precision_options, rootdir=config.rootpath, rerun_args=_rerun_args(config)
     )
+    stop_on_signals()  # a CI cancel (SIGTERM) ends the session as Ctrl-C does: its runs are stopped, none outlives it
     for flag, why in (
         ("keyword", "-k"),
         ("markexpr", "-m"),

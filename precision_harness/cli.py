@@ -40,6 +40,7 @@ from precision_harness import golden_commands
 from precision_harness import options as option_table
 from precision_harness.errors import EXIT_DRIFT, EXIT_PASS, EXIT_USAGE, PrecisionError, UsageError
 from precision_harness.options import PrecisionOptions
+from precision_harness.runs.processes import stop_on_signals
 
 #: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_INTERRUPTED = 130
@@ -425,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``precision-harness``; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    stop_on_signals()  # SIGTERM and SIGHUP stop the command's runs as Ctrl-C does
     try:
         return args.func(args)
     except UsageError as exc:

@@ -4,8 +4,9 @@ Every command run starts in a session of its own with ``PRECISION_RUN_ID`` in it
 processes it starts inherit the mark (Ray's GCS, raylet and workers too), so :func:`reap` finds them,
 and their descendants (Ray's agents, which Ray starts with an environment of their own), by id.
 Running commands are tracked (:func:`track`), so a session that ends mid-run (Ctrl-C) kills them
-(:func:`stop_running`): they are in sessions of their own, out of reach of the terminal's SIGINT.
-Linux ``/proc`` only.
+(:func:`stop_running`): they are in sessions of their own, out of reach of the terminal's SIGINT. A CI cancel or a
+job timeout (SIGTERM), or a closed terminal (SIGHUP), ends the gate as Ctrl-C does (:func:`stop_on_signals`), so
+the same clean-up runs. Linux ``/proc`` only.
 """
 
 from __future__ import annotations
@@ -48,6 +49,33 @@ def stop_running() -> None:
     for proc, run_id in running:
         kill_group(proc)
         reap(run_id)
+
+
+#: the signals that end a gate process as Ctrl-C does (:func:`stop_on_signals`)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP raise KeyboardInterrupt in this process, as SIGINT does, where they still have their
+    default action (one the caller installed, or SIGHUP ignored under ``nohup``, is kept); only from the main thread.
+
+    By default both end the process at once: no ``finally`` runs, so the commands it started (each in a session of
+    its own) and their processes would be left to their own watchers. As an interrupt, pytest and the CLI unwind:
+    each run kills its command and reaps its mark (:func:`run_command`'s clean-up, :func:`stop_running`). Once one
+    arrives, further ones are ignored, so a second SIGTERM (CI repeats it) does not cut that clean-up short.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _interrupt)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == _interrupt:
+            signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name}: stopping every run of this process")
 
 
 def kill_group(proc: subprocess.Popen) -> None:
