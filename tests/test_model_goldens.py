@@ -85,6 +85,16 @@ def test_the_vendor_tools_reading_is_recorded_under_one_key(tools, tmp_path: Pat
     assert rank_env.read(tmp_path / "run")[0]["accelerator_model"] == "910B1"
 
 
+def test_a_built_in_run_takes_the_tools_model_else_torchs() -> None:
+    """``devices.fingerprint``'s last step: torch's ``npu_chip`` wins as the raw name, the tool's reading as the model
+    (the gate reads the tool too, before the run, to pick the golden)."""
+    tool_and_torch = {"device": "npu", "accelerator_model": "910B3", "npu_chip": "Ascend910B3"}
+    assert stack.with_model(tool_and_torch) == tool_and_torch
+    assert stack.with_model({"device": "npu", "npu_chip": "Ascend910B3"})["accelerator_model"] == "910B3"
+    assert stack.with_model({"device": "cuda", "gpu": "NVIDIA H200"})["accelerator_model"] == "H200"
+    assert stack.with_model(CPU) == CPU
+
+
 def test_a_host_without_the_tool_records_no_model(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither tool
     assert "accelerator_model" not in stack.accelerator_stack("cuda", {})
@@ -160,14 +170,16 @@ def pool(tmp_path: Path, tools):
     scenario = Scenario.load(tmp_path / "scenarios" / "tiny_ppo.yaml")
     golden = tmp_path / "golden"
 
-    def gate(host: str, run_env: dict, mode: str = "check", drift: float = 0.0):
+    def gate(host: str, run_env: dict, mode: str = "check", drift: float = 0.0, golden_device: str | None = None):
         tools("nvidia-smi", f"{host}\n")
         target = _run_dir(tmp_path / f"run{len(list(tmp_path.glob('run*')))}", scenario, run_env, drift)
 
         def runner(s: Scenario, *, out_dir: Path, **kw) -> RunResult:
             return RunResult(s.name, target, json.loads((target / "run.json").read_text()), 0.1)
 
-        options = PrecisionOptions(device="cuda", golden_dir=golden, golden_mode=mode, judgement="off", localize="off")
+        # neither rerun (judgement, localisation): the verdict's lines are what is checked
+        quick = {"judgement": "off", "localize": "off", "golden_mode": mode}
+        options = PrecisionOptions(device="cuda", golden_device=golden_device, golden_dir=golden, **quick)
         session = PrecisionSession(options, rootdir=tmp_path, runner=runner)
         try:
             return session.outcome(scenario, ItemKey(1, "actor_update"))
@@ -218,3 +230,17 @@ def test_a_golden_without_its_model_still_loads_and_a_re_record_adds_it(pool) ->
     assert gate("NVIDIA H200", H200, mode="update").kind is OutcomeKind.RECORDED
     assert not (golden / "tiny_ppo" / "cuda@H200").exists()  # no model to keep apart from: re-recorded in place
     assert _manifest_model(golden / "tiny_ppo" / "cuda") == "H200"
+
+
+def test_across_models_on_purpose_a_failing_item_names_the_models_first(pool) -> None:
+    """--precision-golden-device: the cross-device band (fp32 rtol 1e-3); beyond it, the models lead the item."""
+    gate, _, _ = pool
+    assert gate("NVIDIA H100 80GB HBM3", H100, mode="update").kind is OutcomeKind.RECORDED
+    within = gate("NVIDIA H200", {**H200, "torch": "2.14.0"}, drift=1e-4, golden_device="cuda")
+    assert within.passed, within.text
+    beyond = gate("NVIDIA H200", {**H200, "torch": "2.14.0"}, drift=1e-2, golden_device="cuda")
+    assert beyond.kind is OutcomeKind.COMPARED and not beyond.passed
+    assert beyond.text.splitlines()[1] == (
+        "  recorded on H100 80GB HBM3, checked on H200 (another accelerator model); "
+        "environment differs from the golden's: torch 2.13.0+cpu -> 2.14.0"
+    )

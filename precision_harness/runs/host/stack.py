@@ -36,6 +36,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 #: distributions whose versions a golden records when installed (the gate's own dependencies, the
 #: device stack and the RL frameworks that drive it)
@@ -183,6 +184,13 @@ def model_of(env: Mapping[str, object]) -> str | None:
     device = env.get("device")
     devices = [device] if device in RAW_MODEL_KEYS else list(RAW_MODEL_KEYS)
     return next(filter(None, (model_name(str(d), env.get(RAW_MODEL_KEYS[str(d)])) for d in devices)), None)
+
+
+def with_model(env: dict[str, Any]) -> dict[str, Any]:
+    """``env`` with :data:`MODEL_KEY` set where it records a model: the vendor tool's reading where it has one (the
+    gate reads the same, to pick a golden per model), else :func:`model_of` its ``gpu``/``npu_chip`` (torch's)."""
+    model = model_of(env)
+    return {**env, MODEL_KEY: model} if model else env
 
 
 def host_model(device: str) -> str | None:

@@ -203,11 +203,7 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
     # the rest of the device stack (NCCL, drivers, chip counts); torch's own answer wins where it has one
     merged: dict[str, Any] = stack.accelerator_stack(device, os.environ)
     merged.update({k: v for k, v in env.items() if v is not None or k not in merged})
-    # the model under one key: the vendor tool's (the gate reads it too, to pick a golden per model), else torch's
-    model = merged.get(stack.MODEL_KEY) or stack.model_of(merged)
-    if model:
-        merged[stack.MODEL_KEY] = model
-    return merged
+    return stack.with_model(merged)
 
 
 def _versions_machine_blas(torch: Any, device: str, num_threads: int) -> dict[str, Any]:
