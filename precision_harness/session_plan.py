@@ -25,7 +25,7 @@ from precision_harness.errors import GoldenDeviceModelError, PrecisionError, Pro
 from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden, update_command
-from precision_harness.goldens.manifest import LOCALIZE_DIR
+from precision_harness.goldens.manifest import LOCALIZE_DIR, MANIFEST
 from precision_harness.goldens.recordable import check_recordable
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.history import golden_history
@@ -135,12 +135,21 @@ def device_model_error(st: ScenarioState, golden_path: Path) -> GoldenDeviceMode
     where this model has no golden of its own (:func:`checked_folder`)."""
     model = st.environment.device_model if st.environment is not None else None
     assert model is not None and model.run is not None
-    own = f"{display_path(golden_path.parent / model_folder(st.device, model.run))}/"
-    return GoldenDeviceModelError(
+    own_path = golden_path.parent / model_folder(st.device, model.run)
+    own = f"{display_path(own_path)}/"
+    head = (
         f"recorded on {model.golden}, checked on {model.run}: {display_path(golden_path)}/ is another accelerator "
-        f"model's golden, not used silently; record this model's own ({own}, beside it) with: "
-        f"{update_command(st.scenario)}, or gate across models with --precision-golden-device {st.golden_device} "
-        "(tolerance.cross_device rules)"
+        "model's golden, not used silently"
+    )
+    if (own_path / MANIFEST).is_file():  # the host's vendor tool did not answer before the run (stack.host_model)
+        tool = "npu-smi" if st.device == "npu" else "nvidia-smi"
+        return GoldenDeviceModelError(
+            f"{head}; {own} holds this model's golden, but this host's model could not be read before the run "
+            f"({tool} did not answer): put {tool} on PATH so that the check reads it"
+        )
+    return GoldenDeviceModelError(
+        f"{head}; record this model's own ({own}, beside it) with: {update_command(st.scenario)}, or gate across "
+        f"models with --precision-golden-device {st.golden_device} (tolerance.cross_device rules)"
     )
 
 

@@ -203,7 +203,7 @@ def test_a_mixed_pool_records_a_golden_per_model_and_checks_each_against_its_own
     refused = gate("NVIDIA H200", H200)  # no H200 golden yet: said first, with the way to record one
     assert refused.kind is OutcomeKind.ERROR
     assert refused.text.startswith("recorded on H100 80GB HBM3, checked on H200: ")
-    assert "golden/tiny_ppo/cuda@H200/, beside it" in refused.text
+    assert "record this model's own (" in refused.text and "golden/tiny_ppo/cuda@H200/, beside it" in refused.text
 
     second = gate("NVIDIA H200", H200, mode="update", drift=1e-3)  # the H200's own numbers
     assert second.kind is OutcomeKind.RECORDED and "golden/tiny_ppo/cuda@H200 " in second.text + " "
@@ -244,3 +244,13 @@ def test_across_models_on_purpose_a_failing_item_names_the_models_first(pool) ->
         "  recorded on H100 80GB HBM3, checked on H200 (another accelerator model); "
         "environment differs from the golden's: torch 2.13.0+cpu -> 2.14.0"
     )
+
+
+def test_a_host_whose_tool_does_not_answer_is_told_why_its_own_golden_was_not_read(pool) -> None:
+    gate, _, _ = pool
+    gate("NVIDIA H100 80GB HBM3", H100, mode="update")
+    gate("NVIDIA H200", H200, mode="update")  # cuda@H200/
+    out = gate("", H200)  # nvidia-smi prints nothing: the model is read only from the run's record, after it
+    assert out.kind is OutcomeKind.ERROR and out.text.startswith("recorded on H100 80GB HBM3, checked on H200: ")
+    assert "golden/tiny_ppo/cuda@H200/ holds this model's golden" in out.text
+    assert out.text.endswith("(nvidia-smi did not answer): put nvidia-smi on PATH so that the check reads it")
