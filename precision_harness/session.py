@@ -70,6 +70,7 @@ from precision_harness.session_plan import (
     last_step_needed,
     msprobe_available,
     no_msprobe,
+    other_models_golden,
     record_run,
 )
 
@@ -143,10 +144,8 @@ class PrecisionSession:
         reason = self._cannot_run(st)
         if reason:
             return Plan(GoldenAction.SKIP, scenario, reason=reason)
-        # a golden of this accelerator model first, where there is one (docs/goldens.md, "Another accelerator model")
-        model = self.host_model(st.device) if st.golden_device == st.device else None
-        st.folder = checked_folder(self.store, scenario.name, st.golden_device, model)
-        if mode == "update" or (mode == "missing" and not self.store.exists(scenario.name, st.folder)):
+        model = self._pick_golden(st)
+        if mode == "update" or (mode == "missing" and self._missing(st, model)):
             plan = Plan(GoldenAction.RECORD, scenario)  # where it writes follows the run's model: record_run
         else:
             try:
@@ -161,6 +160,24 @@ class PrecisionSession:
         if not msprobe_available():
             return Plan(GoldenAction.ERROR, scenario, error=no_msprobe())
         return plan
+
+    def _pick_golden(self, st: ScenarioState) -> str | None:
+        """Sets ``st.folder`` to the golden the check reads: this host's accelerator model's own first
+        (docs/goldens.md, "Another accelerator model"); returns the model (None: cpu, or the tool did not answer)."""
+        model = self.host_model(st.device)
+        own = model if st.golden_device == st.device else None  # another device's golden: no model of this one
+        st.folder = checked_folder(self.store, st.scenario.name, st.golden_device, own)
+        return model
+
+    def _missing(self, st: ScenarioState, model: str | None) -> bool:
+        """``missing`` records: no golden of this device on disk, or only another model's and no
+        --precision-golden-device (this model's own is then recorded beside it)."""
+        name = st.scenario.name
+        folder = checked_folder(self.store, name, st.device, model)
+        if not self.store.exists(name, folder):
+            return True
+        other = folder == st.device and not self.options.golden_device
+        return other and other_models_golden(self.store, name, st.device, model)
 
     def _cannot_run(self, st: ScenarioState) -> str | None:
         """Why the scenario cannot run here, before its golden is read (one line naming the scenario): its engine

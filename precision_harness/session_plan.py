@@ -123,11 +123,17 @@ def recorded_folder(store: GoldenStore, scenario: str, device: str, model: str |
     if not model:
         return device
     folder = model_folder(device, model)
-    if store.exists(scenario, folder):
-        return folder
+    return folder if store.exists(scenario, folder) or other_models_golden(store, scenario, device, model) else device
+
+
+def other_models_golden(store: GoldenStore, scenario: str, device: str, model: str | None) -> bool:
+    """``<device>/`` records a model other than ``model`` (False where there is none, or either model is unknown):
+    a run on ``model`` has no golden of its own there."""
+    if not model:
+        return False
     previous = store.previous(scenario, device)
     recorded = stack.model_of(previous.env or {}) if previous is not None else None
-    return folder if recorded and recorded != model else device
+    return bool(recorded) and recorded != model
 
 
 def device_model_error(st: ScenarioState, golden_path: Path) -> GoldenDeviceModelError:

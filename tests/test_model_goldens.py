@@ -254,3 +254,14 @@ def test_a_host_whose_tool_does_not_answer_is_told_why_its_own_golden_was_not_re
     assert out.kind is OutcomeKind.ERROR and out.text.startswith("recorded on H100 80GB HBM3, checked on H200: ")
     assert "golden/tiny_ppo/cuda@H200/ holds this model's golden" in out.text
     assert out.text.endswith("(nvidia-smi did not answer): put nvidia-smi on PATH so that the check reads it")
+
+
+def test_missing_records_a_model_without_a_golden_of_its_own(pool) -> None:
+    """``--precision-golden missing`` on a mixed pool: each model's first run records its golden, then checks."""
+    gate, golden, _ = pool
+    assert gate("NVIDIA H100 80GB HBM3", H100, mode="missing").kind is OutcomeKind.RECORDED
+    assert gate("NVIDIA H100 80GB HBM3", H100, mode="missing").kind is OutcomeKind.IDENTICAL
+    h200 = gate("NVIDIA H200", H200, mode="missing", drift=1e-3)
+    assert h200.kind is OutcomeKind.RECORDED and "golden/tiny_ppo/cuda@H200 " in h200.text + " "
+    assert gate("NVIDIA H200", H200, mode="missing", drift=1e-3).kind is OutcomeKind.IDENTICAL
+    assert _manifest_model(golden / "tiny_ppo" / "cuda") == "H100 80GB HBM3"
