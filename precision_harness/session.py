@@ -53,7 +53,7 @@ from precision_harness.options import PrecisionOptions
 from precision_harness.paths import display_path, join_inside
 from precision_harness.report.item_record import ItemRecord, run_info
 from precision_harness.report.precision_report import PrecisionReport
-from precision_harness.runs.host import device_availability
+from precision_harness.runs.host import device_availability, stack
 from precision_harness.runs.kind_runners import Run, engine_missing, load_scenario, preflight, run_scenario
 from precision_harness.runs.kind_runners import stop as stop_runs
 from precision_harness.runs.launch import RunOptions, RunResult
@@ -66,9 +66,11 @@ from precision_harness.session_plan import (
     Plan,
     Recording,
     ScenarioState,
+    checked_folder,
     last_step_needed,
     msprobe_available,
     no_msprobe,
+    other_models_golden,
     record_run,
 )
 
@@ -99,6 +101,7 @@ class PrecisionSession:
         self._pools = RunPools(options)  #: one pool of --precision-jobs runs, else one per device
         self._states: dict[str, ScenarioState] = {}
         self._last_steps: dict[str, int | None] = {}  #: per scenario, :meth:`select`'s last step
+        self._models: dict[str, str | None] = {}  #: per device, this host's accelerator model (:meth:`host_model`)
         self._checks = ItemChecks(self)
 
     def _abs(self, p: Path) -> Path:
@@ -116,8 +119,15 @@ class PrecisionSession:
         if st is None:
             device = self.options.device_for(scenario)
             golden_device = self.options.golden_device or device
-            st = self._states[scenario.name] = ScenarioState(scenario, device, golden_device)
+            st = self._states[scenario.name] = ScenarioState(scenario, device, golden_device, folder=golden_device)
         return st
+
+    def host_model(self, device: str) -> str | None:
+        """This host's accelerator model for ``device``, read once a session from its vendor tool
+        (:func:`~precision_harness.runs.host.stack.host_model`; None on cpu or where the tool does not answer)."""
+        if device not in self._models:
+            self._models[device] = stack.host_model(device)
+        return self._models[device]
 
     def plan(self, scenario: Scenario) -> Plan:
         """The scenario's golden action, decided on first use and kept (thread-safe)."""
@@ -134,11 +144,12 @@ class PrecisionSession:
         reason = self._cannot_run(st)
         if reason:
             return Plan(GoldenAction.SKIP, scenario, reason=reason)
-        if mode == "update" or (mode == "missing" and not self.store.exists(scenario.name, st.device)):
-            plan = Plan(GoldenAction.RECORD, scenario)
+        model = self._pick_golden(st)
+        if mode == "update" or (mode == "missing" and self._missing(st, model)):
+            plan = Plan(GoldenAction.RECORD, scenario)  # where it writes follows the run's model: record_run
         else:
             try:
-                golden = self.store.load(scenario, st.golden_device)
+                golden = self.store.load(scenario, st.folder)
                 check_narrowing(scenario, golden)  # the golden's steps/stages the scenario no longer lists
             except GoldenMissingError as exc:
                 return Plan(GoldenAction.SKIP, scenario, reason=str(exc))
@@ -149,6 +160,24 @@ class PrecisionSession:
         if not msprobe_available():
             return Plan(GoldenAction.ERROR, scenario, error=no_msprobe())
         return plan
+
+    def _pick_golden(self, st: ScenarioState) -> str | None:
+        """Sets ``st.folder`` to the golden the check reads: this host's accelerator model's own first
+        (docs/goldens.md, "Another accelerator model"); returns the model (None: cpu, or the tool did not answer)."""
+        model = self.host_model(st.device)
+        own = model if st.golden_device == st.device else None  # another device's golden: no model of this one
+        st.folder = checked_folder(self.store, st.scenario.name, st.golden_device, own)
+        return model
+
+    def _missing(self, st: ScenarioState, model: str | None) -> bool:
+        """``missing`` records: no golden of this device on disk, or only another model's and no
+        --precision-golden-device (this model's own is then recorded beside it)."""
+        name = st.scenario.name
+        folder = checked_folder(self.store, name, st.device, model)
+        if not self.store.exists(name, folder):
+            return True
+        other = folder == st.device and not self.options.golden_device
+        return other and other_models_golden(self.store, name, st.device, model)
 
     def _cannot_run(self, st: ScenarioState) -> str | None:
         """Why the scenario cannot run here, before its golden is read (one line naming the scenario): its engine
@@ -343,7 +372,7 @@ class PrecisionSession:
 
     def _recorded(self, st: ScenarioState, key: ItemKey) -> Outcome:
         assert isinstance(st.recording, Recording)
-        path = self.shown(self.store.path(st.scenario.name, st.device))
+        path = self.shown(self.store.path(st.scenario.name, st.folder))
         churn = [r for r in st.recording.churn if (r.step, r.stage) == (key.step, key.stage)]
         text = f"golden {st.recording.status}: {path} ({st.recording.size_note})"
         return Outcome(True, text, OutcomeKind.RECORDED, churn=churn)

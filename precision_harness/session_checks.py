@@ -109,13 +109,13 @@ class ItemChecks:
         """The run's environment against the golden's, worked out once per scenario.
 
         Raises:
-            GoldenDeviceModelError: the golden was recorded on another GPU/NPU model and
-                --precision-golden-device was not given (goldens are kept per device type, not model).
+            GoldenDeviceModelError: the golden was recorded on another GPU/NPU model, this model has none of its own
+                (``<device>@<model>/``) and --precision-golden-device was not given.
         """
         if st.environment is None:
             st.environment = EnvironmentDiff.between(golden.env, run.run_json.get("env"))
         if st.environment.device_model is not None and not self.session.options.golden_device:
-            raise device_model_error(st, self.session.store.path(st.scenario.name, st.golden_device))
+            raise device_model_error(st, self.session.store.path(st.scenario.name, st.folder))
         return st.environment
 
     def _localize(

@@ -9,6 +9,7 @@ checks the session makes before a run and before a promotion.
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
@@ -24,11 +25,12 @@ from precision_harness.errors import GoldenDeviceModelError, PrecisionError, Pro
 from precision_harness.goldens import churn as churn_mod
 from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden, update_command
-from precision_harness.goldens.manifest import LOCALIZE_DIR
+from precision_harness.goldens.manifest import LOCALIZE_DIR, MANIFEST
 from precision_harness.goldens.recordable import check_recordable
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.history import golden_history
 from precision_harness.paths import display_path
+from precision_harness.runs.host import stack
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 
@@ -76,6 +78,8 @@ class ScenarioState:
     scenario: Scenario
     device: str
     golden_device: str  #: the device whose golden is checked (== device unless --precision-golden-device)
+    #: the golden folder under ``golden/<scenario>/``: ``golden_device`` or ``<device>@<model>`` (:func:`model_folder`)
+    folder: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     plan: Plan | None = None  #: planned
     future: Future | None = None  #: running
@@ -94,16 +98,64 @@ class ScenarioState:
         return self.golden_device != self.device or model is not None
 
 
+def model_folder(device: str, model: str) -> str:
+    """``cuda@H100-80GB-HBM3``: the folder of ``device``'s golden recorded on ``model`` (``model`` as
+    :func:`~precision_harness.runs.host.stack.model_name` gives it; each run of characters other than letters,
+    digits, ``.``, ``_`` and ``-`` becomes one ``-``, at most 64 kept), or ``device`` where nothing is left."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", model)[:64].strip("-.")
+    return f"{device}@{safe}" if safe else device
+
+
+def checked_folder(store: GoldenStore, scenario: str, device: str, model: str | None) -> str:
+    """The golden a check of ``device`` on ``model`` reads: ``<device>@<model>/`` where one is recorded, else
+    ``<device>/`` (docs/goldens.md, "Another accelerator model")."""
+    if model:
+        folder = model_folder(device, model)
+        if store.exists(scenario, folder):
+            return folder
+    return device
+
+
+def recorded_folder(store: GoldenStore, scenario: str, device: str, model: str | None) -> str:
+    """Where ``--precision-golden update`` of a run on ``model`` writes: the model's own golden where there is one,
+    or a new one where ``<device>/`` records another model (never replaced by another model's run); else
+    ``<device>/`` (none yet, the same model, a golden that does not record its model, or a model not read)."""
+    if not model:
+        return device
+    folder = model_folder(device, model)
+    return folder if store.exists(scenario, folder) or other_models_golden(store, scenario, device, model) else device
+
+
+def other_models_golden(store: GoldenStore, scenario: str, device: str, model: str | None) -> bool:
+    """``<device>/`` records a model other than ``model`` (False where there is none, or either model is unknown):
+    a run on ``model`` has no golden of its own there."""
+    if not model:
+        return False
+    previous = store.previous(scenario, device)
+    recorded = stack.model_of(previous.env or {}) if previous is not None else None
+    return bool(recorded) and recorded != model
+
+
 def device_model_error(st: ScenarioState, golden_path: Path) -> GoldenDeviceModelError:
-    """The error of a check against a golden recorded on another GPU/NPU model, without --precision-golden-device
-    (goldens are kept per device type, not model)."""
+    """The error of a check against a golden recorded on another GPU/NPU model, without --precision-golden-device,
+    where this model has no golden of its own (:func:`checked_folder`)."""
     model = st.environment.device_model if st.environment is not None else None
-    assert model is not None
+    assert model is not None and model.run is not None
+    own_path = golden_path.parent / model_folder(st.device, model.run)
+    own = f"{display_path(own_path)}/"
+    head = (
+        f"recorded on {model.golden}, checked on {model.run}: {display_path(golden_path)}/ is another accelerator "
+        "model's golden, not used silently"
+    )
+    if (own_path / MANIFEST).is_file():  # the host's vendor tool did not answer before the run (stack.host_model)
+        tool = "npu-smi" if st.device == "npu" else "nvidia-smi"
+        return GoldenDeviceModelError(
+            f"{head}; {own} holds this model's golden, but this host's model could not be read before the run "
+            f"({tool} did not answer): put {tool} on PATH so that the check reads it"
+        )
     return GoldenDeviceModelError(
-        f"{display_path(golden_path)}/: recorded on {model.golden}, this run is on {model.run}: a golden is not used "
-        f"for another {model.what} model silently; gate across models with --precision-golden-device "
-        f"{st.golden_device} (tolerance.cross_device rules) or re-record it on this model with: "
-        f"{update_command(st.scenario)}"
+        f"{head}; record this model's own ({own}, beside it) with: {update_command(st.scenario)}, or gate across "
+        f"models with --precision-golden-device {st.golden_device} (tolerance.cross_device rules)"
     )
 
 
@@ -167,15 +219,17 @@ def record_run(store: GoldenStore, st: ScenarioState, run: RunResult, *, history
             "precision_debugger.config_path is unset or msprobe is missing with strict: false"
         )
     check_recordable(scenario, run.run_dir)  # statistics in every stage, no undeclared NaN/Inf: else nothing written
-    previous = store.previous(scenario.name, st.device)
+    # a golden per accelerator model: the run's own model, as its golden will record it (recorded_folder)
+    st.folder = recorded_folder(store, scenario.name, st.device, stack.model_of(run.run_json.get("env") or {}))
+    previous = store.previous(scenario.name, st.folder)
     churn = churn_mod.run_churn(scenario.name, run.run_dir, previous, scenario.steps, scenario.stages)
     policy = TolerancePolicy.for_golden(
         scenario.config["tolerance"], noise=previous.noise if previous else None, cross_device=False
     )
-    creep = golden_history.CreepSettings(store.path(scenario.name, st.device), history_window, policy, scenario.hash)
+    creep = golden_history.CreepSettings(store.path(scenario.name, st.folder), history_window, policy, scenario.hash)
     keys = [(step, stage) for step in scenario.steps for stage in scenario.stages]
     golden_history.with_creep(churn, golden_history.creep_review(run.run_dir, previous, keys, creep))
-    status = "recorded" if store.promote(run.run_dir, scenario, st.device) else "unchanged"
-    golden = store.load(scenario, st.golden_device)
+    status = "recorded" if store.promote(run.run_dir, scenario, st.device, folder=st.folder) else "unchanged"
+    golden = store.load(scenario, st.folder)
     before = previous.size_bytes if previous is not None else 0
     return Recording(status, size_note(golden.size_bytes, before), churn)

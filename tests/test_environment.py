@@ -197,16 +197,16 @@ def test_device_model_changed_is_named_and_flagged() -> None:
     h100 = {**RUN_ENV, "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "gpu_capability": "9.0"}
     a100 = {**h100, "gpu": "NVIDIA A100-SXM4-40GB", "gpu_capability": "8.0"}
     env = EnvironmentDiff.between(h100, a100)
-    assert env.device_model == Change("GPU", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB")
-    assert diff(h100, a100) == ["GPU NVIDIA H100 80GB HBM3 -> NVIDIA A100-SXM4-40GB", "compute capability 9.0 -> 8.0"]
+    assert env.device_model == Change("accelerator model", "H100 80GB HBM3", "A100-SXM4-40GB")
+    assert diff(h100, a100) == ["accelerator model H100 80GB HBM3 -> A100-SXM4-40GB", "compute capability 9.0 -> 8.0"]
     assert EnvironmentDiff.between(h100, {**h100, **XEON}).device_model is None  # CPUs: goldens are portable
     npu = {**RUN_ENV, "device": "npu", "npu_chip": "Ascend910B3"}
-    assert EnvironmentDiff.between(npu, {**npu, "npu_chip": "Ascend910_9392"}).device_model.what == "NPU"
+    assert EnvironmentDiff.between(npu, {**npu, "npu_chip": "Ascend910_9392"}).device_model.what == "accelerator model"
     # another device type is cross-device already; an older golden without its model cannot be told apart
     assert EnvironmentDiff.between(RUN_ENV, a100).device_model is None
     old = {k: v for k, v in h100.items() if k not in ("gpu", "gpu_capability")}
     assert EnvironmentDiff.between(old, a100).device_model is None
-    assert "GPU not recorded -> NVIDIA A100-SXM4-40GB" in diff(old, a100)
+    assert "accelerator model not recorded -> A100-SXM4-40GB" in diff(old, a100)
 
 
 def test_json_round_trip() -> None:

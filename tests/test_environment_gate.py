@@ -147,7 +147,8 @@ def test_another_gpu_models_golden_is_not_used_silently(gate) -> None:
     out = gate(H100, A100)
     assert out.kind is OutcomeKind.ERROR and not out.passed
     assert "\n" not in out.text
-    assert "recorded on NVIDIA H100, this run is on NVIDIA A100" in out.text
+    assert out.text.startswith("recorded on H100, checked on A100: ")  # the models before anything else
+    assert "record this model's own (" in out.text and "/golden/tiny_ppo/cuda@A100/, beside it)" in out.text
     assert "--precision-golden-device cuda (tolerance.cross_device rules)" in out.text
     assert "--precision-golden update" in out.text
 
@@ -183,7 +184,7 @@ def test_golden_without_its_model_still_gates(gate) -> None:
     out = gate(old, A100)
     assert out.kind is OutcomeKind.COMPARED
     assert _environment(out.text.splitlines()).startswith(
-        "  environment not fully recorded: GPU not recorded -> NVIDIA A100"
+        "  environment not fully recorded: accelerator model not recorded -> A100"
     )
 
 

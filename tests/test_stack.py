@@ -114,4 +114,4 @@ def test_a_golden_from_another_npu_model_is_a_device_model_change() -> None:
     golden = {"device": "npu", "npu_chip": "910B1", "npu_count": 8}
     run = {"device": "npu", "npu_chip": "910B3", "npu_count": 8}
     change = EnvironmentDiff.between(golden, run).device_model
-    assert change is not None and str(change) == "NPU 910B1 -> 910B3"
+    assert change is not None and str(change) == "accelerator model 910B1 -> 910B3"

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from precision_harness.runs.host import stack
 from precision_harness.runs.host.machine import ISA_FLAGS
 from precision_harness.runs.host.rank_env import RAY_NODE
 from precision_harness.runs.verl import fsdp2_buffers
@@ -53,10 +54,8 @@ ORDER: dict[str, str] = {
     "python": "python",
     # then the hardware and the settings
     "device": "device",
-    "gpu": "GPU",
     "gpu_count": "GPUs",
     "gpu_capability": "compute capability",
-    "npu_chip": "NPU",
     "npu_count": "NPUs",
     _CPU: "CPU",
     "cpu_capability": "CPU capability",
@@ -76,14 +75,17 @@ SOFTWARE = frozenset(
     for k in ("torch", "torch_npu", "cann", "cuda", "cudnn", "transformers", "verl", "vllm", "vllm-ascend", "sglang")
 )
 
-#: the key naming the accelerator model of each device (a golden is not reused across models silently)
-MODEL_KEYS = {"cuda": "gpu", "npu": "npu_chip"}
+#: the label of the accelerator model (:func:`precision_harness.runs.host.stack.model_of`), named before anything else:
+#: a golden is not reused across models silently
+MODEL = "accelerator model"
 
 #: keys that are not the environment: a command scenario's argv is part of the scenario (its hash),
 #: and it names this machine's interpreter path; a verl rank's FSDP2 fill follows from the torch named above, and the
 #: compare reads it itself (:mod:`precision_harness.check.compare.unfilled`); the Ray node a rank ran on is where it
 #: ran (a fresh id for every cluster), not what it ran with; each also as another rank's ``<key>@rank<r>``
 IGNORED = frozenset({"command", fsdp2_buffers.ENV_MODULE, fsdp2_buffers.ENV_FILL, RAY_NODE})
+#: the model's own key and each device's raw reading of it: one :data:`MODEL` change says them all
+_MODEL_READINGS = frozenset({stack.MODEL_KEY, *stack.RAW_MODEL_KEYS.values()})
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,26 @@ class EnvironmentDiff:
 
     @property
     def device_model(self) -> Change | None:
-        """The accelerator model change (GPU or NPU name) on the same device type, else None.
+        """The accelerator model change (GPU or NPU) on the same device type, else None.
 
         A golden that does not record its model (older goldens) cannot be told apart: None.
         """
         if any(c.what == ORDER["device"] for c in self.changes):
             return None  # another device type: cross-device already
-        models = {ORDER[k] for k in MODEL_KEYS.values()}
-        return next((c for c in self.changes if c.what in models and c.recorded), None)
+        return next((c for c in self.changes if c.what == MODEL and c.recorded), None)
+
+    @property
+    def model_line(self) -> str | None:
+        """``"recorded on H100 80GB HBM3, checked on H200 (another accelerator model)"``: another model of the same
+        device, said before anything else (None: the same model, or one side does not record it)."""
+        model = self.device_model
+        return f"recorded on {model.golden}, checked on {model.run} (another {MODEL})" if model is not None else None
+
+    @property
+    def besides_model(self) -> EnvironmentDiff:
+        """The changes other than :attr:`device_model`'s."""
+        model = self.device_model
+        return EnvironmentDiff(tuple(c for c in self.changes if c is not model))
 
     @property
     def software(self) -> list[Change]:
@@ -157,12 +171,14 @@ class EnvironmentDiff:
         return [c for c in self.changes if c.recorded and c.what in SOFTWARE]
 
     def headline(self) -> str | None:
-        """The line a failing verdict puts first after its headline (None: nothing differs)."""
-        if self.differs:
-            return f"environment differs from the golden's: {self.summary}"
-        if self.changes:
-            return f"environment not fully recorded: {self.summary}"
-        return None
+        """The line a failing verdict puts first after its headline (None: nothing differs); another accelerator
+        model leads it (:attr:`model_line`)."""
+        rest = self.besides_model
+        if rest.differs:
+            line = f"environment differs from the golden's: {rest.summary}"
+        else:
+            line = f"environment not fully recorded: {rest.summary}" if rest.changes else None
+        return "; ".join(filter(None, (self.model_line, line))) or None
 
 
 def grouped(rows_by_scenario: Iterable[tuple[str, list[dict[str, Any]]]]) -> list[tuple[EnvironmentDiff, list[str]]]:
@@ -185,6 +201,7 @@ def _text(value: Any) -> str | None:
 
 
 def _changes(golden: Mapping[str, Any], run: Mapping[str, Any]) -> Iterator[Change]:
+    yield from _plain(MODEL, stack.model_of(golden), stack.model_of(run))  # first: a golden per model
     for key, label in ORDER.items():
         if key == _CPU:
             yield from _cpu(golden, run)
@@ -192,7 +209,7 @@ def _changes(golden: Mapping[str, Any], run: Mapping[str, Any]) -> Iterator[Chan
             yield from _determinism(_text(golden.get(key)), _text(run.get(key)))
         else:
             yield from _plain(label, golden.get(key), run.get(key))
-    for key in sorted((set(golden) | set(run)) - set(ORDER) - set(CPU_KEYS)):
+    for key in sorted((set(golden) | set(run)) - set(ORDER) - set(CPU_KEYS) - _MODEL_READINGS):
         if key.partition("@")[0] not in IGNORED:  # ``<key>@rank<r>``: where another rank records another value
             yield from _plain(key, golden.get(key), run.get(key))
 

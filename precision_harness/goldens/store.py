@@ -1,4 +1,5 @@
-"""GoldenStore: the goldens under ``golden/<scenario>/<device>/``: layout, loading (stale or not), atomic
+"""GoldenStore: the goldens under ``golden/<scenario>/<device>/`` (and ``<device>@<model>/``, one per accelerator
+model where a team keeps several: docs/goldens.md): layout, loading (stale or not), atomic
 promote and migrate, recovery, noise, prune.
 
 Writes are atomic: :meth:`GoldenStore.promote` and :meth:`GoldenStore.migrate` build the new golden
@@ -156,8 +157,9 @@ class GoldenStore:
             write_manifest(path, manifest)
         return True
 
-    def promote(self, run_dir: Path, scenario: Scenario, device: str) -> bool:
-        """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically.
+    def promote(self, run_dir: Path, scenario: Scenario, device: str, *, folder: str | None = None) -> bool:
+        """Make ``run_dir`` the golden of ``scenario`` on ``device``, atomically, in ``<scenario>/<folder>/``
+        (default ``device``; a golden per accelerator model is ``<device>@<model>``, its manifest's device ``device``).
 
         Returns False when the existing golden already records the same content and settings: an
         unchanged re-record writes nothing, except that a golden recorded before manifests kept
@@ -169,10 +171,11 @@ class GoldenStore:
             OSError: the write failed; the previous golden is untouched.
         """
         manifest, stored = build_manifest(run_dir, scenario, device)
-        final = self.path(scenario.name, device)
-        with self._lock(scenario.name, device):
-            self._recover(scenario.name, device)
-            old = self.previous(scenario.name, device)
+        folder = folder or device
+        final = self.path(scenario.name, folder)
+        with self._lock(scenario.name, folder):
+            self._recover(scenario.name, folder)
+            old = self.previous(scenario.name, folder)
             # calibrated noise stays valid while the scenario structure and level do
             if (
                 old is not None

@@ -267,6 +267,11 @@ def environment_line(
     verdict = "checked, the goldens held" if not failed else f"{failed} failed item(s) name it"
     if unseen and not failed:
         verdict += f"; not exercised: {unseen}"
+    if env.model_line is not None:  # another accelerator model: said first, once, even when every item passed
+        rest = env.besides_model
+        also = f"; environment also {'differs' if rest.differs else 'not fully recorded'} ({rest.summary})"
+        also = also if rest.changes else ""
+        return f"{env.model_line}{whom}{also}: {verdict}"
     return f"environment differs from the golden's{whom} ({env.summary}): {verdict}"
 
 

@@ -17,7 +17,10 @@ What is read, and where from:
 - the NPU chip model and count: the ``NPU Name`` rows of ``npu-smi info``;
 - NCCL: the ``nvidia-nccl-cu1x`` wheel torch depends on;
 - the NVIDIA driver: ``/proc/driver/nvidia/version``; the GPU model and count: ``nvidia-smi
-  --query-gpu=name --format=csv,noheader``.
+  --query-gpu=name --format=csv,noheader``;
+- the accelerator model under one key for both devices (:data:`MODEL_KEY`, :func:`model_name`): the chip
+  or GPU name without its vendor's prefix, as a golden per model is named (docs/goldens.md, "Another
+  accelerator model").
 
 Every reader returns None (a key left out) rather than raising: a fingerprint never fails a run.
 The Ascend and NVIDIA readers are tested against those tools' published output formats; they have
@@ -33,6 +36,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 #: distributions whose versions a golden records when installed (the gate's own dependencies, the
 #: device stack and the RL frameworks that drive it)
@@ -55,6 +59,13 @@ NPU_DRIVER_INFO = Path("/usr/local/Ascend/driver/version.info")
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 #: seconds a vendor tool may take before it counts as unreadable
 TOOL_TIMEOUT = 10.0
+#: the ``env`` key of the accelerator model, one for every device (:func:`model_name` of its reading)
+MODEL_KEY = "accelerator_model"
+#: each device's own reading of its model: ``npu-smi``'s or torch_npu's chip name, ``nvidia-smi``'s or torch's GPU name
+RAW_MODEL_KEYS = {"npu": "npu_chip", "cuda": "gpu"}
+_COUNT_KEYS = {"npu": "npu_count", "cuda": "gpu_count"}
+#: the vendor prefix one reading of a model has and another has not (torch_npu's ``Ascend910B3``, npu-smi's ``910B3``)
+_VENDOR_PREFIX = {"npu": "Ascend", "cuda": "NVIDIA"}
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -148,24 +159,72 @@ def parse_nvidia_smi(text: str) -> tuple[str, int] | None:
     return (names[0] if len(set(names)) == 1 else ", ".join(sorted(set(names)))), len(names)
 
 
+def model_name(device: str, name: object) -> str | None:
+    """The accelerator model as :data:`MODEL_KEY` records it: ``name`` without its vendor's prefix and extra spaces.
+
+    ``910B3`` of torch_npu's ``Ascend910B3`` and of npu-smi's ``910B3``; ``H100 80GB HBM3`` of ``NVIDIA H100 80GB
+    HBM3`` (nvidia-smi's and torch's name); other names as they are. None for no name, or for a device without a
+    model (cpu).
+    """
+    text = " ".join(str(name or "").split())
+    prefix = _VENDOR_PREFIX.get(device)
+    if prefix is None or not text:
+        return None
+    if text.lower().startswith(prefix.lower()) and len(text) > len(prefix):
+        text = text[len(prefix) :].lstrip(" _-") or text
+    return text
+
+
+def model_of(env: Mapping[str, object]) -> str | None:
+    """The accelerator model an ``env`` map records: its :data:`MODEL_KEY`, else :func:`model_name` of its device's
+    own reading (``npu_chip``, ``gpu``: a golden recorded before the key), else None (cpu, or not recorded)."""
+    recorded = env.get(MODEL_KEY)
+    if recorded:
+        return str(recorded)
+    device = env.get("device")
+    devices = [device] if device in RAW_MODEL_KEYS else list(RAW_MODEL_KEYS)
+    return next(filter(None, (model_name(str(d), env.get(RAW_MODEL_KEYS[str(d)])) for d in devices)), None)
+
+
+def with_model(env: dict[str, Any]) -> dict[str, Any]:
+    """``env`` with :data:`MODEL_KEY` set where it records a model: the vendor tool's reading where it has one (the
+    gate reads the same, to pick a golden per model), else :func:`model_of` its ``gpu``/``npu_chip`` (torch's)."""
+    model = model_of(env)
+    return {**env, MODEL_KEY: model} if model else env
+
+
+def host_model(device: str) -> str | None:
+    """This host's accelerator model for ``device`` (:func:`model_name` of its vendor tool's first row), or None:
+    cpu, the tool missing or unreadable. A host of two models gives both (``910B1, 910B3``)."""
+    reading = _models(device)
+    return model_name(device, reading[0]) if reading else None
+
+
+def _models(device: str) -> tuple[str, int] | None:
+    if device == "npu":
+        return parse_npu_smi(_tool(["npu-smi", "info"]) or "")
+    if device == "cuda":
+        return parse_nvidia_smi(_tool(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "")
+    return None
+
+
 def accelerator_stack(device: str, environ: Mapping[str, str]) -> dict[str, str | int]:
-    """The device stack of ``device`` (``npu``: CANN, driver, chips; ``cuda``: NCCL, driver, GPUs; cpu: none)."""
+    """The device stack of ``device`` (``npu``: CANN, driver, chips; ``cuda``: NCCL, driver, GPUs; cpu: none), with
+    the model under :data:`MODEL_KEY` where the vendor tool answers."""
     out: dict[str, str | int] = {}
     if device == "npu":
         _put(out, "cann", cann_version(environ))
         driver = _read(NPU_DRIVER_INFO)
         _put(out, "npu_driver", key_value(driver, "version") if driver else None)
-        chips = parse_npu_smi(_tool(["npu-smi", "info"]) or "")
-        if chips:
-            out["npu_chip"], out["npu_count"] = chips
     elif device == "cuda":
         nccl = package_versions(NCCL_PACKAGES)
         _put(out, "nccl", next(iter(nccl.values()), None))
         driver = _read(NVIDIA_DRIVER)
         _put(out, "nvidia_driver", nvidia_driver_version(driver) if driver else None)
-        gpus = parse_nvidia_smi(_tool(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "")
-        if gpus:
-            out["gpu"], out["gpu_count"] = gpus
+    models = _models(device)
+    if models:
+        out[RAW_MODEL_KEYS[device]], out[_COUNT_KEYS[device]] = models
+        _put(out, MODEL_KEY, model_name(device, models[0]))
     return out
 
 

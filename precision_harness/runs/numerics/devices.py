@@ -219,7 +219,9 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
       ``cuda_driver``, ``tf32`` (``"matmul off, cudnn off"``: TF32 for fp32 products, as in force);
       npu: ``npu_chip`` (``torch_npu.npu.get_device_name``), ``torch_npu``, ``cann`` and ``npu_driver``
       (``torch_npu.utils.get_cann_version``, CANN >= 8.1; ``cann`` falls back to the toolkit's files,
-      :func:`precision_harness.runs.host.stack.cann_version`).
+      :func:`precision_harness.runs.host.stack.cann_version`);
+    - cuda and npu: ``accelerator_model`` (:func:`precision_harness.runs.host.stack.model_name` of ``nvidia-smi``'s or
+      ``npu-smi``'s first row, else of ``gpu`` or ``npu_chip``): the model a golden per model is kept for.
 
     Every device call is guarded and gives None when it fails. The cuda and npu keys were written
     against the libraries' documentation and have not run on a GPU or an NPU (none was available).
@@ -240,7 +242,7 @@ def fingerprint(device: str, num_threads: int) -> dict[str, Any]:
     # the rest of the device stack (NCCL, drivers, chip counts); torch's own answer wins where it has one
     merged: dict[str, Any] = stack.accelerator_stack(device, os.environ)
     merged.update({k: v for k, v in env.items() if v is not None or k not in merged})
-    return merged
+    return stack.with_model(merged)
 
 
 def _versions_machine_blas(torch: Any, device: str, num_threads: int) -> dict[str, Any]:
