@@ -39,7 +39,7 @@ from typing import Any
 from precision_harness.errors import ScenarioError, VerlMissingError
 from precision_harness.runs.command.run import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
-from precision_harness.runs.verl import fsdp2_buffers
+from precision_harness.runs.verl import fsdp2_buffers, pinning
 from precision_harness.runs.verl import profile as verl_profile
 from precision_harness.runs.verl.release import (
     CHECKED_VERSION,
@@ -442,9 +442,11 @@ def command_spec(
         variables = external_modules(device, stage_window=scenario.localizes)
     if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl/stages/stage_window.py)
         variables[STAGE_OUTPUTS_ENV] = "1"
+    pinned = [pinning.gate_env(variables)] if verl["pin_rollouts"] else []  # the reward scored again
     owned_env.update(variables)
     env.update(variables)
-    header = [version_line(device), f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):"]
+    header = [version_line(device), *pinned]
+    header.append(f"precision gate: verl on {device}: gate-owned overrides (docs/scenarios.md):")
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
     header.append(fsdp2_buffers.fill_line())
