@@ -27,11 +27,7 @@ docs/scenarios.md.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
-import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +37,9 @@ from precision_harness.runs.command.run import ROLLOUTS, CommandSpec
 from precision_harness.runs.stage_api import ENV_METRICS, ENV_MSPROBE_CONFIG
 from precision_harness.runs.verl import fsdp2_buffers, pinning
 from precision_harness.runs.verl import profile as verl_profile
+
+# verl's Hydra config, where the engine's callers compose an override set through it
+from precision_harness.runs.verl.hydra_config import argv, compose, config_dir, hydra_value  # noqa: F401
 from precision_harness.runs.verl.release import (
     CHECKED_VERSION,
     SUPPORTED_VERSIONS,
@@ -80,12 +79,10 @@ CPU_AGENT_LOOP = "precision_cpu_single_turn"
 CPU_AGENT_LOOP_FILE = str(Path(__file__).parent / "cpu" / "agent_loops.yaml")
 #: ``trainer.v1.sampler.custom_sampler.{path,name}``: :mod:`precision_harness.runs.verl.cpu.sampler`
 CPU_SAMPLER = ("pkg://precision_harness.runs.verl.cpu.sampler", "OrderedReplayBuffer")
-ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 #: set for a ``level: auto`` run: the stage window (:data:`STAGES_MODULE`) writes each profiled stage's
 #: ``stage_outputs.json``
 STAGE_OUTPUTS_ENV = "PRECISION_STAGE_OUTPUTS"
 _PD = "global_profiler.global_tool_config.precision_debugger"
-_SIMPLE = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 
 
 def missing_reason(scenario_path: Path) -> str | None:
@@ -294,24 +291,6 @@ def check_cpu_overrides(scenario_path: Path, overrides: dict[str, Any], cpu: dic
             )
 
 
-def hydra_value(value: Any) -> str:
-    """A Python value as Hydra's override grammar reads it (``True`` -> ``true``, lists as ``[a,b]``)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if _SIMPLE.match(text) and text.lower() not in ("true", "false", "null"):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def gate_overrides(
     *, steps: list[int], stages: list[str], strict: bool, save_path: Path, config_path: Path, rollouts: Path | None
 ) -> dict[str, Any]:
@@ -359,41 +338,6 @@ def check_user_overrides(scenario_path: Path, overrides: dict[str, Any]) -> None
                 f"{scenario_path}: verl.overrides: {key} is set by the gate (profiler, steps, logger, rollout "
                 "pinning); remove it, or set it through the scenario's own keys (global_profiler, verl.pin_rollouts)"
             )
-
-
-def argv(entrypoint: list[str] | None, overrides: dict[str, Any]) -> list[str]:
-    """``python -m verl.trainer.main_ppo key=value ...`` (this interpreter unless ``entrypoint`` says otherwise)."""
-    head = list(entrypoint) if entrypoint else [sys.executable, *ENTRYPOINT]
-    return head + [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
-
-
-def config_dir() -> Path:
-    """verl's own ``trainer/config`` folder, found without importing verl."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or spec.origin is None:
-        raise ScenarioError(f"verl is not installed: {VERL_FIX}")
-    return Path(spec.origin).parent / "trainer" / "config"
-
-
-def compose(overrides: dict[str, Any], *, source: Path | str = "verl.overrides") -> Any:
-    """Compose verl's ``ppo_trainer`` config with ``overrides`` through Hydra, as ``main_ppo`` does.
-
-    Raises:
-        ScenarioError: Hydra rejects an override (a key verl's config does not have, a bad value);
-            the message is Hydra's first line, naming ``source``.
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    items = [f"{key}={hydra_value(value)}" for key, value in overrides.items()]
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-            return hydra_compose(config_name="ppo_trainer", overrides=items)
-    except (HydraException, OmegaConfBaseException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ScenarioError(f"{source}: {first}") from None
 
 
 def command_spec(
