@@ -78,6 +78,9 @@ INSTRUMENTATION_KEYS = ("global_profiler.", "actor_rollout_ref.actor.profiler.",
 INSTRUMENTATION_ENV = (ENV_MSPROBE_CONFIG, ENV_STEPS, ENV_STAGES, verl_engine.STAGE_OUTPUTS_ENV)
 #: modules of the gate's instrumentation that ``import verl`` loads: the stage window, each rank's stack record
 INSTRUMENTATION_MODULES = (verl_engine.STAGES_MODULE, verl_engine.RANK_STACK_MODULE)
+#: a Ray of the plain run's own: verl's bare ``ray.init()`` would join the newest ``ray start`` cluster of the host
+#: (Ray's ``/tmp/ray/ray_current_cluster``), another gate's shared Ray, say, and refuse the run's ``num_cpus``
+OWN_RAY = {"RAY_ADDRESS": "local"}
 _COMPARE = re.compile(r"\bon cpu: run [0-9.]+ s.*, compare ([0-9.]+) s -> ")
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -244,7 +247,7 @@ def _plain(scenario_path: Path, tmp: Path) -> Measured:
     run_dir = tmp / "plain"
     run_dir.mkdir(parents=True)
     spec = plain_spec(kind_runners.command_spec(scenario, run_dir, device="cpu"))
-    env = {**determinism_env("cpu", scenario.config["trainer"]["num_threads"]), **spec.env}
+    env = {**determinism_env("cpu", scenario.config["trainer"]["num_threads"]), **spec.env, **OWN_RAY}
     with TreeCPU() as cpu:
         t0 = time.perf_counter()
         clock = command_runner.run_command(
