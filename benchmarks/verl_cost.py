@@ -30,9 +30,13 @@ lives less than a sample go uncounted, alike on both sides); then the medians, a
 verl's start-up, steps (of them the dumped stages and msprobe's own time, on rank 0), shut-down, from
 each run's profile (:func:`precision_harness.runs.verl.profile.profile`), and, for the gate, its compare
 (pytest's summary line) and the rest of the pytest process (start-up, collection, scenario checks, golden,
-report, the shared Ray). Nothing is asserted.
+report, the shared Ray); and the CPU time of each kind of process (:func:`role`). Nothing is asserted.
 
-Usage: python benchmarks/verl_cost.py [--scenario PATH] [--repeat N] [--warm-up N] [--json PATH]
+On another device (``--device cuda``, ``npu``) both run there: the check with ``--precision-device``, the plain
+run with that device's determinism variables and the gate's modules for it (FSDP2's zero-filled buffers kept).
+
+Usage: python benchmarks/verl_cost.py [--scenario PATH] [--device cpu|cuda|npu] [--repeat N] [--warm-up N]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ sys.path.insert(0, str(REPO))
 from precision_harness.runs import kind_runners  # noqa: E402
 from precision_harness.runs.command import run as command_runner  # noqa: E402
 from precision_harness.runs.command.run import CommandSpec  # noqa: E402
-from precision_harness.runs.numerics.devices import determinism_env  # noqa: E402
+from precision_harness.runs.numerics.devices import DEVICES, determinism_env  # noqa: E402
 from precision_harness.runs.stage_api import ENV_MSPROBE_CONFIG, ENV_STAGES, ENV_STEPS  # noqa: E402
 from precision_harness.runs.verl import engine as verl_engine  # noqa: E402
 from precision_harness.runs.verl import profile as verl_profile  # noqa: E402
@@ -81,7 +85,7 @@ INSTRUMENTATION_MODULES = (verl_engine.STAGES_MODULE, verl_engine.RANK_STACK_MOD
 #: a Ray of the plain run's own: verl's bare ``ray.init()`` would join the newest ``ray start`` cluster of the host
 #: (Ray's ``/tmp/ray/ray_current_cluster``), another gate's shared Ray, say, and refuse the run's ``num_cpus``
 OWN_RAY = {"RAY_ADDRESS": "local"}
-_COMPARE = re.compile(r"\bon cpu: run [0-9.]+ s.*, compare ([0-9.]+) s -> ")
+_COMPARE = re.compile(r"\bon \w+: run [0-9.]+ s.*, compare ([0-9.]+) s -> ")
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -125,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring); a scenario that is no verl scenario is refused in one line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", type=Path, default=SCENARIO, help="a verl scenario with a committed golden")
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="both runs' device (default cpu)")
     parser.add_argument("--repeat", type=_positive, default=3, help="pairs of runs (default 3)")
     parser.add_argument("--warm-up", type=_count, default=1, help="untimed plain runs first (default 1)")
     parser.add_argument("--json", type=Path, help="also write every figure there")
@@ -144,11 +149,23 @@ def project_of(scenario: Path) -> Path:
     sys.exit(f"{scenario}: no pytest.ini above it: the gate's check runs in a pytest project")
 
 
+def role(cmdline: list[str], name: str) -> str:
+    """What a process is, for the CPU breakdown: a Ray worker's actor class (its title, ``ray::PolicyServer``), a
+    Python module run with ``-m`` (``verl.trainer.main_ppo``, ``pytest``), else the executable's name."""
+    first = cmdline[0] if cmdline else name
+    if first.startswith("ray::"):
+        return "ray::" + first[5:].split(".")[0].split(":")[-1].split(" ")[0]
+    if "-m" in cmdline[:3]:
+        return cmdline[cmdline.index("-m") + 1]
+    return Path(first).name or name
+
+
 class TreeCPU:
-    """CPU seconds (user + system) of this process's descendants, sampled in a thread every :data:`SAMPLE_S` s."""
+    """CPU seconds (user + system) of this process's descendants, sampled in a thread every :data:`SAMPLE_S` s,
+    each process under its :func:`role` at its last sample."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[int, float], float] = {}
+        self.seen: dict[tuple[int, float], tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -156,7 +173,10 @@ class TreeCPU:
         for proc in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 times = proc.cpu_times()
-                self.seen[(proc.pid, proc.create_time())] = times.user + times.system
+                self.seen[(proc.pid, proc.create_time())] = (
+                    role(proc.cmdline(), proc.name()),
+                    times.user + times.system,
+                )
 
     def _loop(self) -> None:
         while not self._stop.wait(SAMPLE_S):
@@ -172,7 +192,14 @@ class TreeCPU:
 
     @property
     def seconds(self) -> float:
-        return sum(self.seen.values())
+        return sum(cpu for _, cpu in self.seen.values())
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds of each role's processes together."""
+        out: dict[str, float] = {}
+        for name, cpu in self.seen.values():
+            out[name] = out.get(name, 0.0) + cpu
+        return out
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -212,12 +239,17 @@ class Measured:
     profile: dict[str, Any]
     extra: dict[str, float] = field(default_factory=dict)
     left: list[str] = field(default_factory=list)
+    #: CPU seconds by process role (:meth:`TreeCPU.by_role`)
+    cpu_by_role: dict[str, float] = field(default_factory=dict)
 
 
-def _gate(scenario: Path, tmp: Path) -> Measured:
-    """The check as CI runs it: a fresh ``pytest <scenario>`` in its project, artifacts under ``tmp``."""
+def _gate(args: argparse.Namespace, tmp: Path) -> Measured:
+    """The check as CI runs it: a fresh ``pytest <scenario>`` in its project on ``args.device``, artifacts under
+    ``tmp``."""
+    scenario = args.scenario
     project, artifacts = project_of(scenario), tmp / "artifacts"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--precision-artifacts", str(artifacts)]
+    cmd += ["--precision-device", args.device]
     with TreeCPU() as cpu:
         t0 = time.perf_counter()
         proc = subprocess.run(
@@ -238,16 +270,16 @@ def _gate(scenario: Path, tmp: Path) -> Measured:
     timings = json.loads(run_json.read_text())["timings"]
     compare = _COMPARE.search(out)
     extra = {"verl_command_s": timings["total_s"], "compare_s": float(compare.group(1)) if compare else float("nan")}
-    return Measured(wall, cpu.seconds, timings["profile"], extra, left)
+    return Measured(wall, cpu.seconds, timings["profile"], extra, left, cpu.by_role())
 
 
-def _plain(scenario_path: Path, tmp: Path) -> Measured:
+def _plain(args: argparse.Namespace, tmp: Path) -> Measured:
     """``main_ppo`` as the gate runs it, without the gate's instrumentation (:func:`plain_spec`), into ``tmp/plain``."""
-    scenario = Scenario.load(scenario_path)
+    scenario = Scenario.load(args.scenario)
     run_dir = tmp / "plain"
     run_dir.mkdir(parents=True)
-    spec = plain_spec(kind_runners.command_spec(scenario, run_dir, device="cpu"))
-    env = {**determinism_env("cpu", scenario.config["trainer"]["num_threads"]), **spec.env, **OWN_RAY}
+    spec = plain_spec(kind_runners.command_spec(scenario, run_dir, device=args.device))
+    env = {**determinism_env(args.device, scenario.config["trainer"]["num_threads"]), **spec.env, **OWN_RAY}
     with TreeCPU() as cpu:
         t0 = time.perf_counter()
         clock = command_runner.run_command(
@@ -259,12 +291,13 @@ def _plain(scenario_path: Path, tmp: Path) -> Measured:
     if dumped:
         sys.exit(f"plain: the run was instrumented: {dumped[0]} exists")
     metrics = command_runner.read_command_metrics(run_dir)
-    return Measured(wall, cpu.seconds, verl_profile.profile(run_dir, clock=clock.as_dict(), metrics=metrics), {}, left)
+    prof = verl_profile.profile(run_dir, clock=clock.as_dict(), metrics=metrics)
+    return Measured(wall, cpu.seconds, prof, {}, left, cpu.by_role())
 
 
-def _once(name: str, scenario: Path) -> Measured:
+def _once(name: str, args: argparse.Namespace) -> Measured:
     with tempfile.TemporaryDirectory(prefix=f"verl-cost-{name}-") as tmp:
-        result = (_gate if name == "gate" else _plain)(scenario, Path(tmp))
+        result = (_gate if name == "gate" else _plain)(args, Path(tmp))
     note = f"; left running, killed: {', '.join(result.left)}" if result.left else ""
     print(f"[bench] {name}: wall {result.wall_s:.1f} s, process tree CPU {result.cpu_s:.1f} s{note}", flush=True)
     return result
@@ -323,11 +356,24 @@ def report(scenario: Path, pairs: list[tuple[Measured, Measured]]) -> dict[str, 
         f"CPU {figures['median_cpu_ratio']:.2f}x"
     )
     gate, plain = _median_breakdown([g for g, _ in pairs]), _median_breakdown([p for _, p in pairs])
-    print(f"  where the time went (s, median):{'gate':>30} {'plain':>8}")
+    _table("where the wall time went (s, median)", gate, plain)
+    cpu = {side: _median_roles([pair[i] for pair in pairs]) for i, side in enumerate(("gate", "plain"))}
+    _table("CPU time by process (s, median)", cpu["gate"], cpu["plain"])
+    return {**figures, "breakdown": {"gate": gate, "plain": plain}, "cpu_by_role": cpu}
+
+
+def _median_roles(runs: list[Measured]) -> dict[str, float]:
+    """Each role's median CPU seconds (0 in a run without it), the largest first; roles under 0.5 s left out."""
+    roles = dict.fromkeys(r for run in runs for r in run.cpu_by_role)
+    medians = {r: statistics.median(run.cpu_by_role.get(r, 0.0) for run in runs) for r in roles}
+    return dict(sorted(((r, s) for r, s in medians.items() if s >= 0.5), key=lambda rs: -rs[1]))
+
+
+def _table(title: str, gate: dict[str, float], plain: dict[str, float]) -> None:
+    print(f"  {title}:{'gate':>{61 - len(title)}} {'plain':>8}")
     for key in dict.fromkeys([*gate, *plain]):
         shown = [f"{d[key]:8.1f}" if key in d else f"{'':8}" for d in (gate, plain)]
         print(f"    {key:<52}{shown[0]} {shown[1]}")
-    return {**figures, "breakdown": {"gate": gate, "plain": plain}}
 
 
 def _subreaper() -> None:
@@ -341,11 +387,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     _subreaper()
     for _ in range(args.warm_up):
-        _once("warm-up plain", args.scenario)
+        _once("warm-up plain", args)
     pairs = []
     for i in range(args.repeat):
         names = ["gate", "plain"] if i % 2 == 0 else ["plain", "gate"]
-        runs = {name: _once(name, args.scenario) for name in names}
+        runs = {name: _once(name, args) for name in names}
         pairs.append((runs["gate"], runs["plain"]))
     figures = report(args.scenario, pairs)
     if args.json:

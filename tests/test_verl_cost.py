@@ -81,8 +81,8 @@ def test_pinned_rollouts_are_sampled_in_the_plain_run(tmp_path: Path) -> None:
 
 def test_the_command_line() -> None:
     args = verl_cost.parse_args([])
-    assert (args.scenario, args.repeat, args.warm_up, args.json) == (verl_cost.SCENARIO, 3, 1, None)
-    assert verl_cost.parse_args(["--repeat", "1", "--warm-up", "0"]).repeat == 1
+    assert (args.scenario, args.device, args.repeat, args.warm_up, args.json) == (verl_cost.SCENARIO, "cpu", 3, 1, None)
+    assert verl_cost.parse_args(["--repeat", "1", "--warm-up", "0", "--device", "npu"]).device == "npu"
 
 
 @pytest.mark.parametrize(
@@ -90,6 +90,7 @@ def test_the_command_line() -> None:
     [
         (["--repeat", "0"], "expected a positive integer, got 0"),
         (["--warm-up", "-1"], "expected 0 or more, got -1"),
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
         (["--scenario", "missing.yaml"], "--scenario missing.yaml: no such file"),
         (["--scenario", str(ROOT / "scenarios" / "grpo_tiny.yaml")], "expected an engine: verl scenario"),
     ],
@@ -126,3 +127,17 @@ def test_the_gates_breakdown_splits_its_wall_into_the_run_the_compare_and_pytest
     assert rows["  of them msprobe (rank 0)"] == 0.75 and rows["compare"] == 6.0
     assert rows["the rest of pytest"] == 10.0 and rows["wall"] == 40.0
     assert "compare" not in verl_cost.breakdown(verl_cost.Measured(24.0, 0.0, profile))
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "name", "expected"),
+    [
+        (["ray::TaskRunnerV1.run"], "ray::TaskRunner", "ray::TaskRunnerV1"),
+        (["ray::precision_cpu_server_0:PolicyServer.__init__"], "ray::precision_c", "ray::PolicyServer"),
+        (["/venv/bin/python", "-m", "verl.trainer.main_ppo", "trainer.nnodes=1"], "python", "verl.trainer.main_ppo"),
+        (["/site-packages/ray/core/src/ray/raylet/raylet", "--node_ip_address=127.0.0.1"], "raylet", "raylet"),
+        ([], "gcs_server", "gcs_server"),
+    ],
+)
+def test_each_process_is_counted_under_its_role(cmdline: list[str], name: str, expected: str) -> None:
+    assert verl_cost.role(cmdline, name) == expected
