@@ -161,13 +161,13 @@ def _signal_once_ranks_started(argv: list[str], project: Path, target: Any) -> t
     """Start the gate (``argv``, in ``project``, a session of its own), SIGTERM ``target(gate)``'s pid once both
     ranks wrote their record, and wait for that process to end: the gate's output and the seconds from the signal
     to that end (then the gate is ended, whatever it does next)."""
-    run = project / ".precision" / "artifacts" / NAME / "run"
+    runs = project / ".precision" / "artifacts" / NAME  # run/, or run-gw0/ under xdist
     log = project / "gate.log"
     with open(log, "wb") as fh:
         gate = subprocess.Popen(argv, cwd=project, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
-        while len(list(run.glob("env/rank*.json"))) < 2:
+        while len(list(runs.glob("run*/env/rank*.json"))) < 2:
             assert gate.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "the ranks did not start in 600 s"
             time.sleep(1)
