@@ -32,7 +32,9 @@ from typing import Any
 import pytest
 from harness_testing import left_behind
 
-pytestmark = [pytest.mark.xdist_group("verl_cpu_example"), pytest.mark.slow]
+#: one worker runs the three (they share the cluster); they run copies of examples/verl_cpu, so not in the group of
+#: the tests that run it where it stands ("verl_cpu_example"), whose runs they would otherwise wait for
+pytestmark = [pytest.mark.xdist_group("verl_cluster"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "verl_cpu"

@@ -385,6 +385,7 @@ def test_e2e_a_two_rank_run_that_fails_midway_leaves_no_process_behind() -> None
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("verl_advantages")  # a copy of the example: beside the runs where it stands, not after them
 def test_e2e_verls_advantages_scaled_read_upstream_of_actor_update_and_not_the_cpu(tmp_path: Path) -> None:
     """verl's GRPO advantages x (1 + 1e-4) in every verl process (tests/hooks ``advantages``), checked against a
     copy of the golden whose manifest says it was recorded on another CPU, step 1's items selected. The rollout and

@@ -3,7 +3,7 @@
 Its golden holds the rollouts verl's rollout cache saved (``skip.rollout_tq``, action ``cache``) and every check
 loads them. verl 0.9.1's cache saves every field of a trajectory, the reward included (``rm_scores`` and
 ``extra_fields.reward_extra_info``), and replays them; the gate computes the reward again from the pinned
-responses (``precision_harness/runs/verl/pinned_reward.py``), so an edit to the reward function is drift, not
+responses (``precision_harness/runs/verl/rescore.py``), so an edit to the reward function is drift, not
 invisible. One verl run (slow, minutes on 2 cores).
 """
 
@@ -22,8 +22,9 @@ from harness_testing import left_behind
 
 from precision_harness.runs.verl import pinning
 
-#: these tests run examples/verl_cpu's scenarios (its processes, one Ray at a time): one xdist worker runs them all
-pytestmark = pytest.mark.xdist_group("verl_cpu_example")
+#: the e2e runs a copy of examples/verl_cpu, so it need not wait for the tests that run the example where it stands
+#: (xdist_group "verl_cpu_example"): under xdist it runs beside them, on the other worker
+pytestmark = pytest.mark.xdist_group("verl_pinned")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "verl_cpu"
