@@ -5,9 +5,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# --no-compile: pip would byte-compile all 22,000 files of the stack, one after another (95 s on 2 cores); Python
-# compiles the modules a run imports, once, when it first imports them
-PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -c constraints/cpu.txt
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints/cpu.txt
 
 .PHONY: gate test lint format update-golden benchmarks stack-matrix lock clean
 
@@ -28,7 +26,7 @@ MSPROBE_FLOOR := $(shell sed -n 's/.*"mindstudio-probe>=\([^"]*\)".*/\1/p' pypro
 $(VENV)/.test: $(VENV)/.gate constraints/transformers-5.23.txt $(STACKS)
 	$(PIP) -e ".[test,verl]"
 	rm -rf $(UPGRADE) $(VENV)/stacks
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile --no-deps --target $(UPGRADE) \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --target $(UPGRADE) \
 		-r constraints/transformers-5.23.txt
 	$(BIN)/python benchmarks/stack_matrix.py --install
 	rm -rf $(VENV)/wheels

@@ -112,13 +112,22 @@ def test_command_scenario_update_check_and_drift(command_project: pytest.Pyteste
     )
 
 
-def test_ray_address_is_given_to_the_command(command_project: pytest.Pytester) -> None:
-    """--precision-ray-address: the command runs here and the Ray it starts (verl's trainer) joins that cluster."""
+def test_a_ray_address_that_does_not_answer_fails_each_item_in_one_line_and_the_command_never_runs(
+    command_project: pytest.Pytester,
+) -> None:
+    """--precision-ray-address: the command would join that cluster (``RAY_ADDRESS``; tests/test_verl_cluster.py runs
+    verl's trainer on one), so a cluster that does not answer is one line before the command starts, not a run
+    that waits for it."""
     command_project.runpytest_subprocess("--precision-golden", "update").assert_outcomes(passed=5)
     log = command_project.path / ".precision" / "artifacts" / "fake" / "run" / "worker.log"
     assert "ray None" in log.read_text()
-    command_project.runpytest_subprocess("--precision-ray-address", "ray://head:10001").assert_outcomes(passed=5)
-    assert "fake training run, level L1 ray ray://head:10001" in log.read_text()
+    log.unlink()
+    check = command_project.runpytest_subprocess("--precision-ray-address", "ray://head.invalid:10001")
+    check.assert_outcomes(failed=5)
+    check.stdout.fnmatch_lines(
+        ["*--precision-ray-address ray://head.invalid:10001: the Ray cluster does not answer (*)*"]
+    )
+    assert not log.exists()
 
 
 def test_changed_input_file_makes_the_golden_stale(command_project: pytest.Pytester) -> None:

@@ -374,15 +374,3 @@ def test_e2e_the_examples_pass_where_they_stand_and_leave_no_process() -> None:
         matrices = [(a, b) for a, b in zip(after, before, strict=True) if len(a["shape"]) == 2]
         assert matrices and all(a["actor"] != b["actor"] for a, b in matrices)
     assert all(p["actor"] == p["rollout"] for sync in syncs for p in sync)
-
-
-@pytest.mark.slow
-def test_e2e_a_timed_out_two_rank_run_is_one_line_and_leaves_no_process() -> None:
-    pytest.importorskip("verl", reason="the [verl] extra installs verl 0.9.1")
-    proc = _gate(str(SCENARIO), "-o", "precision_timeout=40", "-k", "metrics")
-    assert proc.returncode != 0
-    assert re.search(
-        r"grpo_dp2_bf16_cpu\.yaml: command timed out after 40 s; (last stage reached: \S+|no stage was reached)",
-        proc.stdout,
-    ), proc.stdout[-3000:]
-    assert not left_behind(EXAMPLE / ".precision")

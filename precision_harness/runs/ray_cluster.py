@@ -56,13 +56,14 @@ def job_env(env: Mapping[str, str], *, cwd: Path) -> dict[str, str]:
 
 
 def _gcs_endpoint(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a ``host:port`` address (None: a ``ray://`` client address or another form)."""
-    host, _, port = address.rpartition(":")
-    return (host, int(port)) if host and "://" not in address and port.isdigit() else None
+    """``(host, port)`` of a ``host:port`` or ``ray://host:port`` address (None: another form, such as ``auto``)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return (host, int(port)) if host and "://" not in host and port.isdigit() else None
 
 
 def check_answers(address: str, *, timeout: float = 5.0) -> None:
-    """Raise RunFailedError (one line) when nothing listens at the cluster's ``host:port``.
+    """Raise RunFailedError (one line) when nothing listens at the cluster's ``host:port`` (a GCS address, or a Ray
+    client's ``ray://host:port``), or the host has no address.
 
     ``ray.init`` would retry for a minute before it says so.
     """
