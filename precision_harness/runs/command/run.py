@@ -373,9 +373,13 @@ def launch_command(
     if options.shared_ray is not None:  # the same on the gate's shared Ray
         env[ENV_RUN_ID] = uuid.uuid4().hex
         env.update(options.shared_ray.driver_env(env, cwd=cwd))
+    before = 0.0
     with _cluster_watched(options.ray_address, run_dir, env):
-        passes = _run_passes(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header, pinned=pinned)
-    before, clock = passes
+        if pinned is None and scenario.pins_rollouts:
+            first = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+            before = first.wall_s
+            header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
+        clock = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
     timings: dict[str, Any] = {"total_s": round(before + clock.wall_s, 6)}
     if spec.timings is not None:
         timings.update(spec.timings(run_dir, clock.as_dict(), read_command_metrics(run_dir)))
@@ -392,19 +396,6 @@ def _cluster_watched(address: str | None, run_dir: Path, env: dict[str, str]) ->
     if not address:
         return contextlib.nullcontext()
     return ray_cluster.watched(address, run_dir, env[ENV_RUN_ID])
-
-
-def _run_passes(
-    scenario: Any, argv: list[str], *, run_dir: Path, env: dict[str, str], timeout: float | None, **how: Any
-) -> tuple[float, CommandClock]:
-    """The run (``how``: its ``header``, and the ``pinned`` golden or None), after the pass that generates the rollouts
-    to pin where the scenario pins them and no golden gives them: ``(seconds of that pass, the run's clock)``."""
-    header = how["header"]
-    before = 0.0
-    if how["pinned"] is None and scenario.pins_rollouts:
-        before = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header).wall_s
-        header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
-    return before, run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
 
 
 def run_command_scenario(

@@ -60,7 +60,6 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
         RuntimeError: the requested device is not available (no CUDA, or torch_npu missing), or
             portable CPU kernels on a CPU where ATen cannot run its AVX2 kernels.
     """
-    import numpy as np
     import torch
 
     if device == "npu":
@@ -83,16 +82,29 @@ def setup(device: str, *, seed: int, num_threads: int, cpu_kernels: str = "porta
         _portable_cpu(torch)
     if os.environ.get(MKLDNN_SWITCH) == "0":
         torch.backends.mkldnn.enabled = False
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    _seed_all(seed)
     torch.set_num_threads(num_threads)
     torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
     if device == "cuda":
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        _cuda_no_benchmark_no_tf32(torch)
     return torch.device(device)
+
+
+def _seed_all(seed: int) -> None:
+    """python's, numpy's and torch's generators (every device's: ``torch.manual_seed``) seeded with ``seed``."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _cuda_no_benchmark_no_tf32(torch: Any) -> None:
+    """cuDNN's autotuner off, and no TF32 in fp32 products (matmul and cuDNN)."""
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 #: the seed of python's, numpy's and torch's generators in a verl process of a gate run (msprobe's ``seed_all``
@@ -113,12 +125,9 @@ def worker_determinism(device: str) -> dict[str, str]:
     run's environment and are recorded by the gate as ``determinism_env``. Touches no device context. Never
     raises: a switch that fails reads ``failed: <why>``.
     """
-    import numpy as np
     import torch
 
-    random.seed(WORKER_SEED)
-    np.random.seed(WORKER_SEED)
-    torch.manual_seed(WORKER_SEED)
+    _seed_all(WORKER_SEED)
     record = {"seeds": f"python, numpy, torch: {WORKER_SEED}"}
     try:
         torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
@@ -126,10 +135,8 @@ def worker_determinism(device: str) -> dict[str, str]:
     except Exception as exc:  # a torch without the switch: said, not raised
         record["deterministic_algorithms"] = f"failed: {exc}"
     if device == "cuda":
-        torch.backends.cudnn.benchmark = False
+        _cuda_no_benchmark_no_tf32(torch)
         torch.backends.cudnn.deterministic = True
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
         record["cudnn"] = "deterministic, no benchmark, no TF32"
     return record
 
