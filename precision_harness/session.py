@@ -59,6 +59,7 @@ from precision_harness.runs.kind_runners import stop as stop_runs
 from precision_harness.runs.launch import RunOptions, RunResult
 from precision_harness.runs.pools import RunPools
 from precision_harness.scenarios.invariant_declarations import INVARIANTS
+from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session_checks import ItemChecks, invariant_outcome
 from precision_harness.session_plan import (
@@ -395,8 +396,11 @@ class PrecisionSession:
         run: RunResult = st.future.result()
         profiled = {f"step_{a}/{b}" for a in scenario.steps for b in scenario.stages}
         info = run_info(run.run_json, wall_s=run.wall_s, profiled=profiled, run_dir=str(self.shown(run.run_dir)))
-        # a check that loaded the golden's rollouts never ran the rollout engine (report.not_exercised)
-        return {**info, "device": st.device, "rollouts_pinned": self.plan(scenario).pinned is not None}
+        # a check that loaded the golden's rollouts sampled nothing: the rollout engine ran only if it scored them
+        # (rollout_compute_log_prob; report.not_exercised)
+        pinned = self.plan(scenario).pinned is not None
+        scored = pinned and ROLLOUT_COMPUTE_LOG_PROB in scenario.stages
+        return {**info, "device": st.device, "rollouts_pinned": pinned, "engine_scored": scored}
 
     def finish(self, *, scenario_dirs: list[str]) -> None:
         """End of the run (the xdist controller's, or the only process's): unused goldens, prune, report files."""

@@ -58,3 +58,12 @@ def test_a_cpu_check_that_ran_its_rollouts_claims_nothing_unseen() -> None:
 def test_a_failing_check_names_its_failures_not_what_it_did_not_see() -> None:
     line = _environment_line(_record({"device": "npu", "rollouts_pinned": True}, passed=False))
     assert line.endswith("1 failed item(s) name it") and "not exercised" not in line
+
+
+def test_a_pinned_check_whose_engine_scored_the_responses_does_not_list_the_engine_as_unseen() -> None:
+    """Issue 56: the rollout engine scored the pinned responses (``rollout_compute_log_prob``), so it was exercised;
+    the same record without the scoring still lists it."""
+    scored = _environment_line(_record({"device": "cpu", "rollouts_pinned": True, "engine_scored": True}))
+    assert scored.endswith("checked, the goldens held"), scored
+    unscored = _environment_line(_record({"device": "cpu", "rollouts_pinned": True, "engine_scored": False}))
+    assert "not exercised: the rollout engine (rollouts pinned" in unscored

@@ -232,15 +232,15 @@ ROLLOUT_ENGINES = ("vllm", "vllm-ascend", "sglang")
 def not_exercised(env: EnvironmentDiff, runs: list[dict[str, Any]]) -> str | None:
     """What of the stack a passing check did not exercise, or None (every part it ran was checked).
 
-    ``runs`` are the records' ``run`` maps (``device``, ``rollouts_pinned``). With rollouts pinned the
-    check loads the golden's rollouts, so the rollout engine never ran: a change to it is named as
-    unseen, visible only through the log-prob parity metrics where verl computes them
-    (docs/consistency.md). Off the CPU, ``rollout_generate`` and ``weight_sync`` are refused, so
-    the sampled tokens and the weight sync went unchecked too (docs/triage.md, "What a device check
-    sees").
+    ``runs`` are the records' ``run`` maps (``device``, ``rollouts_pinned``, ``engine_scored``). With rollouts
+    pinned the check loads the golden's rollouts, so the rollout engine sampled nothing: unless it scored the pinned
+    responses (``engine_scored``: the scenario's ``rollout_compute_log_prob``), a change to it is named as unseen,
+    visible only through the log-prob parity metrics where verl computes them (docs/consistency.md). Off the CPU,
+    ``rollout_generate`` and ``weight_sync`` are refused, so the sampled tokens and the weight sync went unchecked
+    too (docs/triage.md, "What a device check sees").
     """
     parts = []
-    if any(run.get("rollouts_pinned") for run in runs):
+    if any(run.get("rollouts_pinned") and not run.get("engine_scored") for run in runs):
         engines = [str(c) for c in env.changes if c.what in ROLLOUT_ENGINES]
         changed = f": {'; '.join(engines)} unseen" if engines else ""
         parts.append(f"the rollout engine (rollouts pinned{changed}; only log-prob parity metrics reach it)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
+from precision_harness.scenarios.profiling import GATE_STAGES, STAGES
 
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
@@ -86,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
         "steps": None,
         "global_tool_config": {
             "precision_debugger": {
-                "stages": [s for s in STAGES if s != ROLLOUT_GENERATE],
+                "stages": [s for s in STAGES if s not in GATE_STAGES],
                 "strict": False,
                 "config_path": None,
                 "task": "statistics",

@@ -7,9 +7,11 @@ the report name stages and levels through these constants.
 
 from __future__ import annotations
 
-#: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them.
+#: verl's PrecisionDebugger stages (verl/utils/profiler/precision_debugger), in the order a PPO step runs them, with
+#: the gate's own ``rollout_compute_log_prob`` after the rollout (:data:`ROLLOUT_COMPUTE_LOG_PROB`).
 STAGES: tuple[str, ...] = (
     "rollout_generate",
+    "rollout_compute_log_prob",
     "compute_rm_score",
     "actor_compute_log_prob",
     "ref_compute_log_prob",
@@ -20,6 +22,12 @@ STAGES: tuple[str, ...] = (
 #: the rollout engine's stage: opt-in (listed in ``precision_debugger.stages``), built-in scenarios only,
 #: because verl's PrecisionDebugger skips it ("rollout_generate is ignored"): docs/consistency.md
 ROLLOUT_GENERATE = "rollout_generate"
+#: the rollout engine's log-probs of the pinned responses, teacher-forced after the weight sync, and their mismatch
+#: with the training forward's: opt-in, verl scenarios with pinned rollouts on cpu only (the gate's rollout server
+#: scores; precision_harness/runs/verl/engine_scoring.py). Not a stage of verl's debugger: the gate records it.
+ROLLOUT_COMPUTE_LOG_PROB = "rollout_compute_log_prob"
+#: the stages the gate records itself, never verl's debugger: never in a default stage list
+GATE_STAGES = (ROLLOUT_GENERATE, ROLLOUT_COMPUTE_LOG_PROB)
 
 #: ``level: auto``: gate on an L0 dump plus the runner's stage inputs/outputs, localise a failing
 #: stage by rerunning it at :data:`LOCALIZE_LEVEL` (docs/scenarios.md#level-auto).

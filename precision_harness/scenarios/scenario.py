@@ -21,7 +21,7 @@ from precision_harness.scenarios import command_scenario, loading, validation
 from precision_harness.scenarios.base import ScenarioBase
 from precision_harness.scenarios.defaults import DEFAULTS, uses_critic
 from precision_harness.scenarios.identity import flat_command
-from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
+from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB, ROLLOUT_GENERATE, STAGES
 from precision_harness.scenarios.settings import (
     NUMERIC_SETTINGS,
     canonical_json,
@@ -102,6 +102,7 @@ class BuiltinScenario(Scenario):
     dumps_rollout = True
     unnamed_change = "model, data, batch or algorithm settings changed"
     consistency_checks = (
+        validation.check_rollout_compute_log_prob,
         validation.check_stages,
         validation.check_task,
         validation.check_steps,
@@ -146,6 +147,7 @@ class BuiltinScenario(Scenario):
     def executed_stages(self) -> tuple[str, ...]:
         present = {
             ROLLOUT_GENERATE: True,
+            ROLLOUT_COMPUTE_LOG_PROB: False,  # no engine of its own to score with: refused in one line
             "compute_rm_score": self.use_reward_model,
             "actor_compute_log_prob": True,
             "ref_compute_log_prob": self.use_reference,
@@ -191,6 +193,7 @@ class CommandScenario(Scenario):
     unnamed_change = "argv, env, settings, msprobe config, num_threads or an input file changed"
     consistency_checks = (
         validation.check_rollout_generate,
+        validation.check_rollout_compute_log_prob,
         validation.check_stages,
         validation.check_task,
         validation.check_level,
@@ -263,6 +266,7 @@ class VerlScenario(CommandScenario):
     unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
     consistency_checks = (
         validation.check_rollout_generate,
+        validation.check_rollout_compute_log_prob,
         validation.check_stages,
         validation.check_task,
         validation.check_level,
@@ -298,9 +302,9 @@ class VerlScenario(CommandScenario):
         return bool(verl["entrypoint"] or scheduled)
 
     def localizes_stage(self, stage: str) -> bool:
-        """Not ``rollout_generate``: the gate's rollout server records its tokens and log-probs whatever the level,
-        and no msprobe dump of it exists to localise in."""
-        return self.localizes and stage != ROLLOUT_GENERATE
+        """Not the gate's own stages (``rollout_generate``, ``rollout_compute_log_prob``): the gate's rollout server
+        and trainer hook record them whatever the level, and no msprobe dump of them exists to localise in."""
+        return self.localizes and stage not in (ROLLOUT_GENERATE, ROLLOUT_COMPUTE_LOG_PROB)
 
 
 #: tried in order: the first whose :meth:`Scenario.claims` accepts a file's keys loads it

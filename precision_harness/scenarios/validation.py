@@ -15,6 +15,7 @@ from precision_harness.scenarios.defaults import uses_critic
 from precision_harness.scenarios.profiling import (
     LEVEL_KEY,
     LIST_KEY,
+    ROLLOUT_COMPUTE_LOG_PROB,
     ROLLOUT_GENERATE,
     STAGES,
     STAGES_KEY,
@@ -48,6 +49,18 @@ def check_rollout_generate(s: ScenarioBase) -> None:
         raise ScenarioError(
             f"{s.path}: {STAGES_KEY}: {ROLLOUT_GENERATE} is not dumped by verl (its PrecisionDebugger skips the "
             f'rollout: "rollout_generate is ignored"), so a {s.kind} scenario cannot gate it; remove it from stages'
+        )
+
+
+def check_rollout_compute_log_prob(s: ScenarioBase) -> None:
+    """``rollout_compute_log_prob`` is the rollout engine scoring the pinned responses in verl's trainer: a verl
+    scenario with ``verl.pin_rollouts: true`` only (without pinned responses, sampled tokens have no golden)."""
+    if ROLLOUT_COMPUTE_LOG_PROB not in s.profiler["stages"]:
+        return
+    if s.kind != "verl" or not s.pins_rollouts:
+        raise ScenarioError(
+            f"{s.path}: {STAGES_KEY}: {ROLLOUT_COMPUTE_LOG_PROB} is the rollout engine scoring pinned responses, "
+            f"which only an engine: verl scenario with verl.pin_rollouts: true has; remove it from stages or pin them"
         )
 
 

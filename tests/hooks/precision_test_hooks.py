@@ -18,7 +18,11 @@ Two variables choose them; unset, every patched function does exactly what it di
   In verl's CPU rollout server (``precision_harness.runs.verl.cpu.policy_server``): ``rollout_logprobs``
   (the log-probs it returns are rounded through bfloat16, the tokens stay: a rollout kernel that stops
   computing log-probs in float32), ``rollout_stale_weights`` (it ignores the sync before step 2 and
-  keeps step 1's weights). In the model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
+  keeps step 1's weights). In the same server's scoring of pinned responses (``rollout_compute_log_prob``), each
+  at its own step of :data:`ENGINE_PLANT_STEPS` so one run serves all three: ``engine_logits_bf16`` (the processed
+  logits and their ``log_softmax`` computed in bfloat16), ``engine_temperature_twice`` (the logits divided by the
+  temperature twice), ``engine_stale_layer`` (the sync before that step skips :data:`SKIPPED_SYNC_MODULE`). In the
+  model, every process: ``norm_precision`` (Qwen2's RMSNorm rounds its
   variance to the input dtype, bf16 in a bf16 run: a norm without its fp32 upcast); changed code paths:
   ``rope_mul`` (RoPE's frequencies by a ``Tensor.__mul__`` where 5.10.4 records a ``Tensor.__matmul__``, as
   transformers 5.23.0 computes them: the same values, another call) and ``fused_attention`` (eager attention
@@ -83,6 +87,9 @@ SITES = (
     "rollout_sampling",
     "rollout_logprobs",
     "rollout_stale_weights",
+    "engine_logits_bf16",
+    "engine_temperature_twice",
+    "engine_stale_layer",
     "norm_precision",
     "linear_bf16",
     "sum_order",
@@ -103,6 +110,10 @@ SITES = (
 )
 #: the module whose weights the planted weight sync leaves behind
 SKIPPED_SYNC_MODULE = "model.layers.1.mlp.up_proj"
+#: the step at which each plant in the rollout server's scoring acts (one run of the pinned example holds three steps)
+ENGINE_PLANT_STEPS = {"engine_logits_bf16": 1, "engine_temperature_twice": 2, "engine_stale_layer": 3}
+#: the sampling params' key a planted scoring passes its step in
+ENGINE_STEP_KEY = "precision_test_step"
 ROLLOUT_TEMPERATURE_SCALE = 1.0 + 1e-6
 #: a rollout sampling at temperature 0.2 for 1.0: a tiny random model's logits are nearly flat, so a
 #: smaller change (1.5x) samples the same tokens; this one changes 3 of grpo n=2's 16 at step 1
@@ -283,6 +294,42 @@ def _patch_policy_server(server: ModuleType) -> None:
         return load(self, weights, global_steps, actor)
 
     server.sample_response, server.PolicyServer.load_weights = sample_response, load_weights
+    _patch_engine_scoring(server)
+
+
+def _engine_planted(site: str, step: int | None) -> bool:
+    return planted(site) and step == ENGINE_PLANT_STEPS[site]
+
+
+def _patch_engine_scoring(server: ModuleType) -> None:
+    """The ``engine_*`` plants: in :meth:`PolicyServer.score` at their step, and in the sync before it. The step
+    travels in the sampling params (:data:`ENGINE_STEP_KEY`), not in shared state: Ray may hand the actor a copy of
+    a patched method that closes over its own."""
+    processed, score, load = server.processed_logits, server.PolicyServer.score, server.PolicyServer.load_weights
+
+    def processed_logits(logits: Any, params: dict[str, Any]) -> Any:
+        step = params.get(ENGINE_STEP_KEY)
+        if _engine_planted("engine_temperature_twice", step):
+            logits = logits.float() / float(params.get("temperature", 1.0))
+        x = processed(logits, params)
+        if _engine_planted("engine_logits_bf16", step):
+            import torch
+
+            x = x.to(torch.bfloat16)  # log_softmax then runs in bfloat16 too
+        return x
+
+    def planted_score(self: Any, prompt_ids: Any, response_ids: Any, sampling_params: dict[str, Any]) -> Any:
+        step = 1 if self.global_steps is None else int(self.global_steps) + 1
+        return score(self, prompt_ids, response_ids, {**sampling_params, ENGINE_STEP_KEY: step})
+
+    def planted_load(self: Any, weights: Any, global_steps: Any, actor: Any) -> Any:
+        step = 1 if global_steps is None else int(global_steps) + 1
+        if _engine_planted("engine_stale_layer", step):
+            weights = [(name, t) for name, t in weights if not name.startswith(SKIPPED_SYNC_MODULE + ".")]
+        return load(self, weights, global_steps, actor)
+
+    server.processed_logits, server.PolicyServer.score = processed_logits, planted_score
+    server.PolicyServer.load_weights = planted_load
 
 
 def _patch_engine_workers(engine_workers: ModuleType) -> None:

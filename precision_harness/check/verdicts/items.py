@@ -44,7 +44,7 @@ from precision_harness.goldens.churn import ChurnRow
 from precision_harness.goldens.golden import Golden
 from precision_harness.goldens.recordable import FILTER_FIELDS
 from precision_harness.paths import display_path
-from precision_harness.scenarios.profiling import ROLLOUT_GENERATE, STAGES
+from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB, ROLLOUT_GENERATE, STAGES
 
 
 class OutcomeKind(str, Enum):
@@ -229,7 +229,23 @@ def _check_stage(stages: _Stages, key: ItemKey, s: CheckSettings) -> Outcome:
             out = replace(out, passed=False, text=f"{changed}\n{out.text}", kind=OutcomeKind.COMPARED)
             if artifacts is not None and (artifacts / "verdict.txt").is_file():
                 (artifacts / "verdict.txt").write_text(out.text + "\n", encoding="utf-8")
+    if key.stage == ROLLOUT_COMPUTE_LOG_PROB and not out.passed:  # the engine, not the training, moved: named first
+        out = replace(out, text=f"{engine_line(run_stage.path)}\n{out.text}")
     return out
+
+
+def engine_line(stage_dir: Path) -> str:
+    """The line naming the rollout engine of a failing ``rollout_compute_log_prob`` (its dump's ``rollout_engine``,
+    written by precision_harness/runs/verl/engine_scoring.py)."""
+    engine: dict = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        engine = json.loads((stage_dir / "step0" / "rank0" / DUMP).read_text(encoding="utf-8")).get("rollout_engine")
+    name = f"{engine.get('name', 'unknown')} {engine.get('version', '')}".strip() if engine else "unknown"
+    return (
+        f"rollout engine {name}: its log-probs of the pinned responses, scored after the weight sync, or their "
+        "mismatch with the training forward's, moved against the golden's (the training-side stages are checked "
+        "apart, on the same pinned responses)"
+    )
 
 
 def _run_stage(target: Path, key: ItemKey) -> DirStage:

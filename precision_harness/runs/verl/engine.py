@@ -49,6 +49,7 @@ from precision_harness.runs.verl.release import (
     unsupported_version_message,
     version_line,
 )
+from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
 DUMPED_STAGES = ("ref_compute_log_prob", "actor_compute_log_prob", "actor_update")
@@ -58,8 +59,10 @@ CRITIC_STAGES = ("compute_values", "critic_update")
 #: verl's debugger skips the rollout; on cpu the gate's rollout server records what it sampled
 #: (precision_harness/runs/verl/cpu/policy_server.py)
 ROLLOUT_STAGE = "rollout_generate"
+#: the rollout engine scoring the pinned responses (runs/verl/engine_scoring.py): the gate's CPU server scores them
+SCORE_STAGE = ROLLOUT_COMPUTE_LOG_PROB
 #: the stages only the gate's CPU support dumps
-CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
+CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE, SCORE_STAGE)
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/host/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl.rank_stack"
@@ -116,11 +119,11 @@ def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> 
     """Raise ScenarioError for a critic or rollout stage off the CPU: only the gate's CPU support dumps them."""
     cpu_only = [s for s in stages if s in CPU_STAGES]
     if cpu_only and device != "cpu":
-        why = (
-            "verl's debugger skips the rollout; the gate's CPU rollout server records it"
-            if cpu_only[0] == ROLLOUT_STAGE
-            else "nothing in its critic worker is annotated; the gate's CPU support annotates it"
-        )
+        why = {
+            ROLLOUT_STAGE: "verl's debugger skips the rollout; the gate's CPU rollout server records it",
+            SCORE_STAGE: "the rollout engine is not gated in this run: only the gate's CPU rollout server scores "
+            "pinned responses, no vLLM or SGLang adapter does yet",
+        }.get(cpu_only[0], "nothing in its critic worker is annotated; the gate's CPU support annotates it")
         raise ScenarioError(
             f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {cpu_only[0]!r} on {device} "
             f"({why}): remove it, or run with --precision-device cpu"
@@ -357,7 +360,7 @@ def command_spec(
     user = dict(verl["overrides"])
     gate = gate_overrides(
         steps=list(scenario.steps),
-        stages=[s for s in scenario.stages if s != ROLLOUT_STAGE],
+        stages=[s for s in scenario.stages if s not in (ROLLOUT_STAGE, SCORE_STAGE)],
         strict=bool(scenario.profiler["strict"]),
         save_path=run_dir,
         config_path=Path(env[ENV_MSPROBE_CONFIG]),

@@ -10,6 +10,11 @@ transformers' Qwen2 in the rollout dtype (``actor_rollout_ref.rollout.dtype``, b
   returns one log-prob per returned token, EOS included: ``log_softmax`` in float32 of the logits
   after temperature, top-k and top-p (vLLM's ``logprobs_mode: processed_logprobs``; verl turns them
   into ``rollout_log_probs``).
+- :meth:`PolicyServer.score` computes the log-probs of given responses teacher-forced (prompt plus response
+  in one forward, no sampling), under the same processed distribution as :meth:`~PolicyServer.generate`'s:
+  vLLM's ``prompt_logprobs``. A check with pinned rollouts asks it for the pinned responses after each
+  weight sync (:mod:`precision_harness.runs.verl.engine_scoring`), so the engine is gated though it samples
+  nothing.
 - :meth:`PolicyServer.load_weights` takes the actor's weights from verl's own sync
   (``ActorRolloutRefWorker.update_weights``, through :class:`~.rollout.CPUServerAdapter`), casts each to
   the rollout dtype and copies it into the parameter of the same name, as vLLM's loader does.
@@ -113,6 +118,30 @@ def sample_response(model: Any, prompt_ids: list[int], params: dict[str, Any], *
     return tokens, log_probs, "completed"
 
 
+@torch.no_grad()
+def score_response(model: Any, prompt_ids: list[int], response_ids: list[int], params: dict[str, Any]) -> list[float]:
+    """The log-prob of each of ``response_ids`` after ``prompt_ids`` and the response's tokens before it,
+    teacher-forced: one forward of ``prompt + response`` (``[1, P + R]``, int64), then ``log_softmax`` in float32
+    of each position's processed logits (:func:`processed_logits`, as :func:`sample_response` samples from them).
+
+    Returns:
+        ``R`` float32 log-probs as Python floats (vLLM's ``prompt_logprobs`` of the response's positions).
+
+    Raises:
+        ValueError: an empty prompt or response, or temperature <= 0.
+    """
+    if not prompt_ids or not response_ids:
+        raise ValueError("precision_cpu: scoring needs a prompt and a response of at least one token each")
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long)
+    logits = model(input_ids=ids, use_cache=False).logits[0]
+    first = len(prompt_ids) - 1  # the position whose logits give the response's first token
+    out = []
+    for i, token in enumerate(response_ids):
+        logp = torch.log_softmax(processed_logits(logits[first + i], params), dim=-1)
+        out.append(float(logp[token]))
+    return out
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -194,6 +223,12 @@ class PolicyServer:
             stop_reason=stop,
             extra_fields={"global_steps": self.global_steps},
         )
+
+    def score(self, prompt_ids: list[int], response_ids: list[int], sampling_params: dict[str, Any]) -> list[float]:
+        """Teacher-forced log-probs of ``response_ids`` under the weights of the last sync (:func:`score_response`);
+        served under the lock, as a request is, so a sync never lands halfway through a scoring."""
+        with self.lock:
+            return score_response(self.model, list(prompt_ids), list(response_ids), dict(sampling_params))
 
     def _record(self, sample: list[int], tokens: list[int], log_probs: list[float]) -> None:
         index, step, session = (int(v) for v in sample)

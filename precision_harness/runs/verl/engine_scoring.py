@@ -1,0 +1,173 @@
+"""The rollout engine scores the pinned responses in verl's trainer, for verl 0.9.1 only: ``rollout_compute_log_prob``.
+
+Why: with rollouts pinned a check samples nothing, so the rollout engine's numerics (its kernels, its logits'
+processing, the weights the sync handed it) reached no stage; a rollout engine upgrade was gated by nothing but the
+replayed ``rollout_log_probs``, which it never computed.
+
+What: right after ``actor_compute_log_prob`` (``PPOTrainer._compute_old_log_prob`` in
+``verl/trainer/ppo/v1/trainer_base.py``), when the scenario declares ``rollout_compute_log_prob`` for the step, the
+trainer's batch (``prompts``, ``responses``, ``response_mask`` and the training forward's ``old_log_probs``, from
+TransferQueue) goes to the rollout engine, which holds the weights the sync before this step handed it: it computes
+each response's log-probs teacher-forced (the CPU server's ``score``, vLLM's ``prompt_logprobs``). The stage's
+``dump.json`` (msprobe's statistics layout, ``step_<n>/rollout_compute_log_prob/step0/rank0/``) then holds, rows in
+the order of their (prompt, response) tokens, so the order of uids and of verl's balancing does not matter:
+
+- ``Stage.rollout_log_probs.<row>.forward``: the engine's log-probs of the row's response tokens;
+- ``Stage.log_prob_mismatch.<row>.forward``: engine minus training, per response token (``Max``/``Min`` bound
+  max |Δ log p|);
+- ``Stage.rollout_corr_<metric>.0.forward``: verl's own rollout-correction diagnostics of the whole batch with the
+  engine's log-probs as the rollout's (``compute_offpolicy_metrics`` in ``verl/trainer/ppo/rollout_corr_helper.py``:
+  ``kl``, ``k3_kl``, ``log_ppl_diff``, ``ppl_ratio``, ``chi2_token``, ...), each a float64 scalar.
+
+and, beside ``data``, ``rollout_engine``: the engine's name (``actor_rollout_ref.rollout.name``) and version, for
+the verdict. The gate compares the dump with the golden's as any stage's, with the stage's tolerance.
+
+Reaching into verl: ``_compute_old_log_prob``, the TransferQueue fields and the rollout server's Ray name
+(:func:`~precision_harness.runs.verl.cpu.rollout.server_name`) are verl 0.9.1's internals and the gate's CPU
+rollout's, so :func:`apply` refuses any other verl, and the gate declares the stage on the CPU only
+(:mod:`precision_harness.runs.verl.engine`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from precision_harness.runs.verl.release import SUPPORTED_VERSIONS
+from precision_harness.runs.verl.stages import on_import
+from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB
+
+#: verl's module whose trainer computes ``old_log_probs`` (``PPOTrainer._compute_old_log_prob``)
+TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
+#: the TransferQueue fields the scoring reads (the agent loop's output and the training forward's)
+FIELDS = ["prompts", "responses", "response_mask", "old_log_probs"]
+
+
+def enabled(step: int) -> Path | None:
+    """The stage's folder for ``step`` when the run declares the stage for it (``PRECISION_STAGES``,
+    ``PRECISION_STEPS``, ``PRECISION_DUMP_DIR``, as the gate sets them), else None."""
+    dump_dir = os.environ.get("PRECISION_DUMP_DIR")
+    stages = os.environ.get("PRECISION_STAGES", "").split(",")
+    steps = {int(s) for s in os.environ.get("PRECISION_STEPS", "").split(",") if s}
+    if not dump_dir or ROLLOUT_COMPUTE_LOG_PROB not in stages or step not in steps:
+        return None
+    return Path(dump_dir) / f"step_{step}" / ROLLOUT_COMPUTE_LOG_PROB
+
+
+def sampling_params(rollout: Any) -> dict[str, Any]:
+    """The processing verl's agent loop asks the engine for (``actor_rollout_ref.rollout``: temperature, top-k,
+    top-p), so the scores are the log-probs the engine would have returned with these tokens."""
+    return {
+        "temperature": float(rollout.temperature),
+        "top_k": int(rollout.get("top_k", -1)),
+        "top_p": float(rollout.get("top_p", 1.0)),
+    }
+
+
+def engine_identity(rollout: Any) -> dict[str, str]:
+    """``{"name", "version"}`` of the rollout engine (the gate's CPU server's version is the gate's)."""
+    import importlib.metadata
+
+    name = str(rollout.name)
+    package = {"precision_cpu": "pytest-precision", "vllm": "vllm", "sglang": "sglang"}.get(name, name)
+    try:
+        version = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"name": name, "version": version}
+
+
+def mismatch_dump(rows: list[dict[str, Any]], engine: list[list[float]]) -> dict[str, Any]:
+    """The stage's ``data`` (the module docstring) from the trajectories ``rows`` (``prompts``, ``responses``,
+    ``response_mask`` int64/bool ``[R]``, ``old_log_probs`` float32 ``[R]``) and the engine's log-probs ``engine``
+    (one list of ``R`` floats per row), in that row order."""
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
+
+    from precision_harness.runs.numerics.stage_outputs import tensor_statistics
+
+    width = max(len(r["responses"]) for r in rows)
+    old = torch.zeros(len(rows), width)
+    ours = torch.zeros(len(rows), width)
+    mask = torch.zeros(len(rows), width)
+    for i, (row, scores) in enumerate(zip(rows, engine, strict=True)):
+        n = len(row["responses"])
+        old[i, :n] = row["old_log_probs"].float()
+        ours[i, :n] = torch.tensor(scores, dtype=torch.float32)
+        mask[i, :n] = row["response_mask"].float()
+    data: dict[str, Any] = {}
+    for i in range(len(rows)):
+        valid = mask[i] > 0
+        data[f"Stage.rollout_log_probs.{i}.forward"] = {"output": [tensor_statistics(ours[i][valid])]}
+        data[f"Stage.log_prob_mismatch.{i}.forward"] = {"output": [tensor_statistics((ours[i] - old[i])[valid])]}
+    metrics = compute_offpolicy_metrics(old_log_prob=old, rollout_log_prob=ours, response_mask=mask)
+    for name, value in metrics.items():
+        scalar = torch.tensor(float(value), dtype=torch.float64)
+        data[f"Stage.rollout_corr_{name}.0.forward"] = {"output": [tensor_statistics(scalar)]}
+    return data
+
+
+def score_batch(config: Any, batch: Any, stage_dir: Path) -> int:
+    """Have the rollout engine score the trajectories of ``batch`` (verl's ``KVBatchMeta``) and write the stage's
+    ``dump.json`` under ``stage_dir``; return how many it scored."""
+    import json
+
+    import ray
+    import transfer_queue as tq
+
+    from precision_harness.runs.verl.cpu.rollout import server_name
+    from precision_harness.runs.verl.rescore import rows as trajectories
+
+    data = trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=FIELDS))
+    data.sort(key=lambda r: (r["prompts"].tolist(), r["responses"].tolist()))
+    rollout = config.actor_rollout_ref.rollout
+    params = sampling_params(rollout)
+    server = ray.get_actor(server_name(0))
+    engine = ray.get([server.score.remote(r["prompts"].tolist(), r["responses"].tolist(), params) for r in data])
+    dump = {
+        "task": "statistics",
+        "level": "L1",
+        "framework": "pytorch",
+        "rollout_engine": engine_identity(rollout),
+        "data": mismatch_dump(data, engine),
+    }
+    rank_dir = stage_dir / "step0" / "rank0"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    tmp = rank_dir / "dump.json.tmp"
+    tmp.write_text(json.dumps(dump, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, rank_dir / "dump.json")
+    return len(data)
+
+
+def _patch(module: ModuleType) -> None:
+    trainer = module.PPOTrainer
+    compute = trainer._compute_old_log_prob
+
+    def _compute_old_log_prob(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = compute(self, batch, *args, **kwargs)
+        stage_dir = enabled(int(self.global_steps))
+        if stage_dir is not None:
+            count = score_batch(self.config, batch, stage_dir)
+            print(
+                f"precision gate: {ROLLOUT_COMPUTE_LOG_PROB} of step {self.global_steps}: the rollout engine scored "
+                f"{count} pinned responses teacher-forced",
+                flush=True,
+            )
+        return batch
+
+    trainer._compute_old_log_prob = _compute_old_log_prob
+
+
+def apply(version: str) -> None:
+    """Patch verl's trainer when its module is first imported.
+
+    Raises:
+        RuntimeError: ``version`` is not one this module was checked against (one line).
+    """
+    refusal = (
+        f"precision_harness.runs.verl.engine_scoring: verl {version} is not supported: the rollout engine scores "
+        f"the pinned responses through verl {', '.join(SUPPORTED_VERSIONS)}'s trainer and TransferQueue internals"
+    )
+    on_import.apply_checked(version, SUPPORTED_VERSIONS, refusal, ((TRAINER_MODULE, _patch),))
