@@ -44,11 +44,13 @@ gate: $(VENV)/.gate          ## the main job: every scenario against golden/, pl
 	$(BIN)/pytest scenarios precision_tests
 
 # PRECISION_REQUIRE_VERL: the [verl] extra is installed here, so a verl that does not import fails the
-# parity tests (tests/test_verl_parity.py) instead of skipping them. Two xdist workers (CI's 2 cores): the
-# tests that run examples/verl_cpu where it stands share one worker (xdist_group "verl_cpu_example").
+# parity tests (tests/test_verl_parity.py) instead of skipping them. Three xdist workers on CI's 2 cores: a
+# verl run alone kept 66 % of two cores busy (its processes' start-up waits on each other and on Ray), so two
+# workers left a core idle while both ran verl. The tests that run examples/verl_cpu where it stands share one
+# worker (xdist_group "verl_cpu_example").
 # The gate itself (scenarios/, precision_tests/) is `make gate`; these are the harness's own tests.
 # --durations: CI's log ends with the slowest tests, what to cut when `make test` nears CI's time.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 test: $(VENV)/.test          ## the harness's tests, the verl parity and the verl examples end to end
 	$(COMPILE)
