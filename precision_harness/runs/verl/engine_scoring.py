@@ -112,11 +112,10 @@ def mismatch_dump(rows: list[dict[str, Any]], engine: list[list[float]]) -> dict
 def score_batch(config: Any, batch: Any, stage_dir: Path) -> int:
     """Have the rollout engine score the trajectories of ``batch`` (verl's ``KVBatchMeta``) and write the stage's
     ``dump.json`` under ``stage_dir``; return how many it scored."""
-    import json
-
     import ray
     import transfer_queue as tq
 
+    from precision_harness.runs.verl.cpu.policy_server import write_stage_dump
     from precision_harness.runs.verl.cpu.rollout import server_name
     from precision_harness.runs.verl.rescore import rows as trajectories
 
@@ -126,18 +125,8 @@ def score_batch(config: Any, batch: Any, stage_dir: Path) -> int:
     params = sampling_params(rollout)
     server = ray.get_actor(server_name(0))
     engine = ray.get([server.score.remote(r["prompts"].tolist(), r["responses"].tolist(), params) for r in data])
-    dump = {
-        "task": "statistics",
-        "level": "L1",
-        "framework": "pytorch",
-        "rollout_engine": engine_identity(rollout),
-        "data": mismatch_dump(data, engine),
-    }
-    rank_dir = stage_dir / "step0" / "rank0"
-    rank_dir.mkdir(parents=True, exist_ok=True)
-    tmp = rank_dir / "dump.json.tmp"
-    tmp.write_text(json.dumps(dump, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, rank_dir / "dump.json")
+    identity = engine_identity(rollout)
+    write_stage_dump(stage_dir / "step0" / "rank0", mismatch_dump(data, engine), rollout_engine=identity)
     return len(data)
 
 

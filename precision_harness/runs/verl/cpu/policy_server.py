@@ -149,6 +149,12 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_stage_dump(rank_dir: Path, data: dict[str, Any], **fields: Any) -> None:
+    """``rank_dir/dump.json`` of a stage the gate records itself (``rollout_generate``, ``rollout_compute_log_prob``):
+    msprobe's statistics layout with ``data`` and any further top-level ``fields``, replaced atomically."""
+    _write_json(rank_dir / DUMP, {"task": "statistics", "level": "L1", "framework": "pytorch", **fields, "data": data})
+
+
 class StepRecords:
     """What the server sampled at one step, in (prompt index, sample) order, written as the gate reads it."""
 
@@ -173,7 +179,7 @@ class StepRecords:
             }
             for row, k in enumerate(keys)
         }
-        _write_json(rank_dir / DUMP, {"task": "statistics", "level": "L1", "framework": "pytorch", "data": data})
+        write_stage_dump(rank_dir, data)
 
 
 class PolicyServer:
