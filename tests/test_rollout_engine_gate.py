@@ -24,6 +24,7 @@ import pytest
 from harness_testing import hooks_env, left_behind
 
 from precision_harness.errors import ScenarioError
+from precision_harness.runs.verl.engine_scoring import response_log_probs
 from precision_harness.scenarios.scenario import Scenario
 
 #: a copy of examples/verl_cpu, beside the tests that run the example where it stands (another xdist group)
@@ -98,21 +99,28 @@ def test_the_stage_is_the_gates_own_and_verl_is_not_asked_for_it(tmp_path: Path)
 
 
 def test_teacher_forced_scores_are_the_log_probs_the_server_sampled_with() -> None:
-    """The server's :func:`score_response` of a response it sampled gives back the log-probs :func:`sample_response`
-    returned for it (one forward of prompt + response against token-by-token decoding with a KV cache: equal to
-    float32 rounding), and another temperature gives others. In a subprocess: torch stays out of pytest's process."""
+    """A response the server sampled, scored back through the call the gate makes (prompt plus response asked for
+    ``prompt_logprobs: 0``, answered in verl's layout, :func:`prompt_logprobs_fields`, read by
+    :func:`~precision_harness.runs.verl.engine_scoring.response_log_probs`), gives the log-probs
+    :func:`sample_response` returned for it (one forward of prompt + response against token-by-token decoding with a
+    KV cache: equal to float32 rounding), and another temperature gives others. In a subprocess: torch stays out of
+    pytest's process."""
     code = f"""
 import json, torch
 from transformers import AutoModelForCausalLM
 from precision_harness.runs.verl.cpu import policy_server as ps
+from precision_harness.runs.verl.engine_scoring import response_log_probs
 model = AutoModelForCausalLM.from_pretrained({str(EXAMPLE / "model")!r}, torch_dtype=torch.float32).eval()
 params = {{"temperature": 0.8, "top_k": -1, "top_p": 1.0, "max_tokens": 12}}
 prompt = [3, 17, 42, 7, 99]
 tokens, sampled, _ = ps.sample_response(model, prompt, params, seed=1234, eos=set())
-scored = ps.score_response(model, prompt, tokens, params)
-other = ps.score_response(model, prompt, tokens, {{**params, "temperature": 0.4}})
-gap = lambda xs: max(abs(a - b) for a, b in zip(xs, sampled))
-print(json.dumps([len(tokens), gap(scored), gap(other)]))
+def score(p):
+    ids = prompt + tokens
+    fields = ps.prompt_logprobs_fields(ids, ps.prompt_log_probs(model, ids, p))
+    assert len(fields["prompt_logprobs"]) == len(ids) and fields["prompt_ids"][len(prompt) - 1] == [tokens[0]]
+    return response_log_probs(fields, len(prompt), len(tokens))
+gap = lambda xs: max(abs(a - b) for a, b in zip(xs, sampled, strict=True))
+print(json.dumps([len(tokens), gap(score(params)), gap(score({{**params, "temperature": 0.4}}))]))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -120,6 +128,20 @@ print(json.dumps([len(tokens), gap(scored), gap(other)]))
     assert count == 12
     assert same < 1e-4
     assert other > 1e-2
+
+
+def test_the_engines_answer_is_read_from_verls_prompt_logprobs_layout_or_refused_in_one_line() -> None:
+    """verl's layout for a prompt of 3 and a response of 2 tokens: rows for positions 1 to 4, then a dummy row; the
+    response's log-probs are rows 2 and 3. A missing or short answer is one line naming the stage and the counts."""
+    fields = {"prompt_logprobs": [[-1.0], [-2.0], [-3.0], [-4.0], [0.0]]}
+    assert response_log_probs(fields, 3, 2) == [-3.0, -4.0]
+    for bad, got in (({}, "no prompt_logprobs"), ({"prompt_logprobs": [[-1.0]] * 4}, "4 prompt_logprobs rows")):
+        with pytest.raises(RuntimeError) as info:
+            response_log_probs(bad, 3, 2)
+        assert str(info.value) == (
+            f"rollout_compute_log_prob: the rollout engine answered {got} for 3 prompt and 2 response tokens, "
+            "expected 5 (verl's prompt_logprobs layout)"
+        )
 
 
 @pytest.fixture(scope="module")

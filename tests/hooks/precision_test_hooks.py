@@ -302,10 +302,10 @@ def _engine_planted(site: str, step: int | None) -> bool:
 
 
 def _patch_engine_scoring(server: ModuleType) -> None:
-    """The ``engine_*`` plants: in :meth:`PolicyServer.score` at their step, and in the sync before it. The step
-    travels in the sampling params (:data:`ENGINE_STEP_KEY`), not in shared state: Ray may hand the actor a copy of
-    a patched method that closes over its own."""
-    processed, score, load = server.processed_logits, server.PolicyServer.score, server.PolicyServer.load_weights
+    """The ``engine_*`` plants: in the server's scoring (:meth:`PolicyServer.generate` asked for ``prompt_logprobs``)
+    at their step, and in the sync before it. The step travels in the sampling params (:data:`ENGINE_STEP_KEY`), not
+    in shared state: Ray may hand the actor a copy of a patched method that closes over its own."""
+    processed, generate, load = server.processed_logits, server.PolicyServer.generate, server.PolicyServer.load_weights
 
     def processed_logits(logits: Any, params: dict[str, Any]) -> Any:
         step = params.get(ENGINE_STEP_KEY)
@@ -318,9 +318,13 @@ def _patch_engine_scoring(server: ModuleType) -> None:
             x = x.to(torch.bfloat16)  # log_softmax then runs in bfloat16 too
         return x
 
-    def planted_score(self: Any, prompt_ids: Any, response_ids: Any, sampling_params: dict[str, Any]) -> Any:
-        step = 1 if self.global_steps is None else int(self.global_steps) + 1
-        return score(self, prompt_ids, response_ids, {**sampling_params, ENGINE_STEP_KEY: step})
+    def planted_generate(
+        self: Any, request_id: str, prompt_ids: Any, sampling_params: dict[str, Any], **kw: Any
+    ) -> Any:
+        if sampling_params.get("prompt_logprobs") is not None:
+            step = 1 if self.global_steps is None else int(self.global_steps) + 1
+            sampling_params = {**sampling_params, ENGINE_STEP_KEY: step}
+        return generate(self, request_id, prompt_ids, sampling_params, **kw)
 
     def planted_load(self: Any, weights: Any, global_steps: Any, actor: Any) -> Any:
         step = 1 if global_steps is None else int(global_steps) + 1
@@ -328,7 +332,7 @@ def _patch_engine_scoring(server: ModuleType) -> None:
             weights = [(name, t) for name, t in weights if not name.startswith(SKIPPED_SYNC_MODULE + ".")]
         return load(self, weights, global_steps, actor)
 
-    server.processed_logits, server.PolicyServer.score = processed_logits, planted_score
+    server.processed_logits, server.PolicyServer.generate = processed_logits, planted_generate
     server.PolicyServer.load_weights = planted_load
 
 

@@ -8,7 +8,9 @@ What: right after ``actor_compute_log_prob`` (``PPOTrainer._compute_old_log_prob
 ``verl/trainer/ppo/v1/trainer_base.py``), when the scenario declares ``rollout_compute_log_prob`` for the step, the
 trainer's batch (``prompts``, ``responses``, ``response_mask`` and the training forward's ``old_log_probs``, from
 TransferQueue) goes to the rollout engine, which holds the weights the sync before this step handed it: it computes
-each response's log-probs teacher-forced (the CPU server's ``score``, vLLM's ``prompt_logprobs``). The stage's
+each response's log-probs teacher-forced, through verl's token-in, token-out call to the replica's server
+(``RolloutReplica.server_handle``'s ``generate``) asked for ``prompt_logprobs: 0`` and one token, the call verl's
+vLLM and SGLang servers answer too (:func:`response_log_probs` reads their layout). The stage's
 ``dump.json`` (msprobe's statistics layout, ``step_<n>/rollout_compute_log_prob/step0/rank0/``) then holds, rows in
 the order of their (prompt, response) tokens, so the order of uids and of verl's balancing does not matter:
 
@@ -22,10 +24,11 @@ the order of their (prompt, response) tokens, so the order of uids and of verl's
 and, beside ``data``, ``rollout_engine``: the engine's name (``actor_rollout_ref.rollout.name``) and version, for
 the verdict. The gate compares the dump with the golden's as any stage's, with the stage's tolerance.
 
-Reaching into verl: ``_compute_old_log_prob``, the TransferQueue fields and the rollout server's Ray name
-(:func:`~precision_harness.runs.verl.cpu.rollout.server_name`) are verl 0.9.1's internals and the gate's CPU
-rollout's, so :func:`apply` refuses any other verl, and the gate declares the stage on the CPU only
-(:mod:`precision_harness.runs.verl.engine`).
+Reaching into verl: ``_compute_old_log_prob``, the TransferQueue fields and ``llm_server_manager`` are verl 0.9.1's
+internals, so :func:`apply` refuses any other verl. The gate declares the stage on the CPU only
+(:mod:`precision_harness.runs.verl.engine`): verl's colocated trainer sleeps a vLLM or SGLang replica, its weights
+discarded, before ``_compute_old_log_prob`` (``PPOTrainerSync.on_sample_end``), and their prompt log-probs ignore
+the temperature (docs/consistency.md, "What a device adapter must answer").
 """
 
 from __future__ import annotations
@@ -109,22 +112,51 @@ def mismatch_dump(rows: list[dict[str, Any]], engine: list[list[float]]) -> dict
     return data
 
 
-def score_batch(config: Any, batch: Any, stage_dir: Path) -> int:
-    """Have the rollout engine score the trajectories of ``batch`` (verl's ``KVBatchMeta``) and write the stage's
-    ``dump.json`` under ``stage_dir``; return how many it scored."""
+def response_log_probs(fields: dict[str, Any] | None, prompt_len: int, response_len: int) -> list[float]:
+    """The ``response_len`` log-probs of the response from a ``prompt_logprobs: 0`` answer's ``extra_fields`` for
+    prompt plus response, in verl 0.9.1's layout (one ``[log-prob]`` per position from the second, then a dummy
+    row; ``extract_prompt_logprobs`` in ``verl/workers/rollout/vllm_rollout/utils.py``): token ``j`` of the
+    response is row ``prompt_len - 1 + j``.
+
+    Raises:
+        RuntimeError: no ``prompt_logprobs``, or not ``prompt_len + response_len`` rows (one line).
+    """
+    rows = (fields or {}).get("prompt_logprobs")
+    if rows is None or len(rows) != prompt_len + response_len:
+        got = "no prompt_logprobs" if rows is None else f"{len(rows)} prompt_logprobs rows"
+        raise RuntimeError(
+            f"{ROLLOUT_COMPUTE_LOG_PROB}: the rollout engine answered {got} for {prompt_len} prompt and "
+            f"{response_len} response tokens, expected {prompt_len + response_len} (verl's prompt_logprobs layout)"
+        )
+    return [float(row[0]) for row in rows[prompt_len - 1 : prompt_len - 1 + response_len]]
+
+
+def score_batch(trainer: Any, batch: Any, stage_dir: Path) -> int:
+    """Have the rollout engine of ``trainer`` (verl's ``PPOTrainer``) score the trajectories of ``batch`` (verl's
+    ``KVBatchMeta``) and write the stage's ``dump.json`` under ``stage_dir``; return how many it scored."""
     import ray
     import transfer_queue as tq
 
     from precision_harness.runs.verl.cpu.policy_server import write_stage_dump
-    from precision_harness.runs.verl.cpu.rollout import server_name
     from precision_harness.runs.verl.rescore import rows as trajectories
 
     data = trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=FIELDS))
     data.sort(key=lambda r: (r["prompts"].tolist(), r["responses"].tolist()))
-    rollout = config.actor_rollout_ref.rollout
-    params = sampling_params(rollout)
-    server = ray.get_actor(server_name(0))
-    engine = ray.get([server.score.remote(r["prompts"].tolist(), r["responses"].tolist(), params) for r in data])
+    rollout = trainer.config.actor_rollout_ref.rollout
+    params = {**sampling_params(rollout), "max_tokens": 1, "prompt_logprobs": 0}
+    server = trainer.llm_server_manager.get_replicas()[0].server_handle
+    requests = [(r["prompts"].tolist(), r["responses"].tolist()) for r in data]
+    outputs = ray.get(
+        [
+            server.generate.remote(
+                request_id=f"precision-score-{trainer.global_steps}-{i}", prompt_ids=[*p, *r], sampling_params=params
+            )
+            for i, (p, r) in enumerate(requests)
+        ]
+    )
+    engine = [
+        response_log_probs(out.extra_fields, len(p), len(r)) for out, (p, r) in zip(outputs, requests, strict=True)
+    ]
     identity = engine_identity(rollout)
     write_stage_dump(stage_dir / "step0" / "rank0", mismatch_dump(data, engine), rollout_engine=identity)
     return len(data)
@@ -138,7 +170,7 @@ def _patch(module: ModuleType) -> None:
         batch = compute(self, batch, *args, **kwargs)
         stage_dir = enabled(int(self.global_steps))
         if stage_dir is not None:
-            count = score_batch(self.config, batch, stage_dir)
+            count = score_batch(self, batch, stage_dir)
             print(
                 f"precision gate: {ROLLOUT_COMPUTE_LOG_PROB} of step {self.global_steps}: the rollout engine scored "
                 f"{count} pinned responses teacher-forced",

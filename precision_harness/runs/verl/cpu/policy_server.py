@@ -10,10 +10,12 @@ transformers' Qwen2 in the rollout dtype (``actor_rollout_ref.rollout.dtype``, b
   returns one log-prob per returned token, EOS included: ``log_softmax`` in float32 of the logits
   after temperature, top-k and top-p (vLLM's ``logprobs_mode: processed_logprobs``; verl turns them
   into ``rollout_log_probs``).
-- :meth:`PolicyServer.score` computes the log-probs of given responses teacher-forced (prompt plus response
-  in one forward, no sampling), under the same processed distribution as :meth:`~PolicyServer.generate`'s:
-  vLLM's ``prompt_logprobs``. A check with pinned rollouts asks it for the pinned responses after each
-  weight sync (:mod:`precision_harness.runs.verl.engine_scoring`), so the engine is gated though it samples
+- :meth:`PolicyServer.generate` asked for ``prompt_logprobs: 0`` samples nothing: it computes the log-prob of
+  each token of ``prompt_ids`` after the ones before it, teacher-forced (one forward), under the same processed
+  distribution it samples from, and returns them in ``extra_fields["prompt_logprobs"]`` in the layout verl's
+  vLLM and SGLang servers return vLLM's ``prompt_logprobs`` in (:func:`prompt_logprobs_fields`). A check with
+  pinned rollouts asks it, through that same call, for each pinned prompt plus response after the weight
+  sync (:mod:`precision_harness.runs.verl.engine_scoring`), so the engine is gated though it samples
   nothing.
 - :meth:`PolicyServer.load_weights` takes the actor's weights from verl's own sync
   (``ActorRolloutRefWorker.update_weights``, through :class:`~.rollout.CPUServerAdapter`), casts each to
@@ -119,27 +121,37 @@ def sample_response(model: Any, prompt_ids: list[int], params: dict[str, Any], *
 
 
 @torch.no_grad()
-def score_response(model: Any, prompt_ids: list[int], response_ids: list[int], params: dict[str, Any]) -> list[float]:
-    """The log-prob of each of ``response_ids`` after ``prompt_ids`` and the response's tokens before it,
-    teacher-forced: one forward of ``prompt + response`` (``[1, P + R]``, int64), then ``log_softmax`` in float32
-    of each position's processed logits (:func:`processed_logits`, as :func:`sample_response` samples from them).
+def prompt_log_probs(model: Any, token_ids: list[int], params: dict[str, Any]) -> list[float]:
+    """The log-prob of each of ``token_ids`` but the first after the tokens before it, teacher-forced: one forward
+    of ``token_ids`` (``[1, L]``, int64), then ``log_softmax`` in float32 of each position's processed logits
+    (:func:`processed_logits`, as :func:`sample_response` samples from them).
 
     Returns:
-        ``R`` float32 log-probs as Python floats (vLLM's ``prompt_logprobs`` of the response's positions).
+        ``L - 1`` float32 log-probs as Python floats: vLLM's ``prompt_logprobs=0`` values of positions 1 to L - 1.
 
     Raises:
-        ValueError: an empty prompt or response, or temperature <= 0.
+        ValueError: fewer than two tokens, or temperature <= 0.
     """
-    if not prompt_ids or not response_ids:
-        raise ValueError("precision_cpu: scoring needs a prompt and a response of at least one token each")
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long)
+    if len(token_ids) < 2:
+        raise ValueError("precision_cpu: scoring needs at least two tokens (a prompt and a response)")
+    ids = torch.tensor([list(token_ids)], dtype=torch.long)
     logits = model(input_ids=ids, use_cache=False).logits[0]
-    first = len(prompt_ids) - 1  # the position whose logits give the response's first token
     out = []
-    for i, token in enumerate(response_ids):
-        logp = torch.log_softmax(processed_logits(logits[first + i], params), dim=-1)
-        out.append(float(logp[token]))
+    for position in range(1, len(token_ids)):  # position i's token is predicted by the logits of position i - 1
+        logp = torch.log_softmax(processed_logits(logits[position - 1], params), dim=-1)
+        out.append(float(logp[token_ids[position]]))
     return out
+
+
+def prompt_logprobs_fields(token_ids: list[int], log_probs: list[float]) -> dict[str, list[list[Any]]]:
+    """``extra_fields``' ``prompt_logprobs`` and ``prompt_ids`` for ``prompt_logprobs=0``, as verl 0.9.1's servers
+    lay them out (``extract_prompt_logprobs`` in ``verl/workers/rollout/vllm_rollout/utils.py``, and its SGLang
+    twin): one one-element list per position from the second (the first token has no context), then a dummy
+    ``[0.0]`` (``[0]``), so both hold ``len(token_ids)`` rows."""
+    return {
+        "prompt_logprobs": [[float(lp)] for lp in log_probs] + [[0.0]],
+        "prompt_ids": [[int(t)] for t in token_ids[1:]] + [[0]],
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -211,6 +223,13 @@ class PolicyServer:
     def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
+        if sampling_params.get("prompt_logprobs") is not None:
+            return TokenOutput(
+                token_ids=[],
+                log_probs=None,
+                stop_reason="completed",
+                extra_fields=self._score(list(prompt_ids), dict(sampling_params)),
+            )
         if "seed" not in sampling_params or SAMPLE_KEY not in sampling_params:
             raise RuntimeError(
                 "precision_cpu: a request without a seed; the gate's agent loop (precision_cpu_single_turn, "
@@ -230,11 +249,18 @@ class PolicyServer:
             extra_fields={"global_steps": self.global_steps},
         )
 
-    def score(self, prompt_ids: list[int], response_ids: list[int], sampling_params: dict[str, Any]) -> list[float]:
-        """Teacher-forced log-probs of ``response_ids`` under the weights of the last sync (:func:`score_response`);
-        served under the lock, as a request is, so a sync never lands halfway through a scoring."""
+    def _score(self, token_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """A ``prompt_logprobs`` request's ``extra_fields`` (:func:`prompt_log_probs`, :func:`prompt_logprobs_fields`)
+        under the weights of the last sync; served under the lock, as a request is, so a sync never lands halfway.
+
+        Raises:
+            ValueError: ``prompt_logprobs`` other than 0 (the top-k alternatives are not served).
+        """
+        if int(sampling_params["prompt_logprobs"]) != 0:
+            raise ValueError("precision_cpu: only prompt_logprobs=0 is served (each prompt token's own log-prob)")
         with self.lock:
-            return score_response(self.model, list(prompt_ids), list(response_ids), dict(sampling_params))
+            log_probs = prompt_log_probs(self.model, token_ids, sampling_params)
+        return {"global_steps": self.global_steps, **prompt_logprobs_fields(token_ids, log_probs)}
 
     def _record(self, sample: list[int], tokens: list[int], log_probs: list[float]) -> None:
         index, step, session = (int(v) for v in sample)
