@@ -4,15 +4,18 @@ Why: with rollouts pinned a check samples nothing, so the rollout engine's numer
 processing, the weights the sync handed it) reached no stage; a rollout engine upgrade was gated by nothing but the
 replayed ``rollout_log_probs``, which it never computed.
 
-What: right after ``actor_compute_log_prob`` (``PPOTrainer._compute_old_log_prob`` in
-``verl/trainer/ppo/v1/trainer_base.py``), when the scenario declares ``rollout_compute_log_prob`` for the step, the
-trainer's batch (``prompts``, ``responses``, ``response_mask`` and the training forward's ``old_log_probs``, from
-TransferQueue) goes to the rollout engine, which holds the weights the sync before this step handed it: it computes
-each response's log-probs teacher-forced, through verl's token-in, token-out call to the replica's server
-(``RolloutReplica.server_handle``'s ``generate``) asked for ``prompt_logprobs: 0`` and one token, the call verl's
-vLLM and SGLang servers answer too (:func:`response_log_probs` reads their layout). The stage's
-``dump.json`` (msprobe's statistics layout, ``step_<n>/rollout_compute_log_prob/step0/rank0/``) then holds, rows in
-the order of their (prompt, response) tokens, so the order of uids and of verl's balancing does not matter:
+What: when the scenario declares ``rollout_compute_log_prob`` for the step, the batch the trainer samples from its
+replay buffer (``prompts``, ``responses``, from TransferQueue) goes to the rollout engine right after it is sampled
+(the replay buffer's ``sample``, wrapped where ``PPOTrainer._build_replay_buffer`` in
+``verl/trainer/ppo/v1/trainer_base.py`` builds it): before ``on_sample_end``, where verl's colocated trainer puts a
+vLLM or SGLang replica to sleep, its weights discarded, so the engine still holds the weights of this step's sync.
+It computes each response's log-probs teacher-forced, through verl's token-in, token-out call to the replica's
+server (``RolloutReplica.server_handle``'s ``generate``) asked for ``prompt_logprobs: 0`` and one token, the call
+verl's vLLM and SGLang servers answer too (:func:`response_log_probs` reads their layout). Right after
+``actor_compute_log_prob`` (``PPOTrainer._compute_old_log_prob``) the scores meet the training forward's
+``old_log_probs`` and ``response_mask`` (TransferQueue), and the stage's ``dump.json`` (msprobe's statistics
+layout, ``step_<n>/rollout_compute_log_prob/step0/rank0/``) holds, rows in the order of their (prompt, response)
+tokens, so the order of uids and of verl's balancing does not matter:
 
 - ``Stage.rollout_log_probs.<row>.forward``: the engine's log-probs of the row's response tokens;
 - ``Stage.log_prob_mismatch.<row>.forward``: engine minus training, per response token (``Max``/``Min`` bound
@@ -24,11 +27,10 @@ the order of their (prompt, response) tokens, so the order of uids and of verl's
 and, beside ``data``, ``rollout_engine``: the engine's name (``actor_rollout_ref.rollout.name``) and version, for
 the verdict. The gate compares the dump with the golden's as any stage's, with the stage's tolerance.
 
-Reaching into verl: ``_compute_old_log_prob``, the TransferQueue fields and ``llm_server_manager`` are verl 0.9.1's
-internals, so :func:`apply` refuses any other verl. The gate declares the stage on the CPU only
-(:mod:`precision_harness.runs.verl.engine`): verl's colocated trainer sleeps a vLLM or SGLang replica, its weights
-discarded, before ``_compute_old_log_prob`` (``PPOTrainerSync.on_sample_end``), and their prompt log-probs ignore
-the temperature (docs/consistency.md, "What a device adapter must answer").
+Reaching into verl: ``_build_replay_buffer``, ``_compute_old_log_prob``, the TransferQueue fields and
+``llm_server_manager`` are verl 0.9.1's internals, so :func:`apply` refuses any other verl. The gate declares the
+stage on the CPU only (:mod:`precision_harness.runs.verl.engine`): no vLLM or SGLang run has checked the scores, and
+their prompt log-probs ignore the temperature (docs/consistency.md, "What a device adapter must answer").
 """
 
 from __future__ import annotations
@@ -131,10 +133,52 @@ def response_log_probs(fields: dict[str, Any] | None, prompt_len: int, response_
     return [float(row[0]) for row in rows[prompt_len - 1 : prompt_len - 1 + response_len]]
 
 
-def score_batch(trainer: Any, batch: Any, stage_dir: Path) -> int:
-    """Have the rollout engine of ``trainer`` (verl's ``PPOTrainer``) score the trajectories of ``batch`` (verl's
-    ``KVBatchMeta``) and write the stage's ``dump.json`` under ``stage_dir``; return how many it scored."""
+def _pairs(rows: list[dict[str, Any]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each trajectory's ``(prompt tokens, response tokens)``, the key its scores are kept under."""
+    return [(tuple(r["prompts"].tolist()), tuple(r["responses"].tolist())) for r in rows]
+
+
+def score_sampled(trainer: Any, batch: Any) -> dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]]:
+    """The rollout engine's teacher-forced log-probs of each trajectory of ``batch`` (verl's ``KVBatchMeta``, as the
+    replay buffer sampled it), keyed by ``(prompt tokens, response tokens)``, from replica 0 of ``trainer`` (verl's
+    ``PPOTrainer``): ``R`` floats a response.
+
+    Raises:
+        RuntimeError: an answer not in verl's ``prompt_logprobs`` layout (:func:`response_log_probs`).
+    """
     import ray
+    import transfer_queue as tq
+
+    from precision_harness.runs.verl.rescore import rows as trajectories
+
+    fields = ["prompts", "responses"]
+    pairs = sorted(
+        set(
+            _pairs(
+                trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields))
+            )
+        )
+    )
+    params = {**sampling_params(trainer.config.actor_rollout_ref.rollout), "max_tokens": 1, "prompt_logprobs": 0}
+    server = trainer.llm_server_manager.get_replicas()[0].server_handle
+    step = int(trainer.global_steps)
+    refs = [
+        server.generate.remote(request_id=f"precision-score-{step}-{i}", prompt_ids=[*p, *r], sampling_params=params)
+        for i, (p, r) in enumerate(pairs)
+    ]
+    answers = ray.get(refs)
+    return {
+        (p, r): response_log_probs(a.extra_fields, len(p), len(r)) for (p, r), a in zip(pairs, answers, strict=True)
+    }
+
+
+def write_scored(trainer: Any, batch: Any, scores: dict[Any, list[float]], stage_dir: Path) -> int:
+    """Write the stage's ``dump.json`` under ``stage_dir`` from the engine's ``scores`` (:func:`score_sampled`) and
+    the training forward's ``old_log_probs`` of ``batch`` (after ``_compute_old_log_prob``); return how many rows.
+
+    Raises:
+        RuntimeError: a trajectory of ``batch`` the engine did not score (one line).
+    """
     import transfer_queue as tq
 
     from precision_harness.runs.verl.cpu.policy_server import write_stage_dump
@@ -142,43 +186,63 @@ def score_batch(trainer: Any, batch: Any, stage_dir: Path) -> int:
 
     data = trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=FIELDS))
     data.sort(key=lambda r: (r["prompts"].tolist(), r["responses"].tolist()))
+    missing = [pair for pair in _pairs(data) if pair not in scores]
+    if missing:
+        raise RuntimeError(
+            f"{ROLLOUT_COMPUTE_LOG_PROB} of step {trainer.global_steps}: {len(missing)} of {len(data)} trajectories "
+            "reached actor_compute_log_prob without the engine's scores from the sampled batch"
+        )
+    engine = [scores[pair] for pair in _pairs(data)]
     rollout = trainer.config.actor_rollout_ref.rollout
-    params = {**sampling_params(rollout), "max_tokens": 1, "prompt_logprobs": 0}
-    server = trainer.llm_server_manager.get_replicas()[0].server_handle
-    requests = [(r["prompts"].tolist(), r["responses"].tolist()) for r in data]
-    outputs = ray.get(
-        [
-            server.generate.remote(
-                request_id=f"precision-score-{trainer.global_steps}-{i}", prompt_ids=[*p, *r], sampling_params=params
-            )
-            for i, (p, r) in enumerate(requests)
-        ]
+    write_stage_dump(
+        stage_dir / "step0" / "rank0", mismatch_dump(data, engine), rollout_engine=engine_identity(rollout)
     )
-    engine = [
-        response_log_probs(out.extra_fields, len(p), len(r)) for out, (p, r) in zip(outputs, requests, strict=True)
-    ]
-    identity = engine_identity(rollout)
-    write_stage_dump(stage_dir / "step0" / "rank0", mismatch_dump(data, engine), rollout_engine=identity)
     return len(data)
+
+
+#: the trainer's attribute the sampled batch's scores wait in until ``_compute_old_log_prob``
+SCORES = "_precision_engine_scores"
+
+
+def _scoring_sample(trainer: Any, sample: Any) -> Any:
+    """``sample`` (a replay buffer's) that has the engine score a training batch of a declared step, while the
+    replicas are awake."""
+
+    def scored(*args: Any, **kwargs: Any) -> Any:
+        batch, metrics = sample(*args, **kwargs)
+        partition = kwargs.get("partition_id", args[1] if len(args) > 1 else "train")
+        if partition != "val" and enabled(int(trainer.global_steps)) is not None:
+            scores = getattr(trainer, SCORES, None) or {}
+            scores.update(score_sampled(trainer, batch))
+            setattr(trainer, SCORES, scores)
+        return batch, metrics
+
+    return scored
 
 
 def _patch(module: ModuleType) -> None:
     trainer = module.PPOTrainer
-    compute = trainer._compute_old_log_prob
+    build, compute = trainer._build_replay_buffer, trainer._compute_old_log_prob
+
+    def _build_replay_buffer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        buffer = build(self, *args, **kwargs)
+        buffer.sample = _scoring_sample(self, buffer.sample)
+        return buffer
 
     def _compute_old_log_prob(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         batch = compute(self, batch, *args, **kwargs)
         stage_dir = enabled(int(self.global_steps))
         if stage_dir is not None:
-            count = score_batch(self, batch, stage_dir)
+            count = write_scored(self, batch, getattr(self, SCORES, None) or {}, stage_dir)
+            setattr(self, SCORES, None)
             print(
                 f"precision gate: {ROLLOUT_COMPUTE_LOG_PROB} of step {self.global_steps}: the rollout engine scored "
-                f"{count} pinned responses teacher-forced",
+                f"{count} pinned responses teacher-forced, as the trainer took them from its replay buffer",
                 flush=True,
             )
         return batch
 
-    trainer._compute_old_log_prob = _compute_old_log_prob
+    trainer._build_replay_buffer, trainer._compute_old_log_prob = _build_replay_buffer, _compute_old_log_prob
 
 
 def apply(version: str) -> None:
