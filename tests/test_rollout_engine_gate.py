@@ -74,15 +74,69 @@ def test_a_builtin_scenario_cannot_declare_the_stage(tmp_path: Path) -> None:
         Scenario.load(path)
 
 
-def test_off_the_cpu_the_engine_is_said_not_gated_in_one_line(tmp_path: Path) -> None:
+#: a device scenario's rollout keys under which its engine scores the pinned responses (temperature 1, no top-k or
+#: top-p: an engine's prompt log-probs are computed before its sampling processors)
+DEVICE_ROLLOUT = {"actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.temperature": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"actor_rollout_ref.rollout.name": "hf"},
+            "verl.overrides: actor_rollout_ref.rollout.name is 'hf', and only the verl servers of vllm, sglang answer "
+            "prompt_logprobs; remove rollout_compute_log_prob",
+        ),
+        (
+            {"actor_rollout_ref.rollout.temperature": 0.8},
+            "verl.overrides: actor_rollout_ref.rollout.temperature is 0.8, and vllm's prompt log-probs are computed "
+            "before its sampling processors, so they score what it samples only at temperature 1, top_k -1 and "
+            "top_p 1; set those, or remove rollout_compute_log_prob",
+        ),
+        (
+            {"actor_rollout_ref.rollout.top_p": 0.9},
+            "verl.overrides: actor_rollout_ref.rollout.top_p is 0.9, and vllm's prompt log-probs",
+        ),
+        (
+            {
+                "actor_rollout_ref.rollout.max_model_len": 48,
+                "data.max_prompt_length": 32,
+                "data.max_response_length": 16,
+            },
+            "verl.overrides: actor_rollout_ref.rollout.max_model_len is 48, and a scoring request of a full prompt and "
+            "response (48 tokens) needs room for one more; set it to at least 49, or remove rollout_compute_log_prob",
+        ),
+    ],
+    ids=["engine", "temperature", "top_p", "max_model_len"],
+)
+def test_off_the_cpu_an_engine_that_cannot_score_is_said_not_gated_in_one_line(
+    tmp_path: Path, changes: dict, expected: str
+) -> None:
+    """Off the CPU the stage is refused, in one line saying the engine is not gated and why, for an engine whose verl
+    server has no prompt log-probs, sampling params its prompt log-probs ignore, or no room for the scoring token."""
     from precision_harness.runs.verl import engine
 
     with pytest.raises(ScenarioError) as err:
-        engine.check_device_stages(tmp_path / "s.yaml", [STAGE, "actor_update"], "cuda")
-    assert "\n" not in str(err.value)
-    assert "does not dump 'rollout_compute_log_prob' on cuda (the rollout engine is not gated in this run" in str(
-        err.value
+        engine.check_device_stages(tmp_path / "s.yaml", [STAGE, "actor_update"], "cuda", {**DEVICE_ROLLOUT, **changes})
+    message = str(err.value)
+    assert "\n" not in message
+    head = f"{tmp_path / 's.yaml'}: global_profiler.global_tool_config.precision_debugger.stages: "
+    assert message.startswith(head + "rollout_compute_log_prob on cuda: the rollout engine is not gated in this run: ")
+    assert expected in message
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_off_the_cpu_vllm_and_sglang_score_at_temperature_1_with_room_for_one_token(tmp_path: Path, name: str) -> None:
+    """An engine whose verl 0.9.1 server answers prompt_logprobs, at temperature 1 (top-k and top-p off, as verl's
+    defaults are), is allowed the stage on a device, with or without an explicit max_model_len that leaves room."""
+    from precision_harness.runs.verl import engine
+
+    overrides = {**DEVICE_ROLLOUT, "actor_rollout_ref.rollout.name": name, "actor_rollout_ref.rollout.top_k": -1}
+    engine.check_device_stages(tmp_path / "s.yaml", [STAGE, "actor_update"], "npu", overrides)
+    engine.check_device_stages(
+        tmp_path / "s.yaml", [STAGE], "cuda", {**overrides, "actor_rollout_ref.rollout.max_model_len": 1025}
     )
+    assert engine.score_refusal({"actor_rollout_ref.rollout.name": "hf"}, "cpu") is None
 
 
 def test_the_stage_is_the_gates_own_and_verl_is_not_asked_for_it(tmp_path: Path) -> None:

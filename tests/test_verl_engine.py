@@ -124,7 +124,7 @@ def _verl_scenario(tmp_path: Path, *, stages: str = "[actor_update]", overrides:
             "{}",
             f"precision_debugger.stages: verl {verl_engine.installed_version()} does not dump 'compute_rm_score'; "
             "its trainer dumps ref_compute_log_prob, actor_compute_log_prob, actor_update, and compute_values, "
-            "critic_update, rollout_generate, rollout_compute_log_prob on cpu",
+            "critic_update, rollout_generate on cpu; the gate adds rollout_compute_log_prob under pinned rollouts",
         ),
         ("[actor_update]", "{trainer.no_such_key: 1}", "verl.overrides: Could not override 'trainer.no_such_key'"),
         ("[actor_update]", "{global_profiler.steps: [3]}", "verl.overrides: global_profiler.steps is set by the gate"),

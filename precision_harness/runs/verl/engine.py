@@ -59,10 +59,16 @@ CRITIC_STAGES = ("compute_values", "critic_update")
 #: verl's debugger skips the rollout; on cpu the gate's rollout server records what it sampled
 #: (precision_harness/runs/verl/cpu/policy_server.py)
 ROLLOUT_STAGE = "rollout_generate"
-#: the rollout engine scoring the pinned responses (runs/verl/engine_scoring.py): the gate's CPU server scores them
+#: the rollout engine scoring the pinned responses (runs/verl/engine_scoring.py): the gate's CPU server scores them,
+#: and off the CPU the engines of :data:`SCORING_ENGINES`, under the conditions :func:`score_refusal` checks
 SCORE_STAGE = ROLLOUT_COMPUTE_LOG_PROB
 #: the stages only the gate's CPU support dumps
-CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE, SCORE_STAGE)
+CPU_STAGES = (*CRITIC_STAGES, ROLLOUT_STAGE)
+#: the rollout engines whose verl 0.9.1 server answers ``generate`` asked for ``prompt_logprobs`` (the scoring call)
+SCORING_ENGINES = ("vllm", "sglang")
+#: the sampling params at which an engine's prompt log-probs are the distribution it samples from: they are computed
+#: before its sampling processors (docs/consistency.md, "What a device adapter must answer")
+NEUTRAL_SAMPLING = {"temperature": (1.0,), "top_k": (-1, 0), "top_p": (1.0,)}
 #: the module verl imports in each of its processes on every device: a rank records its stack
 #: (precision_harness/runs/host/rank_env.py)
 RANK_STACK_MODULE = "precision_harness.runs.verl.rank_stack"
@@ -106,28 +112,83 @@ def check_engine(scenario_path: Path, stages: list[str]) -> None:
     if missing is not None:
         raise VerlMissingError(missing)
     version = installed_version()
-    missing = [s for s in stages if s not in DUMPED_STAGES + CPU_STAGES]
+    missing = [s for s in stages if s not in (*DUMPED_STAGES, *CPU_STAGES, SCORE_STAGE)]
     if missing:
         raise ScenarioError(
             f"{scenario_path}: {_PD}.stages: verl {version} does not dump {missing[0]!r}; "
-            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CPU_STAGES)} on cpu "
-            f"(checked against verl {CHECKED_VERSION})"
+            f"its trainer dumps {', '.join(DUMPED_STAGES)}, and {', '.join(CPU_STAGES)} on cpu; the gate adds "
+            f"{SCORE_STAGE} under pinned rollouts (checked against verl {CHECKED_VERSION})"
         )
 
 
-def check_device_stages(scenario_path: Path, stages: list[str], device: str) -> None:
-    """Raise ScenarioError for a critic or rollout stage off the CPU: only the gate's CPU support dumps them."""
+def check_device_stages(scenario_path: Path, stages: list[str], device: str, overrides: dict[str, Any]) -> None:
+    """Raise ScenarioError for a critic or rollout stage off the CPU (only the gate's CPU support dumps them), and
+    for ``rollout_compute_log_prob`` where the engine cannot score (:func:`score_refusal`)."""
     cpu_only = [s for s in stages if s in CPU_STAGES]
     if cpu_only and device != "cpu":
         why = {
             ROLLOUT_STAGE: "verl's debugger skips the rollout; the gate's CPU rollout server records it",
-            SCORE_STAGE: "the rollout engine is not gated in this run: only the gate's CPU rollout server scores "
-            "pinned responses, no vLLM or SGLang adapter does yet",
         }.get(cpu_only[0], "nothing in its critic worker is annotated; the gate's CPU support annotates it")
         raise ScenarioError(
             f"{scenario_path}: {_PD}.stages: verl {CHECKED_VERSION} does not dump {cpu_only[0]!r} on {device} "
             f"({why}): remove it, or run with --precision-device cpu"
         )
+    refusal = score_refusal(overrides, device) if SCORE_STAGE in stages else None
+    if refusal is not None:
+        raise ScenarioError(
+            f"{scenario_path}: {_PD}.stages: {SCORE_STAGE} on {device}: the rollout engine is not gated in this run: "
+            f"{refusal}"
+        )
+
+
+def score_refusal(overrides: dict[str, Any], device: str) -> str | None:
+    """Why the rollout engine of a verl scenario with ``overrides`` cannot score pinned responses on ``device``,
+    ending in what to do; None where it can (the gate's CPU server always can).
+
+    Off the CPU: verl 0.9.1 (:mod:`.engine_scoring` reaches into its trainer), an engine of
+    :data:`SCORING_ENGINES`, the sampling params of :data:`NEUTRAL_SAMPLING` (the engine's prompt log-probs ignore
+    them), and an explicit ``max_model_len`` that leaves a full prompt and response room for the one token a
+    scoring request asks for (unset, verl takes the model's ``max_position_embeddings``).
+    """
+    if device == "cpu":
+        return None
+    rollout = "actor_rollout_ref.rollout."
+    name = overrides.get(rollout + "name")
+    version = installed_version()
+    if version not in SUPPORTED_VERSIONS:
+        return (
+            f"the scoring reaches into verl {', '.join(SUPPORTED_VERSIONS)}'s trainer, and verl {version} is installed"
+        )
+    if name not in SCORING_ENGINES:
+        return (
+            f"verl.overrides: {rollout}name is {name!r}, and only the verl servers of {', '.join(SCORING_ENGINES)} "
+            f"answer prompt_logprobs; remove {SCORE_STAGE}"
+        )
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        value = overrides.get(rollout + key, neutral[0])
+        if not isinstance(value, int | float) or float(value) not in neutral:
+            return (
+                f"verl.overrides: {rollout}{key} is {value!r}, and {name}'s prompt log-probs are computed before its "
+                f"sampling processors, so they score what it samples only at temperature 1, top_k -1 and top_p 1; "
+                f"set those, or remove {SCORE_STAGE}"
+            )
+    return _room_refusal(overrides)
+
+
+def _room_refusal(overrides: dict[str, Any]) -> str | None:
+    """An explicit ``max_model_len`` below prompt + response + 1 (verl's defaults: 512 each), else None."""
+    key = "actor_rollout_ref.rollout.max_model_len"
+    limit = overrides.get(key)
+    lengths = [overrides.get(f"data.max_{k}_length", 512) for k in ("prompt", "response")]
+    if not isinstance(limit, int) or not all(isinstance(n, int) for n in lengths):
+        return None
+    need = sum(lengths) + 1
+    if limit >= need:
+        return None
+    return (
+        f"verl.overrides: {key} is {limit}, and a scoring request of a full prompt and response ({sum(lengths)} "
+        f"tokens) needs room for one more; set it to at least {need}, or remove {SCORE_STAGE}"
+    )
 
 
 def check_device_invariants(scenario: Any, device: str) -> None:
@@ -370,7 +431,7 @@ def command_spec(
     # every process's lines keep their "(Role pid=N)" prefix: the start-up profile names processes by it
     env["RAY_DEDUP_LOGS"] = "0"
     owned_env = {"VERL_FILE_LOGGER_PATH": env[ENV_METRICS], "RAY_DEDUP_LOGS": "0"}
-    check_device_stages(scenario.path, list(scenario.stages), device)
+    check_device_stages(scenario.path, list(scenario.stages), device, user)
     check_device_invariants(scenario, device)
     unsupported = fsdp2_buffers.installed_refusal()
     if unsupported is not None:

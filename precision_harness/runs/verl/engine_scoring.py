@@ -28,9 +28,10 @@ and, beside ``data``, ``rollout_engine``: the engine's name (``actor_rollout_ref
 the verdict. The gate compares the dump with the golden's as any stage's, with the stage's tolerance.
 
 Reaching into verl: ``_build_replay_buffer``, ``_compute_old_log_prob``, the TransferQueue fields and
-``llm_server_manager`` are verl 0.9.1's internals, so :func:`apply` refuses any other verl. The gate declares the
-stage on the CPU only (:mod:`precision_harness.runs.verl.engine`): no vLLM or SGLang run has checked the scores, and
-their prompt log-probs ignore the temperature (docs/consistency.md, "What a device adapter must answer").
+``llm_server_manager`` are verl 0.9.1's internals, so :func:`apply` refuses any other verl. Off the CPU the gate
+declares the stage for vLLM and SGLang at temperature 1 only, since their prompt log-probs ignore the sampling params
+(:func:`precision_harness.runs.verl.engine.score_refusal`); no vLLM or SGLang run has checked it (docs/consistency.md,
+"What a device adapter must answer").
 """
 
 from __future__ import annotations
@@ -72,16 +73,21 @@ def sampling_params(rollout: Any) -> dict[str, Any]:
 
 
 def engine_identity(rollout: Any) -> dict[str, str]:
-    """``{"name", "version"}`` of the rollout engine (the gate's CPU server's version is the gate's)."""
+    """``{"name", "version"}`` of the rollout engine (the gate's CPU server's version is the gate's; vLLM's names
+    vllm-ascend's beside it where that plugin is installed)."""
     import importlib.metadata
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
 
     name = str(rollout.name)
     package = {"precision_cpu": "pytest-precision", "vllm": "vllm", "sglang": "sglang"}.get(name, name)
-    try:
-        version = importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return {"name": name, "version": version}
+    found = version(package) or "unknown"
+    ascend = version("vllm-ascend") if name == "vllm" else None
+    return {"name": name, "version": f"{found} (vllm-ascend {ascend})" if ascend else found}
 
 
 def mismatch_dump(rows: list[dict[str, Any]], engine: list[list[float]]) -> dict[str, Any]:
