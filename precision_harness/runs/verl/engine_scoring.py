@@ -139,9 +139,18 @@ def response_log_probs(fields: dict[str, Any] | None, prompt_len: int, response_
     return [float(row[0]) for row in rows[prompt_len - 1 : prompt_len - 1 + response_len]]
 
 
-def _pairs(rows: list[dict[str, Any]]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Each trajectory's ``(prompt tokens, response tokens)``, the key its scores are kept under."""
-    return [(tuple(r["prompts"].tolist()), tuple(r["responses"].tolist())) for r in rows]
+def _pair(row: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A trajectory's ``(prompt tokens, response tokens)``: the key its scores are kept under, and its row order."""
+    return tuple(row["prompts"].tolist()), tuple(row["responses"].tolist())
+
+
+def _trajectories(batch: Any, fields: list[str]) -> list[dict[str, Any]]:
+    """``fields`` of each trajectory of ``batch`` (verl's ``KVBatchMeta``), read from TransferQueue."""
+    import transfer_queue as tq
+
+    from precision_harness.runs.verl.rescore import rows
+
+    return rows(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields))
 
 
 def score_sampled(trainer: Any, batch: Any) -> dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]]:
@@ -153,18 +162,8 @@ def score_sampled(trainer: Any, batch: Any) -> dict[tuple[tuple[int, ...], tuple
         RuntimeError: an answer not in verl's ``prompt_logprobs`` layout (:func:`response_log_probs`).
     """
     import ray
-    import transfer_queue as tq
 
-    from precision_harness.runs.verl.rescore import rows as trajectories
-
-    fields = ["prompts", "responses"]
-    pairs = sorted(
-        set(
-            _pairs(
-                trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields))
-            )
-        )
-    )
+    pairs = sorted({_pair(row) for row in _trajectories(batch, ["prompts", "responses"])})
     params = {**sampling_params(trainer.config.actor_rollout_ref.rollout), "max_tokens": 1, "prompt_logprobs": 0}
     server = trainer.llm_server_manager.get_replicas()[0].server_handle
     step = int(trainer.global_steps)
@@ -185,20 +184,17 @@ def write_scored(trainer: Any, batch: Any, scores: dict[Any, list[float]], stage
     Raises:
         RuntimeError: a trajectory of ``batch`` the engine did not score (one line).
     """
-    import transfer_queue as tq
-
     from precision_harness.runs.verl.cpu.policy_server import write_stage_dump
-    from precision_harness.runs.verl.rescore import rows as trajectories
 
-    data = trajectories(tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=FIELDS))
-    data.sort(key=lambda r: (r["prompts"].tolist(), r["responses"].tolist()))
-    missing = [pair for pair in _pairs(data) if pair not in scores]
+    data = sorted(_trajectories(batch, FIELDS), key=_pair)
+    keys = [_pair(row) for row in data]
+    missing = [key for key in keys if key not in scores]
     if missing:
         raise RuntimeError(
             f"{ROLLOUT_COMPUTE_LOG_PROB} of step {trainer.global_steps}: {len(missing)} of {len(data)} trajectories "
             "reached actor_compute_log_prob without the engine's scores from the sampled batch"
         )
-    engine = [scores[pair] for pair in _pairs(data)]
+    engine = [scores[key] for key in keys]
     rollout = trainer.config.actor_rollout_ref.rollout
     write_stage_dump(
         stage_dir / "step0" / "rank0", mismatch_dump(data, engine), rollout_engine=engine_identity(rollout)
