@@ -15,6 +15,8 @@ import signal
 import sys
 import threading
 
+from precision_harness.runs.ray_cluster import HEAD_ENV
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     # RAY_AUTH_TOKEN or ~/.ray/auth_token)
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.update(HEAD_ENV)  # as on the gate's own head: no idle workers no run takes
     from ray.cluster_utils import Cluster
 
     stop = threading.Event()

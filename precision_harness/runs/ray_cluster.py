@@ -41,6 +41,11 @@ SEEN = ".nodes_see_this"
 #: seconds the watcher may take to join the cluster and hear from every node, and to reap them all
 READY_S = 120.0
 REAP_S = 60.0
+#: the environment of a Ray head the gate starts (its raylet reads Ray's settings from ``RAY_<name>``). Ray
+#: prestarts idle workers for the first driver that connects (``prestart_worker_first_driver``, ray_config_def.h),
+#: about 2 CPU-s each for ``import ray``; a run's actors carry a runtime environment of their own and never take
+#: them, so every one of them started and ended unused (3 per head on 2 cores, measured with process accounting).
+HEAD_ENV = {"RAY_prestart_worker_first_driver": "0"}
 
 
 def job_env(env: Mapping[str, str], *, cwd: Path) -> dict[str, str]:

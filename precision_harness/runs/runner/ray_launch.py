@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_harness.runs.numerics.devices import determinism_env
+from precision_harness.runs.ray_cluster import HEAD_ENV
 
 #: environment variables forwarded from the caller to every rank (test hooks, msprobe/torch knobs, and the
 #: CPU dispatch settings of the portability check).
@@ -204,6 +205,8 @@ def _init_ray(scenario: Any, *, device: str, address: str | None, num_cpus: floa
         runtime_env["py_modules"] = [str(Path(precision_harness.__file__).parent)]
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return
+    for name, value in HEAD_ENV.items():  # the local raylet ray.init starts inherits this process's environment
+        os.environ.setdefault(name, value)
     ray.init(
         address="local",
         num_cpus=int(max(num_cpus, 1) + 0.999),

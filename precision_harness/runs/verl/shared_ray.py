@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from precision_harness.runs.processes import ENV_RUN_ID
-from precision_harness.runs.ray_cluster import job_env
+from precision_harness.runs.ray_cluster import HEAD_ENV, job_env
 from precision_harness.runs.verl.ray_head import ENV_READY, FAILED, READY, take_down
 
 #: Ray's CPUs: TransferQueue's storage unit and verl's actors each take one (verl_engine.cpu_overrides)
@@ -113,7 +113,13 @@ class SharedRay:
         with open(self._dir / "ray_head.log", "wb") as log:
             self._watcher = subprocess.Popen(
                 watcher,
-                env={**os.environ, ENV_RUN_ID: self._mark, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(self._token)},
+                env={
+                    **HEAD_ENV,  # what the user's environment sets of Ray's own wins
+                    **os.environ,
+                    ENV_RUN_ID: self._mark,
+                    "RAY_USAGE_STATS_ENABLED": "0",
+                    **auth_env(self._token),
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the gate, which takes Ray down in order
