@@ -386,7 +386,7 @@ def _add_portability(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=None,
         metavar="NAME",
-        help="run only this setting, e.g. 'MKL_CBWR=COMPATIBLE' (repeatable; default: all of them)",
+        help="run only this setting, e.g. 'PRECISION_MKLDNN=0' (repeatable; default: all of them)",
     )
     p.add_argument(
         "--work-dir", default=".precision/portability", help="where runs go (default .precision/portability)"

@@ -53,7 +53,7 @@ RUN_ENV = {
     "blas": "mkl 2024.2",
     "onednn": "3.12.0 enabled",
     "deterministic_algorithms": "on",
-    "determinism_env": "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 PYTHONHASHSEED=0",
+    "determinism_env": "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 PYTHONHASHSEED=0",
 }
 
 XEON = {
@@ -156,9 +156,17 @@ def test_threads_and_determinism_changed() -> None:
         **RUN_ENV,
         "num_threads": 4,
         "deterministic_algorithms": "off",
-        "determinism_env": RUN_ENV["determinism_env"].replace("MKL_CBWR=AVX2", "MKL_CBWR=unset"),
+        "determinism_env": RUN_ENV["determinism_env"].replace("MKL_CBWR=COMPATIBLE", "MKL_CBWR=unset"),
     }
-    assert diff(RUN_ENV, run) == ["threads 1 -> 4", "deterministic algorithms on -> off", "MKL_CBWR AVX2 -> unset"]
+    assert diff(RUN_ENV, run) == [
+        "threads 1 -> 4",
+        "deterministic algorithms on -> off",
+        "MKL_CBWR COMPATIBLE -> unset",
+    ]
+    # a golden recorded before the gate pinned MKL's COMPATIBLE branch (AVX2, which an AMD processor replaces by
+    # its own): the verdicts say so
+    before = {**RUN_ENV, "determinism_env": RUN_ENV["determinism_env"].replace("=COMPATIBLE", "=AVX2")}
+    assert diff(before, RUN_ENV) == ["MKL_CBWR AVX2 -> COMPATIBLE"]
 
 
 #: the ``env`` of golden/grpo_tiny/cpu/manifest.json as recorded before the machine fields existed

@@ -32,6 +32,7 @@ from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport
+from precision_harness.runs.host.machine import cpu_fingerprint
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
@@ -329,17 +330,23 @@ def command_project(pytester: pytest.Pytester) -> pytest.Pytester:
     path = pytester.path / "golden/fake/cpu/manifest.json"
     manifest = json.loads(path.read_text())
     assert {"cpu_model", "cpu_flags", "num_threads", "determinism_env"} <= set(manifest["env"])  # recorded
-    manifest["env"].update(
-        python="3.10.0", cpu_model="Intel Xeon", cpu_flags=manifest["env"]["cpu_flags"] + " amx_bf16"
-    )
+    manifest["env"].update(python="3.10.0", cpu_model="Intel Xeon", cpu_flags=" ".join(sorted(_amx_toggled(manifest))))
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return pytester
+
+
+def _amx_toggled(manifest: dict) -> set[str]:
+    """The recording machine's ISA flags with amx_bf16 added, or removed where this machine has it (CI's changes)."""
+    return set(manifest["env"]["cpu_flags"].split()) ^ {"amx_bf16"}
 
 
 def test_gate_names_the_environment_in_verdict_summary_report_and_junit(
     command_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env_line = "environment differs from the golden's: python 3.10.0 -> *; CPU Intel Xeon (amx_bf16) -> *"
+    # the golden's side names the flag this machine lacks, or this machine's side the flag the golden lacks
+    here_has_amx = "amx_bf16" in cpu_fingerprint()["cpu_flags"].split()
+    cpu = "CPU Intel Xeon -> *(*amx_bf16)" if here_has_amx else "CPU Intel Xeon (amx_bf16) -> *"
+    env_line = f"environment differs from the golden's: python 3.10.0 -> *; {cpu}"
     monkeypatch.setenv("FAKE_SCALE", "1.0001")
     failing = command_project.runpytest_subprocess("--precision-report", "rep", "--junitxml", "junit.xml")
     failing.assert_outcomes(passed=1, failed=1)

@@ -35,9 +35,11 @@ from precision_harness.scenarios.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 BF16 = REPO / "scenarios" / "grpo_bf16_actor.yaml"
-#: the settings that change something on an AVX2 machine when a kernel is dispatch-dependent
-#: (MKL's SSE2 branch), plus the two that move oneDNN: a fast subset for every CI run
-FAST = tuple(s for s in SETTINGS if s.name in ("MKL_CBWR=COMPATIBLE", "ONEDNN_MAX_CPU_ISA=ALL", "PRECISION_MKLDNN=0"))
+#: the two settings that move oneDNN where a kernel still reaches it: a fast subset for every CI run
+FAST = tuple(s for s in SETTINGS if s.name in ("ONEDNN_MAX_CPU_ISA=ALL", "PRECISION_MKLDNN=0"))
+#: not one of the check's settings: MKL's branch for this processor, which a run without the gate's pin
+#: (``devices.MKL_BRANCH``) takes; on an Intel processor and on an AMD one it differs from COMPATIBLE in MKL's sgemm
+MKL_OWN_BRANCH = DispatchSetting(env=(("MKL_CBWR", "AUTO"),), emulates="MKL's own branch for this processor")
 
 
 # ------------------------------------------------------------------------------------- the diff
@@ -110,7 +112,7 @@ def test_cli_unknown_setting_is_one_usage_line(capsys: pytest.CaptureFixture[str
     code = cli.main(["portability", str(BF16), "--setting", "MKL_CBWR=AVX512"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert "--setting 'MKL_CBWR=AVX512': not one of: MKL_CBWR=COMPATIBLE" in err
+    assert "--setting 'MKL_CBWR=AVX512': not one of: ONEDNN_MAX_CPU_ISA=SSE41" in err
 
 
 def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +201,7 @@ def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> No
     assert pinned["linear_bf16"]["dtype"] == "torch.bfloat16" and pinned["mm"]["shape"] == [37, 29]
     assert pinned["mm_int64"]["rel"] == 0 and pinned["mm_int64"]["dtype"] == "torch.int64"
     assert pinned["grad_err"] < 1e-4 and pinned["mkldnn"] is False
-    for env in ({"MKL_CBWR": "COMPATIBLE"}, {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}):
+    for env in ({"MKL_CBWR": "AUTO"}, {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}):
         other = _kernels(env)
         changed = [k for k in pinned if isinstance(pinned[k], dict) and pinned[k]["bytes"] != other[k]["bytes"]]
         assert changed == [], (env, changed)
@@ -227,13 +229,15 @@ def test_bf16_scenario_is_dispatch_independent(tmp_path: Path) -> None:
 
 
 def test_check_names_the_bf16_stage_a_dispatch_dependent_kernel_moves(tmp_path: Path) -> None:
-    """With the portable kernels undone (torch's MKL kernels), MKL's SSE2 branch moves the fp32
-    rollout's log-probs, so the bf16 actor's update is the first stage to change."""
-    compat = tuple(s for s in SETTINGS if s.name == "MKL_CBWR=COMPATIBLE")
-    result = check_scenario(_vendor(tmp_path), PortabilityRun(device="cpu", work_dir=tmp_path / "w", settings=compat))
+    """With the portable kernels undone (torch's MKL kernels), MKL's own branch for this processor (not the pinned
+    COMPATIBLE one) moves step 1: the fp32 rollout's log-probs (sgemm), which the bf16 actor's update reads, and on
+    an Intel processor also MKL's vector math in the actor's log-prob stage, which comes first."""
+    own = (MKL_OWN_BRANCH,)
+    result = check_scenario(_vendor(tmp_path), PortabilityRun(device="cpu", work_dir=tmp_path / "w", settings=own))
     assert not result.independent
     first = result.changes[0]
-    assert first.where == "actor_update @ step_1" and first.setting == "MKL_CBWR=COMPATIBLE"
+    assert first.where in ("actor_compute_log_prob @ step_1", "actor_update @ step_1"), result.lines()
+    assert first.setting == "MKL_CBWR=AUTO"
     assert " -> " in first.first
     assert result.lines()[0].startswith("grpo_bf16_actor: ")
 

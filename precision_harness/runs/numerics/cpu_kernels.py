@@ -2,11 +2,14 @@
 
 On CPU, torch hands matrix products to vendor libraries that pick their code by the processor
 they run on: MKL's ``sgemm`` (fp32, fp64) and oneDNN (bf16/fp16 where the CPU has AVX-512 or
-AMX). ``MKL_CBWR=AVX2`` does not pin MKL's result across processors (docs/tolerance.md, "CPU
-portability": on this harness's scenarios the fp32 ``Functional.linear`` outputs change with the
-MKL branch, and an AVX-512 BF16/AMX Xeon failed every bf16 golden recorded elsewhere). ATen's own
+AMX). The oneDNN choice is made below any environment cap, and an MKL branch other than
+``COMPATIBLE`` is the processor's own (docs/tolerance.md, "CPU portability": on this harness's
+scenarios the fp32 ``Functional.linear`` outputs change with the MKL branch, and an AVX-512
+BF16/AMX Xeon failed every bf16 golden recorded elsewhere). ATen's own
 element-wise and reduction kernels, by contrast, are selected by ``ATEN_CPU_CAPABILITY`` (pinned
-to ``avx2`` by ``devices.determinism_env``), which every x86-64 CPU with AVX2 honours.
+to ``avx2`` by ``devices.determinism_env``), which every x86-64 CPU with AVX2 honours; those of
+them that call MKL's vector math (``exp``, ``log``, ``sqrt``, ``sin``, ``cos``, ``erf`` of fp32
+and fp64 tensors) run its pinned ``COMPATIBLE`` branch.
 
 :func:`install` therefore replaces the CPU kernels of the matrix products (``aten::mm``,
 ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``addmv``, ``dot`` and their ``out=``/in-place forms)

@@ -16,6 +16,10 @@ from typing import Any
 DEVICES = ("cpu", "cuda", "npu")
 #: what torch.backends.cpu.get_cpu_capability() reports under ATEN_CPU_CAPABILITY=avx2
 PORTABLE_CPU_CAPABILITY = "AVX2"
+#: MKL's reproducibility branch on cpu. Of MKL's branches only ``COMPATIBLE`` and ``AUTO`` run on a processor not
+#: made by Intel (oneMKL developer reference, "Named Constants for CNR Control"; another is replaced by ``AUTO``
+#: there), and ``AUTO`` picks its code by the processor
+MKL_BRANCH = "COMPATIBLE"
 #: ``PRECISION_MKLDNN=0`` turns oneDNN off in a built-in worker (one of the portability check's settings)
 MKLDNN_SWITCH = "PRECISION_MKLDNN"
 
@@ -25,8 +29,13 @@ def determinism_env(device: str, num_threads: int) -> dict[str, str]:
 
     - all devices: OpenMP/MKL thread pools pinned to ``num_threads`` (msprobe's own ``torch.mean``
       on tensors of >= 65,536 elements changes with the thread count; docs/msprobe.md#determinism);
-    - cpu: MKL conditional numerical reproducibility (``MKL_CBWR=AVX2``) and oneDNN's ISA capped at
-      AVX2, so a golden does not depend on whether the recording machine had AVX-512;
+    - cpu: MKL's ``COMPATIBLE`` reproducibility branch (``MKL_CBWR``: one SSE2 code path without the
+      approximation instructions ``rcpps``/``rsqrtps``, which Intel documents as the one branch every
+      x86-64 processor, Intel or not, runs alike; ``AVX2`` is honoured on Intel only, and an AMD
+      processor takes its own branch instead), oneDNN's ISA capped at AVX2 and ATen's kernels at AVX2,
+      so a golden does not depend on the processor that recorded it (docs/tolerance.md, "CPU
+      portability": ATen's ``exp``, ``log``, ``sqrt``, ``sin``, ``cos`` and ``erf`` of fp32 and fp64
+      tensors call MKL's vector math library);
     - cuda: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (needed by ``torch.use_deterministic_algorithms``);
     - npu: ``HCCL_DETERMINISTIC=true`` and ``CLOSE_MATMUL_K_SHIFT=1`` (the flags msprobe's
       ``seed_all(mode=True)`` documents for Ascend).
@@ -41,7 +50,7 @@ def determinism_env(device: str, num_threads: int) -> dict[str, str]:
         "TQDM_DISABLE": "1",
     }
     if device == "cpu":
-        env.update({"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+        env.update({"MKL_CBWR": MKL_BRANCH, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
     elif device == "cuda":
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     elif device == "npu":
@@ -178,7 +187,7 @@ _NOT_NUMERIC = frozenset(
 def determinism_settings(device: str, num_threads: int, environ: Mapping[str, str]) -> str:
     """The numeric determinism variables of :func:`determinism_env` as ``environ`` has them (pure).
 
-    ``"ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 PYTHONHASHSEED=0"``, sorted; a
+    ``"ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 PYTHONHASHSEED=0"``, sorted; a
     variable missing from ``environ`` reads ``unset``. What the worker really ran with, so a golden
     recorded before the gate pinned a variable (or by a process that lost it) says so.
     """
