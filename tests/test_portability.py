@@ -256,15 +256,18 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
     assert len(message.splitlines()) == 1
 
 
-#: every committed scenario but grpo_bf16_actor (above, under :data:`FAST`), each under one dispatch setting in turn,
-#: so that every setting runs at least once: one run a scenario, compared with its committed golden (which the gate
-#: holds bitwise on x86), rather than nine (``precision-harness portability`` runs all)
-COMMITTED = sorted(p for p in (REPO / "scenarios").glob("*.yaml") if p != BF16)
-ROTATION = [(path, SETTINGS[i % len(SETTINGS)]) for i, path in enumerate(COMMITTED)]
+#: committed single-rank scenarios but grpo_bf16_actor (above, under :data:`FAST`), one under each dispatch setting,
+#: compared with its committed golden (which the gate holds bitwise on x86). The settings move oneDNN, which the
+#: portable kernels turn off, so a further scenario under them would only repeat the gate's own check of it; the
+#: two-rank ppo_dp2_tiny (a Ray instance of its own under another environment) is left to the gate.
+COMMITTED = sorted(p for p in (REPO / "scenarios").glob("*.yaml") if p != BF16 and p.stem != "ppo_dp2_tiny")
+ROTATION = list(zip(COMMITTED, SETTINGS, strict=False))
 
 
 @pytest.mark.parametrize(("path", "setting"), ROTATION, ids=[f"{p.stem}-{s.name}" for p, s in ROTATION])
-def test_every_committed_scenario_is_dispatch_independent(path: Path, setting: DispatchSetting, tmp_path: Path) -> None:
+def test_a_committed_scenario_holds_its_golden_under_each_setting(
+    path: Path, setting: DispatchSetting, tmp_path: Path
+) -> None:
     scenario = Scenario.load(path)
     how = PortabilityRun(
         device="cpu", work_dir=tmp_path, settings=(setting,), baseline=_golden_run_dir(scenario, tmp_path)
@@ -292,5 +295,5 @@ def test_a_setting_run_against_a_golden_names_the_stage_that_differs_from_it(tmp
 
 
 def test_the_rotation_runs_every_setting() -> None:
-    assert len(COMMITTED) >= len(SETTINGS)
+    assert len(COMMITTED) >= len(SETTINGS) == len(ROTATION)
     assert {s.name for _, s in ROTATION} == {s.name for s in SETTINGS}
