@@ -2,16 +2,16 @@
 
 ``precision-harness portability SCENARIO...`` runs a scenario once as the gate runs it (the
 baseline: ``devices.determinism_env``), then once under each :data:`SETTINGS` entry, a set of
-environment variables that make oneDNN and torch take the code paths another processor would
-take (MKL runs its one COMPATIBLE branch on every processor under the gate, so it is not
-varied). Every ``step_<n>/<stage>`` dump (with its ``stage_outputs.json``) and
-``metrics.jsonl`` must be byte-identical to the baseline's; a (step, stage) that changes is
-reported with its first differing row in execution order, found by the gate's own compare
-(:func:`precision_harness.check.compare.stage.compare_stage` under ``mode: exact``).
+environment variables that make MKL's dispatcher, oneDNN and torch take the code paths another
+processor would take (MKL's branch is pinned to COMPATIBLE, which every processor runs, so only
+what its dispatcher is told the processor has is varied). Every ``step_<n>/<stage>`` dump (with
+its ``stage_outputs.json``) and ``metrics.jsonl`` must be byte-identical to the baseline's; a
+(step, stage) that changes is reported with its first differing row in execution order, found by
+the gate's own compare (:func:`precision_harness.check.compare.stage.compare_stage` under ``mode: exact``).
 
 What each setting emulates, and what the check cannot see, is in docs/tolerance.md ("CPU
-portability"). In short: oneDNN's code paths can be forced down, not up, so a path only a
-newer processor takes (AVX-512, AMX) is covered by keeping the matrix products out of MKL and
+portability"). In short: MKL's and oneDNN's code paths can be forced down, not up, so a path
+only a newer processor takes (AVX-512, AMX) is covered by keeping the matrix products out of MKL and
 oneDNN (``trainer.cpu_kernels: portable``), not by this check; nor can it see MKL on another
 vendor's processor, a library that picks its blocking from the cache sizes of the processor it
 runs on, or ATen code that asks cpuinfo directly.
@@ -58,10 +58,15 @@ def _setting(emulates: str, **env: str) -> DispatchSetting:
     return DispatchSetting(env=tuple(env.items()), emulates=emulates)
 
 
-#: the dispatch choices the check runs a scenario under (docs/tolerance.md, "CPU portability")
-#: MKL is not varied: the gate pins its COMPATIBLE branch (``devices.MKL_BRANCH``), one code path that every x86-64
-#: processor runs alike, so no processor takes another MKL path under the gate
+#: the dispatch choices the check runs a scenario under (docs/tolerance.md, "CPU portability"). MKL's branch is pinned
+#: (``devices.MKL_BRANCH``, COMPATIBLE, which every x86-64 processor runs), not varied; what MKL's dispatcher is told
+#: the processor has is: under the pin nothing may change, where MKL_CBWR=AVX2 (the pin before) changed exp and log
 SETTINGS: tuple[DispatchSetting, ...] = (
+    _setting("a processor with SSE4.2 at most, as MKL's dispatcher sees it", MKL_ENABLE_INSTRUCTIONS="SSE4_2"),
+    _setting(
+        "a processor with AVX-512, as MKL's dispatcher sees it (where this one has it)",
+        MKL_ENABLE_INSTRUCTIONS="AVX512",
+    ),
     _setting("a processor oneDNN runs with SSE4.1 kernels", ONEDNN_MAX_CPU_ISA="SSE41"),
     _setting("oneDNN's best kernels for this processor (no cap)", ONEDNN_MAX_CPU_ISA="ALL"),
     _setting("torch with oneDNN off (torch.backends.mkldnn.enabled = False)", PRECISION_MKLDNN="0"),

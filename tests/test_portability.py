@@ -29,14 +29,19 @@ from precision_harness.portability import (
     diff_runs,
     exported_golden,
 )
+from precision_harness.runs.host.machine import cpu_fingerprint
 from precision_harness.runs.kind_runners import run_scenario
 from precision_harness.runs.launch import RunOptions
+from precision_harness.runs.numerics.devices import determinism_env
 from precision_harness.scenarios.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 BF16 = REPO / "scenarios" / "grpo_bf16_actor.yaml"
-#: the two settings that move oneDNN where a kernel still reaches it: a fast subset for every CI run
-FAST = tuple(s for s in SETTINGS if s.name in ("ONEDNN_MAX_CPU_ISA=ALL", "PRECISION_MKLDNN=0"))
+#: MKL's dispatcher capped at SSE4.2 (which moved exp and log under the pin before, MKL_CBWR=AVX2) and the two
+#: settings that move oneDNN where a kernel still reaches it: a fast subset for every CI run
+FAST = tuple(
+    s for s in SETTINGS if s.name in ("MKL_ENABLE_INSTRUCTIONS=SSE4_2", "ONEDNN_MAX_CPU_ISA=ALL", "PRECISION_MKLDNN=0")
+)
 #: not one of the check's settings: MKL's branch for this processor, which a run without the gate's pin
 #: (``devices.MKL_BRANCH``) takes; on an Intel processor and on an AMD one it differs from COMPATIBLE in MKL's sgemm
 MKL_OWN_BRANCH = DispatchSetting(env=(("MKL_CBWR", "AUTO"),), emulates="MKL's own branch for this processor")
@@ -112,7 +117,7 @@ def test_cli_unknown_setting_is_one_usage_line(capsys: pytest.CaptureFixture[str
     code = cli.main(["portability", str(BF16), "--setting", "MKL_CBWR=AVX512"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert "--setting 'MKL_CBWR=AVX512': not one of: ONEDNN_MAX_CPU_ISA=SSE41" in err
+    assert "--setting 'MKL_CBWR=AVX512': not one of: MKL_ENABLE_INSTRUCTIONS=SSE4_2" in err
 
 
 def test_cli_bad_scenario_is_one_line_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,8 +182,6 @@ KERNEL_SNIPPET = textwrap.dedent(
 
 
 def _kernels(env: dict[str, str]) -> dict:
-    from precision_harness.runs.numerics.devices import determinism_env
-
     proc = subprocess.run(
         [sys.executable, "-c", KERNEL_SNIPPET],
         capture_output=True,
@@ -205,6 +208,50 @@ def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> No
         other = _kernels(env)
         changed = [k for k in pinned if isinstance(pinned[k], dict) and pinned[k]["bytes"] != other[k]["bytes"]]
         assert changed == [], (env, changed)
+
+
+#: ATen's element-wise functions that call MKL's vector math on fp32 tensors (torch's ATen/cpu/vml.h), and the
+#: backward that reaches one of them (a logsumexp's: its exp): bytes, hex
+VECTOR_MATH_SNIPPET = textwrap.dedent(
+    """
+    import json, sys, torch
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 3
+    y = x.view(64, 64).clone().requires_grad_()
+    torch.logsumexp(y, -1).sum().backward()
+    out = {name: getattr(torch, name)(x).numpy().tobytes().hex() for name in ("exp", "sin", "cos", "erf", "tanh")}
+    out |= {"log": torch.log(x.abs() + 1e-3), "sqrt": torch.sqrt(x.abs())} | {"logsumexp_backward": y.grad}
+    out = {k: v if isinstance(v, str) else v.numpy().tobytes().hex() for k, v in out.items()}
+    json.dump(out, sys.stdout)
+    """
+)
+
+
+def _vector_math(env: dict[str, str]) -> dict[str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", VECTOR_MATH_SNIPPET],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **determinism_env("cpu", 1), **env},
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_mkls_vector_math_under_the_pinned_branch_ignores_what_the_processor_has() -> None:
+    """Under the gate's MKL_CBWR=COMPATIBLE, exp, log, sqrt, sin, cos, erf, tanh and a logsumexp's backward give the
+    same bytes whatever MKL's dispatcher is told the processor has (SSE4.2 up to AVX-512): one code path. Under the
+    pin before (MKL_CBWR=AVX2) an Intel processor with AVX2 took another path than one capped at SSE4.2 (MKL runs a
+    branch other than AUTO and COMPATIBLE on Intel only, so there the AVX2 branch is this machine's own)."""
+    pinned = _vector_math({})
+    for isa in ("SSE4_2", "AVX2", "AVX512"):
+        assert _vector_math({"MKL_ENABLE_INSTRUCTIONS": isa}) == pinned, isa
+    if cpu_fingerprint()["cpu_vendor"] == "GenuineIntel" and "avx2" in cpu_fingerprint()["cpu_flags"].split():
+        before = {"MKL_CBWR": "AVX2"}
+        low, high = _vector_math({**before, "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}), _vector_math(before)
+        assert [k for k in low if low[k] != high[k]], "the AVX2 branch did not move MKL's vector math"
 
 
 # ------------------------------------------------------------------------------ the scenarios
