@@ -226,6 +226,13 @@ def long_stage(tmp_path: Path, calls: int = 600, at: int = 450, factor: float = 
     )
 
 
+def has_cpu_flag(flag: str) -> bool:
+    """Whether this machine's CPU has ``flag`` among the ISA flags a manifest records (``cpu_flags``)."""
+    from precision_harness.runs.host.machine import cpu_fingerprint
+
+    return flag in cpu_fingerprint()["cpu_flags"].split()
+
+
 def left_behind(under: Path, grace: float = 10.0) -> list[int]:
     """Processes of a gate run whose dumps went below ``under`` (their ``PRECISION_DUMP_DIR``) that still carry
     the run's ``PRECISION_RUN_ID`` mark after ``grace`` seconds: what a run left behind. Another run on the

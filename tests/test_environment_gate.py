@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from harness_testing import TINY, base_data, write_dump, write_run_json
+from harness_testing import TINY, base_data, has_cpu_flag, write_dump, write_run_json
 
 from precision_harness.check.check_settings import CheckSettings
 from precision_harness.check.environment import EnvironmentDiff
@@ -32,7 +32,6 @@ from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
 from precision_harness.report.item_record import ItemRecord
 from precision_harness.report.precision_report import PrecisionReport
-from precision_harness.runs.host.machine import cpu_fingerprint
 from precision_harness.runs.launch import RunResult
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import load_schema
@@ -344,8 +343,7 @@ def test_gate_names_the_environment_in_verdict_summary_report_and_junit(
     command_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the golden's side names the flag this machine lacks, or this machine's side the flag the golden lacks
-    here_has_amx = "amx_bf16" in cpu_fingerprint()["cpu_flags"].split()
-    cpu = "CPU Intel Xeon -> *(*amx_bf16)" if here_has_amx else "CPU Intel Xeon (amx_bf16) -> *"
+    cpu = "CPU Intel Xeon -> *(*amx_bf16)" if has_cpu_flag("amx_bf16") else "CPU Intel Xeon (amx_bf16) -> *"
     env_line = f"environment differs from the golden's: python 3.10.0 -> *; {cpu}"
     monkeypatch.setenv("FAKE_SCALE", "1.0001")
     failing = command_project.runpytest_subprocess("--precision-report", "rep", "--junitxml", "junit.xml")

@@ -181,17 +181,22 @@ KERNEL_SNIPPET = textwrap.dedent(
 )
 
 
-def _kernels(env: dict[str, str]) -> dict:
+def _snippet(code: str, env: dict[str, str], *, threads: int) -> dict:
+    """What ``code`` prints as JSON, run in a fresh interpreter under the gate's cpu environment, then ``env``."""
     proc = subprocess.run(
-        [sys.executable, "-c", KERNEL_SNIPPET],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={**os.environ, **determinism_env("cpu", 2), **env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **determinism_env("cpu", threads), **env, "PYTHONPATH": str(REPO)},
         timeout=300,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def _kernels(env: dict[str, str]) -> dict:
+    return _snippet(KERNEL_SNIPPET, env, threads=2)
 
 
 def test_portable_kernels_are_accurate_and_independent_of_mkl_and_onednn() -> None:
@@ -228,16 +233,7 @@ VECTOR_MATH_SNIPPET = textwrap.dedent(
 
 
 def _vector_math(env: dict[str, str]) -> dict[str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-c", VECTOR_MATH_SNIPPET],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **determinism_env("cpu", 1), **env},
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return _snippet(VECTOR_MATH_SNIPPET, env, threads=1)
 
 
 def test_mkls_vector_math_under_the_pinned_branch_ignores_what_the_processor_has() -> None:
@@ -248,7 +244,8 @@ def test_mkls_vector_math_under_the_pinned_branch_ignores_what_the_processor_has
     pinned = _vector_math({})
     for isa in ("SSE4_2", "AVX2", "AVX512"):
         assert _vector_math({"MKL_ENABLE_INSTRUCTIONS": isa}) == pinned, isa
-    if cpu_fingerprint()["cpu_vendor"] == "GenuineIntel" and "avx2" in cpu_fingerprint()["cpu_flags"].split():
+    cpu = cpu_fingerprint()
+    if cpu["cpu_vendor"] == "GenuineIntel" and "avx2" in cpu["cpu_flags"].split():
         before = {"MKL_CBWR": "AVX2"}
         low, high = _vector_math({**before, "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}), _vector_math(before)
         assert [k for k in low if low[k] != high[k]], "the AVX2 branch did not move MKL's vector math"
@@ -304,9 +301,10 @@ def test_cpu_without_avx2_kernels_is_refused_in_one_line(tmp_path: Path) -> None
 
 
 #: committed single-rank scenarios but grpo_bf16_actor (above, under :data:`FAST`), one under each dispatch setting,
-#: compared with its committed golden (which the gate holds bitwise on x86). The settings move oneDNN, which the
-#: portable kernels turn off, so a further scenario under them would only repeat the gate's own check of it; the
-#: two-rank ppo_dp2_tiny (a Ray instance of its own under another environment) is left to the gate.
+#: compared with its committed golden (which the gate holds bitwise on x86). The settings move MKL's dispatcher and
+#: oneDNN, and a committed scenario's matrix products touch neither, so a further scenario under them would only
+#: repeat the gate's own check of it; the two-rank ppo_dp2_tiny (a Ray instance of its own under another environment)
+#: is left to the gate.
 COMMITTED = sorted(p for p in (REPO / "scenarios").glob("*.yaml") if p != BF16 and p.stem != "ppo_dp2_tiny")
 ROTATION = list(zip(COMMITTED, SETTINGS, strict=False))
 
