@@ -26,6 +26,7 @@ from precision_harness.runs.host import device_availability
 from precision_harness.runs.kind_runners import collect_scenario
 from precision_harness.runs.launch import RunResult
 from precision_harness.runs.processes import stop_on_signals
+from precision_harness.scenarios.fresh_steps import FRESH_CHECK
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session import PrecisionSession
 
@@ -338,7 +339,8 @@ def precision_run(request: pytest.FixtureRequest) -> PrecisionRuns:
 
 
 class ScenarioFile(pytest.File):
-    """A scenario YAML file: one item per profiled (step, stage), per (step, invariant), then one for metrics.jsonl."""
+    """A scenario YAML file: one item per profiled (step, stage), per (step, invariant), per fresh step, then one for
+    metrics.jsonl."""
 
     def collect(self) -> Iterator[pytest.Item]:
         usage = self.config.stash[_SESSION_KEY].usage
@@ -364,6 +366,10 @@ class ScenarioFile(pytest.File):
         for step, check in scenario.invariant_items:
             yield InvariantItem.from_parent(
                 self, name=f"{check}[step_{step}]", scenario=scenario, step=step, stage=check
+            )
+        for step in scenario.fresh_steps:
+            yield FreshStepItem.from_parent(
+                self, name=f"{FRESH_CHECK}[step_{step}]", scenario=scenario, step=step, stage=FRESH_CHECK
             )
         if scenario.gates_metrics:
             yield MetricsItem.from_parent(self, name="metrics", scenario=scenario)
@@ -419,6 +425,10 @@ class StageItem(PrecisionItem):
 
 class InvariantItem(StageItem):
     """One ``invariants:`` check at one step (``weight_sync``, ``rollout_log_prob_parity``): no golden."""
+
+
+class FreshStepItem(StageItem):
+    """One ``verl.fresh_steps`` step: the mismatch of its fresh rollouts with training, against the bounds."""
 
 
 class MetricsItem(PrecisionItem):

@@ -400,7 +400,14 @@ class PrecisionSession:
         # (rollout_compute_log_prob; report.not_exercised)
         pinned = self.plan(scenario).pinned is not None
         scored = pinned and ROLLOUT_COMPUTE_LOG_PROB in scenario.stages
-        return {**info, "device": st.device, "rollouts_pinned": pinned, "engine_scored": scored}
+        sampled = pinned and bool(scenario.fresh_steps)  # verl.fresh_steps: the engine sampled, its mismatch gated
+        return {
+            **info,
+            "device": st.device,
+            "rollouts_pinned": pinned,
+            "engine_scored": scored,
+            "engine_sampled": sampled,
+        }
 
     def finish(self, *, scenario_dirs: list[str]) -> None:
         """End of the run (the xdist controller's, or the only process's): unused goldens, prune, report files."""

@@ -1,6 +1,7 @@
 """How the session checks one item of a scenario it ran against its golden: the compare (check.verdicts.items), then
 on a failing stage the L1 localisation (level: auto) and the judgement's replay, each rerun once per scenario
-(later failing stages point to the stage that had it); and an ``invariants:`` item over the run's own files.
+(later failing stages point to the stage that had it); an ``invariants:`` item over the run's own files; and a
+``verl.fresh_steps`` item against the bounds its golden observed.
 
 The session (:class:`~precision_harness.session.PrecisionSession`) owns the runs, the goldens and the report; what
 is here reads them through it, and keeps each scenario's once-only results on its
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import Protocol
 
 from precision_harness.check.check_settings import CheckSettings
-from precision_harness.check.environment import EnvironmentDiff
+from precision_harness.check.environment import EnvironmentDiff, rollout_engine_line
 from precision_harness.check.item_key import ItemKey
 from precision_harness.check.rerun import level_auto, replay
-from precision_harness.check.tolerance import consistency
+from precision_harness.check.tolerance import consistency, fresh_bounds
 from precision_harness.check.tolerance.policy import TolerancePolicy
 from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_items, identical_stages
 from precision_harness.check.verdicts.verdict_text import settings_changed
@@ -30,6 +31,9 @@ from precision_harness.options import PrecisionOptions
 from precision_harness.paths import join_inside
 from precision_harness.runs.kind_runners import Run
 from precision_harness.runs.launch import RunResult
+from precision_harness.runs.verl import engine
+from precision_harness.scenarios import fresh_steps
+from precision_harness.scenarios.fresh_steps import FRESH_CHECK
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session_plan import Plan, ScenarioState, device_model_error
 
@@ -59,6 +63,21 @@ def invariant_outcome(scenario: Scenario, run: RunResult, key: ItemKey) -> Outco
     return Outcome(verdict.passed, verdict.text, OutcomeKind.COMPARED, seconds=time.perf_counter() - t0)
 
 
+def fresh_outcome(scenario: Scenario, run: RunResult, golden: Golden, key: ItemKey, env: EnvironmentDiff) -> Outcome:
+    """A ``verl.fresh_steps`` item: the step's rollout-training mismatch against the bounds the golden's recording
+    and calibration observed (:mod:`precision_harness.check.tolerance.fresh_bounds`). A failure's first line names
+    the rollout engine and its version change (``env``: the run's environment against the golden's)."""
+    assert key.step is not None
+    t0 = time.perf_counter()
+    measured = (fresh_steps.observed(run.run_dir) or {}).get(str(key.step))
+    verdict = fresh_bounds.check_step(key.step, measured, golden.manifest.get("fresh_rollouts") or {}, golden.noise)
+    text = verdict.text
+    if not verdict.passed:
+        name = engine.rollout_engine_name(scenario.config["verl"]["overrides"], run.run_json.get("device", "cpu"))
+        text = f"{rollout_engine_line(env, run.run_json.get('env'), name)}\n{text}"
+    return Outcome(verdict.passed, text, OutcomeKind.COMPARED, seconds=time.perf_counter() - t0)
+
+
 class ItemChecks:
     """The check of a scenario's items against its golden, for one session."""
 
@@ -68,7 +87,9 @@ class ItemChecks:
     def check(self, st: ScenarioState, plan: Plan, run: RunResult, key: ItemKey) -> Outcome:
         golden = plan.golden
         assert golden is not None
-        self._environment(st, golden, run)
+        env = self._environment(st, golden, run)
+        if key.stage == FRESH_CHECK:
+            return fresh_outcome(st.scenario, run, golden, key, env)
         localizes = golden.localizes and not key.is_metrics and st.scenario.localizes_stage(key.stage)
         localizes = localizes and self.session.options.localize == "rerun"
         settings = self._settings(st, golden, run)

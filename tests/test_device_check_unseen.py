@@ -67,3 +67,9 @@ def test_a_pinned_check_whose_engine_scored_the_responses_does_not_list_the_engi
     assert scored.endswith("checked, the goldens held"), scored
     unscored = _environment_line(_record({"device": "cpu", "rollouts_pinned": True, "engine_scored": False}))
     assert "not exercised: the rollout engine (rollouts pinned" in unscored
+
+
+def test_a_pinned_check_whose_engine_sampled_gated_fresh_steps_does_not_list_the_engine_as_unseen() -> None:
+    """``verl.fresh_steps``: the engine sampled the fresh steps and their rollout-training mismatch was gated."""
+    sampled = _environment_line(_record({"device": "npu", "rollouts_pinned": True, "engine_sampled": True}))
+    assert "the rollout engine" not in sampled and "not exercised: rollout_generate and weight_sync" in sampled

@@ -36,6 +36,11 @@ SCENARIO = Path("pinned") / "grpo_pinned_cpu.yaml"
 STAGE = "rollout_compute_log_prob"
 #: the plant of each step (tests/hooks/precision_test_hooks.py, ENGINE_PLANT_STEPS)
 PLANTS = {1: "engine_logits_bf16", 2: "engine_temperature_twice", 3: "engine_stale_layer"}
+#: the example's fresh step (verl.fresh_steps: 1): the engine samples it, and its log-probs there are planted
+#: (``rollout_logprobs``: the sampled tokens' log-probs rounded through bfloat16; tests/hooks), which no pinned step
+#: can see: a pinned step samples nothing
+FRESH = "fresh_rollout_mismatch[step_4]"
+FRESH_PLANT = "rollout_logprobs"
 
 
 def _pinned_yaml(tmp_path: Path, **changes: str) -> Path:
@@ -220,14 +225,14 @@ def planted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str
             "off",
         ],
         cwd=example,
-        env={**os.environ, **hooks_env(PRECISION_TEST_PLANT=",".join(PLANTS.values()))},
+        env={**os.environ, **hooks_env(PRECISION_TEST_PLANT=",".join([*PLANTS.values(), FRESH_PLANT]))},
         capture_output=True,
         text=True,
         timeout=1200,
         check=False,
     )
     outcomes = dict(re.findall(r"::(\S+) (PASSED|FAILED|ERROR)", proc.stdout))
-    assert len(outcomes) == 10, proc.stdout[-4000:]  # 3 steps x 3 stages, and metrics
+    assert len(outcomes) == 11, proc.stdout[-4000:]  # 3 steps x 3 stages, the fresh step, and metrics
     assert not left_behind(example / ".precision")
     return outcomes, proc.stdout, example
 
@@ -238,7 +243,7 @@ def _engine_plant_fails_its_step_alone(run: tuple[dict[str, str], str, Path], st
     verdict."""
     outcomes, out, _ = run
     assert outcomes[f"{STAGE}[step_{step}]"] == "FAILED", out[-4000:]
-    training = {item: o for item, o in outcomes.items() if not item.startswith(STAGE)}
+    training = {item: o for item, o in outcomes.items() if not item.startswith(STAGE) and item != FRESH}
     assert set(training.values()) == {"PASSED"}, training
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(f"{STAGE} @ step_{step}, rank0"))
@@ -283,6 +288,25 @@ def test_e2e_a_stale_sync_of_one_layer_fails_the_engines_stage_at_its_step_and_n
         "name": "precision_cpu",
         "version": importlib.metadata.version("pytest-precision"),
     }
+
+
+@pytest.mark.slow
+def test_e2e_an_engine_whose_sampled_log_probs_lose_precision_fails_the_fresh_step_naming_the_engine(
+    planted_run: tuple[dict[str, str], str, Path],
+) -> None:
+    """``rollout_logprobs`` at the fresh step: the engine's sampled log-probs rounded through bfloat16 move verl's
+    rollout-training mismatch past the bound the recording observed (on the CPU, bitwise reruns: the 5 % floor),
+    and the verdict names the engine first. The pinned steps' training items and the metrics of those steps pass
+    (the first test of this run asserts that)."""
+    outcomes, out, _ = planted_run
+    assert outcomes[FRESH] == "FAILED", out[-4000:]
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("fresh_rollout_mismatch @ step_4: "))
+    assert lines[at - 1] == (
+        "rollout engine precision_cpu: no vllm, vllm-ascend, sglang installed; its code is this checkout's"
+    )
+    assert re.search(r"training/rollout_probs_diff_max \S+ > \S+ \(recorded 1\.318\d*e-05\)", lines[at]), lines[at]
+    assert outcomes["metrics"] == "PASSED"
 
 
 def test_the_mismatch_rows_are_engine_minus_training_and_the_batch_rows_verls_own_diagnostics() -> None:

@@ -145,7 +145,7 @@ def test_e2e_a_reward_function_edit_under_pinned_rollouts_fails_actor_update_at_
         "actor_compute_log_prob[step_1]": "PASSED",
         "actor_update[step_1]": "FAILED",
     }, out[-4000:]
-    assert "grpo_pinned_cpu: run to step 1 of 3, as selected" in out, out[-4000:]
+    assert "grpo_pinned_cpu: run to step 1 of 4, as selected" in out, out[-4000:]
     log = (example / ".precision" / "artifacts" / "grpo_pinned_cpu" / "run" / "worker.log").read_text()
     assert re.search(r"\[RolloutTqSkip\(\)\] .*Injected 8 cached trajectories from step 1 \(2 prompts x 4\)", log)
     assert "Dump TQ batch" not in log  # loaded, not generated and saved

@@ -26,6 +26,9 @@ from precision_harness.runs.verl import fsdp2_buffers
 
 NOT_RECORDED = "not recorded"
 
+#: the rollout engines a golden's stack records (:data:`precision_harness.runs.host.stack.PACKAGES`)
+ROLLOUT_ENGINES = ("vllm", "vllm-ascend", "sglang")
+
 #: the combined CPU entry (cpu_vendor, cpu_model, cpu_flags) in :data:`ORDER`
 _CPU = "<cpu>"
 CPU_KEYS = ("cpu_vendor", "cpu_model", "cpu_flags")
@@ -263,3 +266,16 @@ def _determinism(golden: str | None, run: str | None) -> Iterator[Change]:
     for name in sorted(set(g) | set(r)):
         if g.get(name) != r.get(name):
             yield Change(name, g.get(name), r.get(name))
+
+
+def rollout_engine_line(env: EnvironmentDiff, run_env: Mapping[str, Any] | None, name: str) -> str:
+    """The first line of a verdict about the rollout engine ``name`` (``actor_rollout_ref.rollout.name``): its
+    version change since the golden, else its version, unchanged (:data:`ROLLOUT_ENGINES` as the run's stack
+    recorded them), else that no engine package was recorded (the gate's CPU server is this checkout's code)."""
+    changed = [str(c) for c in env.changes if c.what in ROLLOUT_ENGINES]
+    if changed:
+        return f"rollout engine {name}: {'; '.join(changed)} since the golden"
+    versions = [f"{p} {run_env[p]}" for p in ROLLOUT_ENGINES if run_env and run_env.get(p)]
+    if versions:
+        return f"rollout engine {name}: {', '.join(versions)}, unchanged since the golden"
+    return f"rollout engine {name}: no {', '.join(ROLLOUT_ENGINES)} installed; its code is this checkout's"

@@ -24,6 +24,7 @@ from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
 from precision_harness.errors import GoldenCorruptError, SchemaError
 from precision_harness.goldens import golden_codec as codec
 from precision_harness.paths import display_path, is_relative_inside
+from precision_harness.scenarios import fresh_steps
 from precision_harness.scenarios.profiling import LOCALIZE_LEVEL, ROLLOUT_GENERATE
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.schemas import validate
@@ -213,6 +214,9 @@ def build_manifest(run_dir: Path, scenario: Scenario, device: str) -> tuple[dict
     }
     if run["scenario_hash"] == scenario.hash:  # the identity describes the hash the run was made under
         manifest["identity"] = scenario.identity
+    fresh = fresh_steps.observed(run_dir)
+    if fresh is not None:  # verl.fresh_steps: the recording's mismatch, the first observation of each bound
+        manifest["fresh_rollouts"] = fresh
     if any(name.startswith(f"{LOCALIZE_DIR}/") for name in names):
         manifest["localize_statistics"] = statistics_counts(contents, f"{LOCALIZE_DIR}/")
     validate(manifest, "golden_manifest", source=run_dir / "run.json")

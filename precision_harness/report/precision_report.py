@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from precision_harness.check.environment import EnvironmentDiff, grouped
+from precision_harness.check.environment import ROLLOUT_ENGINES, EnvironmentDiff, grouped
 from precision_harness.check.verdicts.items import OutcomeKind
 from precision_harness.goldens.churn import ChurnRow, churn_table, creep_line
 from precision_harness.report.code_paths import code_path_lines
@@ -225,22 +225,19 @@ def _scenario_cells(name: str, records: list[ItemRecord]) -> dict[str, Any]:
     }
 
 
-#: the rollout engines a golden's stack records (precision_harness.runs.host.stack.PACKAGES)
-ROLLOUT_ENGINES = ("vllm", "vllm-ascend", "sglang")
-
-
 def not_exercised(env: EnvironmentDiff, runs: list[dict[str, Any]]) -> str | None:
     """What of the stack a passing check did not exercise, or None (every part it ran was checked).
 
-    ``runs`` are the records' ``run`` maps (``device``, ``rollouts_pinned``, ``engine_scored``). With rollouts
-    pinned the check loads the golden's rollouts, so the rollout engine sampled nothing: unless it scored the pinned
-    responses (``engine_scored``: the scenario's ``rollout_compute_log_prob``), a change to it is named as unseen,
+    ``runs`` are the records' ``run`` maps (``device``, ``rollouts_pinned``, ``engine_scored``, ``engine_sampled``).
+    With rollouts pinned the check loads the golden's rollouts, so the rollout engine sampled nothing: unless it
+    scored the pinned responses (``engine_scored``: the scenario's ``rollout_compute_log_prob``) or sampled fresh
+    steps whose mismatch was gated (``engine_sampled``: ``verl.fresh_steps``), a change to it is named as unseen,
     visible only through the log-prob parity metrics where verl computes them (docs/consistency.md). Off the CPU,
     ``rollout_generate`` and ``weight_sync`` are refused, so the sampled tokens and the weight sync went unchecked
     too (docs/triage.md, "What a device check sees").
     """
     parts = []
-    if any(run.get("rollouts_pinned") and not run.get("engine_scored") for run in runs):
+    if any(run.get("rollouts_pinned") and not (run.get("engine_scored") or run.get("engine_sampled")) for run in runs):
         engines = [str(c) for c in env.changes if c.what in ROLLOUT_ENGINES]
         changed = f": {'; '.join(engines)} unseen" if engines else ""
         parts.append(f"the rollout engine (rollouts pinned{changed}; only log-prob parity metrics reach it)")

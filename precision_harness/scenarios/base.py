@@ -277,6 +277,12 @@ class ScenarioBase:
         return tuple((step, name) for step in self.invariant_steps for name in self.invariants.names)
 
     @property
+    def fresh_steps(self) -> tuple[int, ...]:
+        """Steps run after the profiled ones with rollouts sampled afresh, one item each (``verl.fresh_steps``,
+        :mod:`precision_harness.scenarios.fresh_steps`); none but for a verl scenario that declares them."""
+        return ()
+
+    @property
     def invariant_steps(self) -> tuple[int, ...]:
         """The steps an invariant is checked at."""
         raise NotImplementedError

@@ -184,6 +184,8 @@ def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...], *, k
     pd = config["global_profiler"]["global_tool_config"]["precision_debugger"]
     numeric = numeric_settings(config, patterns)
     verl = config.get("verl") or {}
+    # only when set: a scenario without fresh steps keeps the identity recorded before the key existed
+    fresh = {"fresh_steps": verl["fresh_steps"]} if verl.get("fresh_steps") else {}
     return {
         "kind": kind,
         "command": config.get("command"),
@@ -196,4 +198,4 @@ def identity(path: Path, config: dict[str, Any], patterns: tuple[str, ...], *, k
         "msprobe": {k: pd[k] for k in ("task", "scope", "list", "data_mode", "summary_mode")}
         | ({"rank": pd["rank"]} if pd.get("rank") else {}),
         "num_threads": config["trainer"]["num_threads"],
-    }
+    } | fresh

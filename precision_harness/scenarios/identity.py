@@ -8,7 +8,7 @@ golden can name the difference instead of showing two hashes. A golden records i
 - built-in: every structural setting by its dotted key (``model.hidden_size: 32``);
 - command and verl: ``argv[<i>]``, ``env.<KEY>``, ``settings.<dotted key>`` (the declared settings and
   verl overrides that are not numeric), ``msprobe.<key>``, ``num_threads``, ``kind``, ``entrypoint``,
-  ``pin_rollouts``, and ``inputs[<path>]``: the sha256 of each input file.
+  ``pin_rollouts``, ``fresh_steps`` (where set), and ``inputs[<path>]``: the sha256 of each input file.
 
 This module reads no file and imports neither torch nor pytest.
 """

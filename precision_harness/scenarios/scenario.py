@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from precision_harness.errors import ScenarioError
-from precision_harness.scenarios import command_scenario, loading, validation
+from precision_harness.scenarios import command_scenario, fresh_steps, loading, validation
 from precision_harness.scenarios.base import ScenarioBase
 from precision_harness.scenarios.defaults import DEFAULTS, uses_critic
 from precision_harness.scenarios.identity import flat_command
@@ -263,7 +263,9 @@ class VerlScenario(CommandScenario):
     #: another device verl's own rollout does neither, which the run refuses in one line (runs/verl/engine.py)
     records_weight_sync = True
     dumps_rollout = True
-    unnamed_change = "overrides, env, settings, msprobe config, num_threads, pin_rollouts or an input file changed"
+    unnamed_change = (
+        "overrides, env, settings, msprobe config, num_threads, pin_rollouts, fresh_steps or an input file changed"
+    )
     consistency_checks = (
         validation.check_rollout_generate,
         validation.check_rollout_compute_log_prob,
@@ -271,6 +273,7 @@ class VerlScenario(CommandScenario):
         validation.check_task,
         validation.check_level,
         validation.check_invariants,
+        validation.check_fresh_steps,
     )
     settings_hint = "put verl settings under verl.overrides"
 
@@ -292,6 +295,29 @@ class VerlScenario(CommandScenario):
     def pins_rollouts(self) -> bool:
         """``verl.pin_rollouts``."""
         return bool(self.config["verl"]["pin_rollouts"])
+
+    @property
+    def fresh_steps(self) -> tuple[int, ...]:
+        """The ``verl.fresh_steps`` steps after the last profiled one, which sample outside the rollout cache
+        (:mod:`precision_harness.scenarios.fresh_steps`)."""
+        last = max(self.config["global_profiler"]["steps"])
+        return tuple(range(last + 1, last + 1 + fresh_steps.count(self.config)))
+
+    @property
+    def total_steps(self) -> int:
+        """The last profiled step, then the fresh steps (``trainer.total_training_steps``, runs/verl/engine.py)."""
+        return max(self.config["global_profiler"]["steps"]) + len(self.fresh_steps)
+
+    def stop_after(self, step: int) -> dict[str, Any]:
+        """A run that ends at a profiled step runs no fresh step (the profiled steps end it: runs/verl/engine.py)."""
+        return {fresh_steps.KEY: 0} if self.fresh_steps else {}
+
+    def run_to(self, step: int | None) -> dict[str, Any] | None:
+        """As for every kind, except that a selection reaching a fresh step runs them all (their bounds were recorded
+        after the same number of steps)."""
+        if step is not None and step in self.fresh_steps:
+            return None
+        return super().run_to(step)
 
     @property
     def lr_may_follow_total_steps(self) -> bool:

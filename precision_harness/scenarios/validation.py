@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from precision_harness.errors import ScenarioError
+from precision_harness.scenarios import fresh_steps
 from precision_harness.scenarios.base import ScenarioBase
 from precision_harness.scenarios.defaults import uses_critic
 from precision_harness.scenarios.profiling import (
@@ -67,6 +68,11 @@ def check_rollout_compute_log_prob(s: ScenarioBase) -> None:
 def check_invariants(s: ScenarioBase) -> None:
     """The ``invariants:`` key parses for this kind (one line naming the file and the key)."""
     s.invariants  # noqa: B018 -- parsing is the check
+
+
+def check_fresh_steps(s: ScenarioBase) -> None:
+    """``verl.fresh_steps`` follows pinned rollouts and needs verl's rollout log-probs (:func:`.fresh_steps.check`)."""
+    fresh_steps.check(s.path, s.config)
 
 
 def check_task(s: ScenarioBase) -> None:

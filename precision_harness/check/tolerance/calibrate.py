@@ -39,6 +39,7 @@ from precision_harness.dumps.rows import rms, row_statistics, rows
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.golden import Golden
+from precision_harness.scenarios import fresh_steps
 from precision_harness.scenarios.scenario import Scenario
 
 if TYPE_CHECKING:  # the runners only run in reruns(), whose caller brings them; the compare's CLI does not load them
@@ -189,13 +190,28 @@ def calibrate(
     that moved only: the check widens exactly those), and ``stages``, per stage and statistic the largest of
     its rows (for the table and :func:`proposed_tolerance`)."""
     stages, moved = observed_noise(results, golden, scenario)
-    return {
+    noise = {
         "runs": len(results),
         "k": k,
         "variations": [f"{v}, process restart" for v in variations(scenario, len(results), device)],
         "stages": stages,
         "rows": moved,
     }
+    fresh = fresh_reruns(results)
+    if fresh:
+        noise["fresh_rollouts"] = fresh
+    return noise
+
+
+def fresh_reruns(results: list[RunResult]) -> dict[str, dict[str, list[float]]]:
+    """``verl.fresh_steps``: per fresh step and mismatch metric, the value each rerun logged, in rerun order (what
+    :mod:`.fresh_bounds` makes a bound of, with the recording's). A rerun that did not log a metric leaves it out."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for result in results:
+        for step, values in (fresh_steps.observed(result.run_dir) or {}).items():
+            for metric, value in values.items():
+                out.setdefault(step, {}).setdefault(metric, []).append(value)
+    return out
 
 
 def proposed_tolerance(noise: dict[str, Any]) -> dict[str, Any]:
@@ -228,4 +244,7 @@ def noise_table(noise: dict[str, Any]) -> list[str]:
     for stage, stats in noise["stages"].items():
         cells = "".join(f"{stats.get(s, 0.0):.2g}".ljust(12) for s in STATISTICS)
         lines.append("  " + stage.ljust(24) + cells + str(len(moved.get(stage, {}))))
+    for step, metrics in noise.get("fresh_rollouts", {}).items():
+        lines.append(f"fresh step {step}: the rollout-training mismatch each rerun logged (bounds with the recording):")
+        lines += [f"  {m}: {', '.join(f'{v:.6g}' for v in values)}" for m, values in metrics.items()]
     return lines

@@ -57,6 +57,7 @@ from precision_harness.runs.stage_api import (
     ENV_STEPS,
     check_dump_path,
 )
+from precision_harness.scenarios.fresh_steps import FRESH_METRICS
 
 #: lines of the command's log quoted in a failure
 LOG_TAIL = 5
@@ -83,6 +84,11 @@ class CommandSpec:
     #: run (verl: its start-up profile, :func:`precision_harness.runs.verl.profile.timings`); ``metrics`` are the
     #: lines the command wrote, timings included
     timings: Callable[[Path, dict[str, float], list[dict[str, Any]]], dict[str, Any]] | None = None
+    #: steps whose ``metrics.jsonl`` rows go to :data:`~precision_harness.scenarios.fresh_steps.FRESH_METRICS`
+    #: instead: sampled afresh, no golden compares them (verl's ``verl.fresh_steps``)
+    fresh_steps: tuple[int, ...] = ()
+    #: the command line of a recording's pass 1 (:func:`_generate_rollouts`), where it differs from ``argv``
+    generate_argv: list[str] | None = None
 
 
 @dataclass
@@ -211,22 +217,30 @@ def read_command_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def normalize_metrics(run_dir: Path, *, exclude: list[str]) -> None:
-    """Rewrite ``metrics.jsonl`` as one object per step with ``training/global_step``, keys in ``exclude`` dropped.
+def normalize_metrics(run_dir: Path, *, exclude: list[str], fresh_steps: tuple[int, ...] = ()) -> None:
+    """Rewrite ``metrics.jsonl`` as one object per step with ``training/global_step``, keys in ``exclude`` dropped;
+    the rows of ``fresh_steps`` go to :data:`~precision_harness.scenarios.fresh_steps.FRESH_METRICS` instead.
 
     verl's ``FileLogger`` writes ``{"step": n, "data": {...}}``; our runner and the stage API write
     the flat form. Timing and throughput metrics (``exclude`` globs) move from run to run and are
-    never gated.
+    never gated. A fresh step sampled its own rollouts, so its row has no golden to be compared with.
     """
     path = run_dir / METRICS
     if not path.is_file():
         return
-    rows = []
+    rows, fresh = [], []
     for row in read_command_metrics(run_dir):
         if isinstance(row, dict) and set(row) == {"step", "data"} and isinstance(row["data"], dict):
             row = {**row["data"], "training/global_step": row["step"]}
-        rows.append({k: v for k, v in row.items() if not any(fnmatch.fnmatchcase(k, g) for g in exclude)})
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+        kept = {k: v for k, v in row.items() if not any(fnmatch.fnmatchcase(k, g) for g in exclude)}
+        (fresh if kept.get("training/global_step") in fresh_steps else rows).append(kept)
+    path.write_text(_jsonl(rows), encoding="utf-8")
+    if fresh_steps:
+        (run_dir / FRESH_METRICS).write_text(_jsonl(fresh), encoding="utf-8")
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
 
 
 def dumped_stages(run_dir: Path) -> set[tuple[int, str]]:
@@ -376,14 +390,15 @@ def launch_command(
     before = 0.0
     with _cluster_watched(options.ray_address, run_dir, env):
         if pinned is None and scenario.pins_rollouts:
-            first = _generate_rollouts(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
+            generate = spec.generate_argv or argv
+            first = _generate_rollouts(scenario, generate, run_dir=run_dir, env=env, timeout=timeout, header=header)
             before = first.wall_s
             header = [*header, "precision gate: pass 2 of 2: the run the golden keeps, on the rollouts pass 1 saved"]
         clock = run_command(scenario, argv, run_dir=run_dir, env=env, timeout=timeout, header=header)
     timings: dict[str, Any] = {"total_s": round(before + clock.wall_s, 6)}
     if spec.timings is not None:
         timings.update(spec.timings(run_dir, clock.as_dict(), read_command_metrics(run_dir)))
-    normalize_metrics(run_dir, exclude=list(exclude))
+    normalize_metrics(run_dir, exclude=list(exclude), fresh_steps=spec.fresh_steps)
     fingerprint = command_fingerprint(
         argv, run_dir=run_dir, device=device, num_threads=threads, environ={**os.environ, **env}
     )

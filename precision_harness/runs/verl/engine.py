@@ -49,6 +49,7 @@ from precision_harness.runs.verl.release import (
     unsupported_version_message,
     version_line,
 )
+from precision_harness.scenarios import fresh_steps
 from precision_harness.scenarios.profiling import ROLLOUT_COMPUTE_LOG_PROB
 
 #: the stages verl 0.9.1's engine workers annotate (``verl/workers/engine_workers.py``)
@@ -337,6 +338,14 @@ def cpu_overrides(*, critic: bool, ranks: int = 1, joins_ray: bool = False, nnod
     return out
 
 
+def rollout_engine_name(overrides: Mapping[str, Any], device: str) -> str:
+    """``actor_rollout_ref.rollout.name`` as a run on ``device`` has it: on cpu the gate's rollout server
+    (:func:`cpu_overrides`), elsewhere the scenario's (verl 0.9.1 has no default: ``???``)."""
+    if device == "cpu":
+        return CPU_PLATFORM
+    return str(overrides.get("actor_rollout_ref.rollout.name", "unknown"))
+
+
 def uses_critic(overrides: dict[str, Any]) -> bool:
     """Whether verl's trainer builds a critic for these overrides (verl's ``need_critic``)."""
     if overrides.get("critic.enable") is not None:
@@ -427,6 +436,8 @@ def command_spec(
         config_path=Path(env[ENV_MSPROBE_CONFIG]),
         rollouts=run_dir / ROLLOUTS if verl["pin_rollouts"] else None,
     )
+    # fresh steps (verl.fresh_steps) run past the pinned ones, outside skip.rollout_tq.steps: verl samples them
+    gate["trainer.total_training_steps"] = scenario.total_steps
     env["VERL_FILE_LOGGER_PATH"] = env[ENV_METRICS]  # verl's FileLogger writes {"step", "data"} lines there
     # every process's lines keep their "(Role pid=N)" prefix: the start-up profile names processes by it
     env["RAY_DEDUP_LOGS"] = "0"
@@ -448,6 +459,8 @@ def command_spec(
         variables = cpu_env(cpu_kernels=scenario.config["trainer"].get("cpu_kernels", "portable"))
     else:
         variables = external_modules(device, stage_window=scenario.localizes)
+    if scenario.fresh_steps:
+        fresh_steps.check_log_probs(scenario.path, {**user, **gate})
     if scenario.localizes:  # level auto: each profiled stage's inputs and outputs (verl/stages/stage_window.py)
         variables[STAGE_OUTPUTS_ENV] = "1"
     pinned = [pinning.gate_env(variables)] if verl["pin_rollouts"] else []  # the reward scored again
@@ -460,10 +473,17 @@ def command_spec(
     header.append(fsdp2_buffers.fill_line())
     # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
     hydra = {"hydra.run.dir": str(run_dir / "hydra")}
+    generate = None
+    if scenario.fresh_steps:  # the recording's pass 1 only saves the pinned steps' rollouts: it ends at the last
+        generate = argv(
+            verl["entrypoint"], {**user, **gate, "trainer.total_training_steps": max(scenario.steps), **hydra}
+        )
     return CommandSpec(
         argv(verl["entrypoint"], {**user, **gate, **hydra}),
         env,
         tuple(verl["metrics_exclude"]),
         header,
         timings=verl_profile.timings,
+        fresh_steps=scenario.fresh_steps,
+        generate_argv=generate,
     )
