@@ -271,11 +271,11 @@ def _determinism(golden: str | None, run: str | None) -> Iterator[Change]:
 def rollout_engine_line(env: EnvironmentDiff, run_env: Mapping[str, Any] | None, name: str) -> str:
     """The first line of a verdict about the rollout engine ``name`` (``actor_rollout_ref.rollout.name``): its
     version change since the golden, else its version, unchanged (:data:`ROLLOUT_ENGINES` as the run's stack
-    recorded them), else that no engine package was recorded (the gate's CPU server is this checkout's code)."""
+    recorded them), else that the run's stack holds none of them (the gate's CPU server is this checkout's code)."""
     changed = [str(c) for c in env.changes if c.what in ROLLOUT_ENGINES]
     if changed:
         return f"rollout engine {name}: {'; '.join(changed)} since the golden"
     versions = [f"{p} {run_env[p]}" for p in ROLLOUT_ENGINES if run_env and run_env.get(p)]
     if versions:
         return f"rollout engine {name}: {', '.join(versions)}, unchanged since the golden"
-    return f"rollout engine {name}: no {', '.join(ROLLOUT_ENGINES)} installed; its code is this checkout's"
+    return f"rollout engine {name}: no version of {', '.join(ROLLOUT_ENGINES)} in the run's stack"
