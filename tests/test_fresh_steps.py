@@ -289,6 +289,10 @@ def test_the_run_gets_the_fresh_steps_and_the_pinned_ones_stay_pinned(tmp_path: 
     assert "trainer.total_training_steps=3" in spec.argv and "skip.rollout_tq.steps=[1,2]" in spec.argv
     assert spec.generate_argv is not None and "trainer.total_training_steps=2" in spec.generate_argv
     assert spec.fresh_steps == (3,)
+    assert (
+        "precision gate: fresh steps 3 (verl.fresh_steps): verl samples them, outside skip.rollout_tq.steps; a "
+        "recording's pass 1 ends at step 2"
+    ) in spec.header
 
 
 @pytest.mark.parametrize(

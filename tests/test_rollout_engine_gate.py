@@ -302,9 +302,7 @@ def test_e2e_an_engine_whose_sampled_log_probs_lose_precision_fails_the_fresh_st
     assert outcomes[FRESH] == "FAILED", out[-4000:]
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("fresh_rollout_mismatch @ step_4: "))
-    assert lines[at - 1] == (
-        "rollout engine precision_cpu: no version of vllm, vllm-ascend, sglang in the run's stack"
-    )
+    assert lines[at - 1] == "rollout engine precision_cpu: no version of vllm, vllm-ascend, sglang in the run's stack"
     assert re.search(r"training/rollout_probs_diff_max \S+ > \S+ \(recorded 1\.318\d*e-05\)", lines[at]), lines[at]
     assert outcomes["metrics"] == "PASSED"
 
