@@ -26,13 +26,13 @@ from precision_harness.check.verdicts.items import Outcome, OutcomeKind, check_i
 from precision_harness.check.verdicts.verdict_text import settings_changed
 from precision_harness.dumps.stage import DirStage
 from precision_harness.goldens.golden import Golden, update_command
+from precision_harness.goldens.manifest import fresh_rollouts
 from precision_harness.goldens.store import GoldenStore
 from precision_harness.options import PrecisionOptions
 from precision_harness.paths import join_inside
 from precision_harness.runs.kind_runners import Run
 from precision_harness.runs.launch import RunResult
 from precision_harness.runs.verl import engine
-from precision_harness.scenarios import fresh_steps
 from precision_harness.scenarios.fresh_steps import FRESH_CHECK
 from precision_harness.scenarios.scenario import Scenario
 from precision_harness.session_plan import Plan, ScenarioState, device_model_error
@@ -69,7 +69,7 @@ def fresh_outcome(scenario: Scenario, run: RunResult, golden: Golden, key: ItemK
     the rollout engine and its version change (``env``: the run's environment against the golden's)."""
     assert key.step is not None
     t0 = time.perf_counter()
-    measured = (fresh_steps.observed(run.run_dir) or {}).get(str(key.step))
+    measured = (fresh_rollouts(run.run_dir) or {}).get(str(key.step))
     verdict = fresh_bounds.check_step(key.step, measured, golden.manifest.get("fresh_rollouts") or {}, golden.noise)
     text = verdict.text
     if not verdict.passed:

@@ -18,7 +18,7 @@ from typing import Any
 
 from precision_harness.dumps import dump_index
 from precision_harness.dumps.dump_index import index_name, indexable
-from precision_harness.dumps.files import DUMP, METRICS, STAGE_OUTPUTS, load_dump, parse_dump
+from precision_harness.dumps.files import DUMP, METRICS, STAGE_OUTPUTS, load_dump, parse_dump, read_metrics
 from precision_harness.dumps.rows import count_statistics
 from precision_harness.dumps.sampled_tokens import SAMPLED_TOKENS
 from precision_harness.errors import GoldenCorruptError, SchemaError
@@ -184,6 +184,20 @@ def recorded(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "files": files}
 
 
+def fresh_rollouts(run_dir: Path) -> dict[str, dict[str, float]] | None:
+    """The manifest's ``fresh_rollouts`` as a run logged them: step (as text) -> the mismatch metrics
+    (:func:`~precision_harness.scenarios.fresh_steps.mismatch_values`) of each row of its
+    :data:`~precision_harness.scenarios.fresh_steps.FRESH_METRICS`; None where the run wrote none (no fresh step).
+
+    Raises:
+        GoldenCorruptError: a line that is not a JSON object, or a step logged twice (:func:`read_metrics`).
+    """
+    path = Path(run_dir) / fresh_steps.FRESH_METRICS
+    if not path.is_file():
+        return None
+    return {str(row["training/global_step"]): fresh_steps.mismatch_values(row) for row in read_metrics(path)}
+
+
 def build_manifest(run_dir: Path, scenario: Scenario, device: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Manifest (format 2) for a finished run directory, and the stored bytes of its payloads.
 
@@ -214,7 +228,7 @@ def build_manifest(run_dir: Path, scenario: Scenario, device: str) -> tuple[dict
     }
     if run["scenario_hash"] == scenario.hash:  # the identity describes the hash the run was made under
         manifest["identity"] = scenario.identity
-    fresh = fresh_steps.observed(run_dir)
+    fresh = fresh_rollouts(run_dir)
     if fresh is not None:  # verl.fresh_steps: the recording's mismatch, the first observation of each bound
         manifest["fresh_rollouts"] = fresh
     if any(name.startswith(f"{LOCALIZE_DIR}/") for name in names):

@@ -16,8 +16,6 @@ torch nor verl.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -56,21 +54,6 @@ def mismatch_values(row: dict[str, Any]) -> dict[str, float]:
         value = row.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[name] = float(value)
-    return out
-
-
-def observed(run_dir: Path) -> dict[str, dict[str, float]] | None:
-    """Step (as text) -> :func:`mismatch_values` of each row of a run's :data:`FRESH_METRICS`; None where the run
-    wrote none (no fresh step). A row that is not JSON is skipped: the step then reads as not logged."""
-    path = Path(run_dir) / FRESH_METRICS
-    if not path.is_file():
-        return None
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            row = json.loads(line)
-            if isinstance(row, dict) and "training/global_step" in row:
-                out[str(row["training/global_step"])] = mismatch_values(row)
     return out
 
 

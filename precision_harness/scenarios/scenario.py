@@ -306,7 +306,7 @@ class VerlScenario(CommandScenario):
     @property
     def total_steps(self) -> int:
         """The last profiled step, then the fresh steps (``trainer.total_training_steps``, runs/verl/engine.py)."""
-        return max(self.config["global_profiler"]["steps"]) + len(self.fresh_steps)
+        return super().total_steps + fresh_steps.count(self.config)
 
     def stop_after(self, step: int) -> dict[str, Any]:
         """A run that ends at a profiled step runs no fresh step (the profiled steps end it: runs/verl/engine.py)."""

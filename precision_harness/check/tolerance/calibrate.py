@@ -39,7 +39,7 @@ from precision_harness.dumps.rows import rms, row_statistics, rows
 from precision_harness.dumps.stage import DirStage, StageSource
 from precision_harness.dumps.statistics import STATISTICS
 from precision_harness.goldens.golden import Golden
-from precision_harness.scenarios import fresh_steps
+from precision_harness.goldens.manifest import fresh_rollouts
 from precision_harness.scenarios.scenario import Scenario
 
 if TYPE_CHECKING:  # the runners only run in reruns(), whose caller brings them; the compare's CLI does not load them
@@ -208,7 +208,7 @@ def fresh_reruns(results: list[RunResult]) -> dict[str, dict[str, list[float]]]:
     :mod:`.fresh_bounds` makes a bound of, with the recording's). A rerun that did not log a metric leaves it out."""
     out: dict[str, dict[str, list[float]]] = {}
     for result in results:
-        for step, values in (fresh_steps.observed(result.run_dir) or {}).items():
+        for step, values in (fresh_rollouts(result.run_dir) or {}).items():
             for metric, value in values.items():
                 out.setdefault(step, {}).setdefault(metric, []).append(value)
     return out

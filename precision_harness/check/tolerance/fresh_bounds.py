@@ -84,7 +84,7 @@ def check_step(
     step: int, measured: Mapping[str, float] | None, golden: Mapping[str, Any], noise: Mapping[str, Any] | None
 ) -> FreshVerdict:
     """The verdict of fresh step ``step``: the run's mismatch metrics there (``measured``, metric -> value, as
-    :func:`~precision_harness.scenarios.fresh_steps.observed` reads them; None: the run logged no row) against the
+    :func:`~precision_harness.goldens.manifest.fresh_rollouts` reads them; None: the run logged no row) against the
     golden manifest's ``fresh_rollouts`` (``golden``: step -> metric -> value) and calibration (``noise``: the
     manifest's ``noise``, whose ``fresh_rollouts`` is step -> metric -> values, one per rerun).
 

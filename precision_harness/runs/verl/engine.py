@@ -471,18 +471,16 @@ def command_spec(
     header += [f"precision gate:   {k}={hydra_value(v)}" for k, v in gate.items()]
     header += [f"precision gate:   env {k}={v}" for k, v in owned_env.items()]
     header.append(fsdp2_buffers.fill_line())
-    if scenario.fresh_steps:
-        header.append(
-            f"precision gate: fresh steps {', '.join(map(str, scenario.fresh_steps))} (verl.fresh_steps): verl samples "
-            f"them, outside skip.rollout_tq.steps; a recording's pass 1 ends at step {max(scenario.steps)}"
-        )
     # Hydra's own output folder (config snapshot, its log) in the run folder, not the scenario's
     hydra = {"hydra.run.dir": str(run_dir / "hydra")}
     generate = None
     if scenario.fresh_steps:  # the recording's pass 1 only saves the pinned steps' rollouts: it ends at the last
-        generate = argv(
-            verl["entrypoint"], {**user, **gate, "trainer.total_training_steps": max(scenario.steps), **hydra}
+        last = max(scenario.steps)
+        header.append(
+            f"precision gate: fresh steps {', '.join(map(str, scenario.fresh_steps))} (verl.fresh_steps): verl samples "
+            f"them, outside skip.rollout_tq.steps; a recording's pass 1 ends at step {last}"
         )
+        generate = argv(verl["entrypoint"], {**user, **gate, "trainer.total_training_steps": last, **hydra})
     return CommandSpec(
         argv(verl["entrypoint"], {**user, **gate, **hydra}),
         env,
