@@ -155,7 +155,7 @@ def _sleeper_env(tmp_path: Path, **more: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **more}
 
 
-def _gone(pid: int, within_s: float = 10.0) -> bool:
+def _gone(pid: int, within_s: float = 30.0) -> bool:
     deadline = time.monotonic() + within_s
     while warm_shared.running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
