@@ -57,7 +57,8 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, out), nprocs=world, join=True)
+    # forked: each rank starts with this process's torch imported (spawned ranks imported it again)
+    mp.start_processes(_rank, args=(world, port, out), nprocs=world, join=True, start_method="fork")
 
 
 if __name__ == "__main__":
